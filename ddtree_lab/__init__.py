@@ -1,0 +1,39 @@
+"""ddtree-lab: a bench for DDTree speculative decoding.
+
+The public surface, stage by stage (DESIGN.md, "Data flow"):
+
+* draft top-k -> tree: :func:`draft_topk_from_logits`, :func:`build_tree`
+  (:func:`build_tree_reference` is the per-request heap), :class:`DDTreeBuildResult`;
+* tree -> verify buffers: :func:`compile_retrieve`, :class:`DDTreeVerifyInput`,
+  :func:`encode_retrieve`, :func:`decode_retrieve`, :func:`check_retrieve`;
+* target logits -> target distribution: :class:`SamplingParams`, :func:`target_probs`;
+* verification: :func:`verify_greedy`, :func:`verify_sampled`, :class:`VerifyOutput`,
+  :func:`draw_coins`, :func:`make_generators`.
+"""
+
+from .retrieve import DDTreeVerifyInput as DDTreeVerifyInput
+from .retrieve import RetrieveError as RetrieveError
+from .retrieve import check_retrieve as check_retrieve
+from .retrieve import compile_retrieve as compile_retrieve
+from .retrieve import decode_retrieve as decode_retrieve
+from .retrieve import encode_retrieve as encode_retrieve
+from .retrieve import find_retrieve_problem as find_retrieve_problem
+from .retrieve import tree_attention_mask as tree_attention_mask
+from .sampling import SamplingParams as SamplingParams
+from .sampling import greedy_params as greedy_params
+from .sampling import normalize_params as normalize_params
+from .sampling import target_probs as target_probs
+from .tree import DDTreeBuildResult as DDTreeBuildResult
+from .tree import build_tree as build_tree
+from .tree import build_tree_reference as build_tree_reference
+from .tree import check_draft_topk as check_draft_topk
+from .tree import draft_topk_from_logits as draft_topk_from_logits
+from .verify import BonusDraw as BonusDraw
+from .verify import Decision as Decision
+from .verify import VerifyOutput as VerifyOutput
+from .verify import draw_coins as draw_coins
+from .verify import make_generators as make_generators
+from .verify import verify_greedy as verify_greedy
+from .verify import verify_sampled as verify_sampled
+
+__version__ = "0.1.0"

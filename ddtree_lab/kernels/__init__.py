@@ -1,0 +1,1 @@
+"""Triton kernels of ddtree-lab, imported as ``ddtree_lab.kernels``."""

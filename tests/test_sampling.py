@@ -1,0 +1,95 @@
+import math
+
+import pytest
+import torch
+
+import ddtree_lab as dl
+from ddtree_lab import SamplingParams as SP
+
+
+def _probs(logits, params):
+    return dl.target_probs(logits[None, None].float(), params)[0, 0]
+
+
+def test_greedy_rows_are_one_hot_lowest_id_on_ties():
+    p = _probs(torch.tensor([1.0, 5.0, 5.0, 0.0]), SP(temperature=0.0))
+    assert p.tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_temperature_then_top_k_then_top_p_order():
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    p = _probs(logits, SP(temperature=0.5, top_k=3, top_p=0.8))
+    # by hand: scale, keep top-3, softmax, then top-p 0.8 over the survivors, renormalise
+    scaled = logits[:3] / 0.5
+    q = torch.softmax(scaled, 0)  # [0.8438, 0.1142, 0.0420]
+    assert q[0] >= 0.8  # the first alone reaches 0.8
+    assert p.tolist() == pytest.approx([1.0, 0.0, 0.0, 0.0, 0.0])
+    p = _probs(logits, SP(temperature=0.5, top_k=3, top_p=0.9))
+    assert p.tolist() == pytest.approx([(q[0] / q[:2].sum()).item(), (q[1] / q[:2].sum()).item(), 0, 0, 0])
+    # The order matters: [0.5, 0.3, 0.2] with top_k 2 then top_p 0.6 renormalises to
+    # [0.625, 0.375] and keeps one token; top-p first over the full row would keep two.
+    p = _probs(torch.tensor([0.5, 0.3, 0.2]).log(), SP(top_k=2, top_p=0.6))
+    assert p.tolist() == [1.0, 0.0, 0.0]
+
+
+def test_top_k_keeps_all_ties_at_the_boundary():
+    p = _probs(torch.tensor([3.0, 2.0, 2.0, 1.0]), SP(temperature=1.0, top_k=2))
+    assert (p > 0).tolist() == [True, True, True, False]
+
+
+def test_top_p_keeps_ties_at_the_cut_and_tokens_below_the_mass():
+    # probabilities 0.4, 0.2, 0.2, 0.2: with top_p 0.5 the cut lands on a 0.2 -> all 0.2s kept
+    logits = torch.tensor([0.4, 0.2, 0.2, 0.2]).log()
+    assert (_probs(logits, SP(top_p=0.5)) > 0).all()
+    # with top_p 0.4 the first alone reaches it
+    assert (_probs(logits, SP(top_p=0.4)) > 0).tolist() == [True, False, False, False]
+
+
+def test_min_p():
+    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
+    p = _probs(logits, SP(min_p=0.5))
+    assert (p > 0).tolist() == [True, True, False, False]
+    assert p.sum().item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (SP(temperature=-1.0), "request 1: temperature must be finite and >= 0"),
+        (SP(top_p=0.0), "request 1: top_p must be in"),
+        (SP(top_p=1.5), "request 1: top_p must be in"),
+        (SP(temperature=float("nan")), "request 1: temperature is NaN"),
+        (SP(top_k=9), "request 1: top_k = 9 exceeds the vocabulary size 8"),
+        (SP(min_p=2.0), "request 1: min_p must be in"),
+    ],
+)
+def test_invalid_params_name_the_request(params, message):
+    with pytest.raises(ValueError, match=message):
+        dl.target_probs(torch.zeros(2, 1, 8), [SP(), params])
+
+
+def test_bad_rows_name_request_and_node():
+    logits = torch.zeros(2, 3, 4)
+    logits[1, 2, 0] = float("nan")
+    with pytest.raises(ValueError, match="request 1, node 2: row has NaN"):
+        dl.target_probs(logits, SP())
+    logits = torch.zeros(2, 3, 4)
+    logits[0, 1] = -math.inf
+    with pytest.raises(ValueError, match="request 0, node 1: row has every entry -inf"):
+        dl.target_probs(logits, SP())
+    # padding rows are not checked when num_nodes says they are padding
+    out = dl.target_probs(logits, SP(), num_nodes=torch.tensor([1, 3]))
+    assert out[0, 1:].abs().sum() == 0
+
+
+def test_rows_sum_to_one_in_a_mixed_batch():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 5, 50, generator=g, dtype=torch.float32).bfloat16()
+    params = [SP(0.0), SP(0.7, top_k=10), SP(1.3, top_p=0.6), SP(1.0, top_k=5, top_p=0.9, min_p=0.1)]
+    p = dl.target_probs(logits, params)
+    assert p.dtype == torch.float32
+    torch.testing.assert_close(p.sum(-1), torch.ones(4, 5))
+    # top-k keeps exactly the tokens at or above the k-th value (bf16 ties can add more)
+    scaled = logits[1].float() / 0.7
+    kth = scaled.topk(10, -1).values[:, -1:]
+    assert torch.equal(p[1] > 0, scaled >= kth)

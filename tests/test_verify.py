@@ -1,0 +1,247 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import ddtree_lab as dl
+from ddtree_lab import SamplingParams as SP
+from oracles import exact_law, tree_paths
+
+
+def _random_tree(seed, bs=1, vocab=12, depth=3, k=3, budget=8):
+    g = torch.Generator().manual_seed(seed)
+    ids, lp = dl.draft_topk_from_logits(torch.randn(bs, depth, vocab, generator=g) * 2, k=k)
+    tree = dl.build_tree(ids, lp, torch.randint(0, vocab, (bs,), generator=g), budget)
+    return tree, dl.compile_retrieve(tree, 4)
+
+
+def _repeat(vi, times):
+    """The same single-request verify input repeated ``times`` times (retrieve_index re-based)."""
+    n = vi.num_rows
+    rep = {f: getattr(vi, f).expand(times, *getattr(vi, f).shape[1:]).contiguous()
+           for f in ("node_token_ids", "retrieve_next_token", "retrieve_next_sibling", "tree_mask",
+                     "positions", "depths", "num_nodes")}
+    ri = torch.arange(times)[:, None] * n + torch.arange(n)[None]
+    rep["retrieve_index"] = torch.where(vi.retrieve_index.expand(times, n) >= 0, ri, -1)
+    return dl.DDTreeVerifyInput(**rep)
+
+
+# ---- greedy -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_greedy_equals_naive_walk_of_every_root_to_leaf_path(seed):
+    tree, vi = _random_tree(seed, bs=3, vocab=6, depth=4, k=3, budget=12)
+    g = torch.Generator().manual_seed(1000 + seed)
+    logits = torch.randn(3, vi.num_rows, 6, generator=g)
+    # plant the drafted tokens as argmax sometimes so paths get accepted
+    for b in range(3):
+        for i in range(1, int(tree.num_nodes[b])):
+            if torch.rand(1, generator=g) < 0.6:
+                logits[b, int(tree.parents[b, i]), int(tree.node_token_ids[b, i])] += 5
+    out = dl.verify_greedy(vi, logits)
+    argmax = logits.argmax(-1)
+    for b in range(3):
+        n = int(tree.num_nodes[b])
+        best = [0]
+        for path in tree_paths(tree.parents[b].tolist(), n):
+            matched = [0]
+            for node in path[1:]:
+                if int(tree.node_token_ids[b, node]) != int(argmax[b, matched[-1]]):
+                    break
+                matched.append(node)
+            if len(matched) > len(best):
+                best = matched
+        emitted = [int(tree.node_token_ids[b, i]) for i in best[1:]] + [int(argmax[b, best[-1]])]
+        got = out.emitted_tokens[b][out.emitted_tokens[b] >= 0].tolist()
+        assert got == emitted
+        assert out.accept_index[b, : len(best)].tolist() == best
+        assert int(out.accept_length[b]) == len(best) - 1
+        assert int(out.bonus_token[b]) == emitted[-1]
+
+
+def test_sampled_with_one_hot_rows_equals_greedy():
+    tree, vi = _random_tree(3, bs=4, vocab=8, depth=4, k=3, budget=10)
+    logits = torch.randn(4, vi.num_rows, 8, generator=torch.Generator().manual_seed(5))
+    for b in range(4):
+        for i in range(1, int(tree.num_nodes[b])):
+            logits[b, int(tree.parents[b, i]), int(tree.node_token_ids[b, i])] += 3 * (i % 2)
+    greedy = dl.verify_greedy(vi, logits)
+    probs = dl.target_probs(logits, SP(temperature=0.0))
+    coins = torch.rand(4, vi.num_rows) * 0.999
+    sampled = dl.verify_sampled(vi, probs, coins, torch.rand(4))
+    assert torch.equal(greedy.emitted_tokens, sampled.emitted_tokens)
+    assert torch.equal(greedy.accept_index, sampled.accept_index)
+
+
+# ---- sampled: exact law by enumeration against 20,000 draws --------------------------------
+
+CASES = [
+    # (tree seed, vocab, depth, k, budget, params)
+    (0, 8, 3, 3, 8, SP(1.0)),
+    (1, 10, 3, 2, 6, SP(0.7)),
+    (2, 12, 2, 4, 8, SP(1.0, top_k=5)),
+    (3, 12, 3, 3, 10, SP(1.3, top_p=0.8)),
+    (4, 16, 3, 3, 11, SP(0.9, top_k=6, top_p=0.9)),
+    (5, 6, 4, 2, 9, SP(1.0, min_p=0.1)),
+    (6, 9, 3, 3, 7, SP(2.0, top_k=4)),
+    (7, 16, 2, 5, 10, SP(0.5, top_p=0.95)),
+    (8, 8, 4, 2, 11, SP(1.0, top_k=3, top_p=0.7)),
+    (9, 5, 3, 3, 11, SP(1.0)),
+]
+
+
+def _law_vs_draws(case, draws=20_000, threshold_acc=1.0, seed=0):
+    tree_seed, vocab, depth, k, budget, params = case
+    tree, vi = _random_tree(tree_seed, vocab=vocab, depth=depth, k=k, budget=budget)
+    g = torch.Generator().manual_seed(100 + tree_seed)
+    # the target favours the drafted tokens a little, so deep paths have mass
+    logits = torch.randn(1, vi.num_rows, vocab, generator=g)
+    n = int(tree.num_nodes[0])
+    for i in range(1, n):
+        logits[0, int(tree.parents[0, i]), int(tree.node_token_ids[0, i])] += 1.0
+    probs = dl.target_probs(logits, params)
+    law = exact_law(tree.parents[0].tolist(), tree.node_token_ids[0].tolist(), probs[0].double().tolist(), n)
+    assert sum(law.values()) == pytest.approx(1.0, abs=1e-6)
+    rep = _repeat(vi, draws)
+    cg = torch.Generator().manual_seed(seed)
+    coins = torch.rand(draws, vi.num_rows, generator=cg)
+    final = torch.rand(draws, generator=cg)
+    out = dl.verify_sampled(rep, probs.expand(draws, -1, -1).contiguous(), coins, final, threshold_acc=threshold_acc)
+    assert not bool(out.support_exhausted.any())
+    counts = {}
+    for row in out.emitted_tokens.tolist():
+        key = tuple(t for t in row if t >= 0)
+        counts[key] = counts.get(key, 0) + 1
+    assert set(counts) <= set(law), "an outcome the target gives zero probability was emitted"
+    keys = sorted(law, key=lambda x: -law[x])
+    expected = np.array([law[x] * draws for x in keys])
+    observed = np.array([counts.get(x, 0) for x in keys], dtype=float)
+    # pool outcomes with expected count < 5 into one bin
+    small = expected < 5
+    if small.any():
+        expected = np.append(expected[~small], expected[small].sum())
+        observed = np.append(observed[~small], observed[small].sum())
+    observed[-1] += draws - observed.sum()  # float rounding of the law
+    return stats.chisquare(observed, expected * draws / expected.sum()).pvalue, out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"tree{c[0]}" for c in CASES])
+def test_sampled_verify_emits_the_target_law(case):
+    pvalue, out = _law_vs_draws(case)
+    assert pvalue > 1e-3, f"chi-square p = {pvalue:.2e}"
+    assert int(out.accept_length.max()) >= 1  # the test exercises accepted paths
+
+
+def test_lossy_threshold_fails_the_same_test():
+    rejected = 0
+    for case in CASES[:6]:
+        pvalue, _ = _law_vs_draws(case, threshold_acc=0.7)
+        rejected += pvalue < 1e-3
+    assert rejected >= 5, f"the chi-square test caught only {rejected} of 6 lossy variants"
+
+
+def test_greedy_row_beside_sampled_rows_in_one_batch():
+    tree, vi = _random_tree(11, bs=2, vocab=8, depth=3, k=3, budget=8)
+    logits = torch.randn(2, vi.num_rows, 8, generator=torch.Generator().manual_seed(2))
+    params = [SP(0.0), SP(1.0, seed=3)]
+    probs = dl.target_probs(logits, params)
+    coins, final = dl.draw_coins(dl.make_generators(params), vi.num_rows)
+    out = dl.verify_sampled(vi, probs, coins, final)
+    greedy = dl.verify_greedy(vi.request(0), logits[:1])
+    assert out.emitted_tokens[0].tolist() == greedy.emitted_tokens[0].tolist()
+
+
+# ---- boundaries ----------------------------------------------------------------------------
+
+
+def _single_chain(tokens=(1, 2)):
+    n = len(tokens) + 1
+    tree = dl.DDTreeBuildResult(
+        node_token_ids=torch.tensor([[0, *tokens]]), parents=torch.tensor([list(range(-1, n - 1))]),
+        depths=torch.arange(n)[None], ranks=torch.tensor([[-1] + [0] * (n - 1)]),
+        node_logws=-torch.arange(n, dtype=torch.float32)[None], num_nodes=torch.tensor([n]))
+    return dl.compile_retrieve(tree, 0)
+
+
+def test_coin_zero_and_just_below_one():
+    vi = _single_chain((1, 2))
+    probs = torch.zeros(1, 3, 4)
+    probs[0, :, :] = torch.tensor([0.1, 0.6, 0.2, 0.1])
+    below_one = torch.tensor(1.0).nextafter(torch.tensor(0.0)).item()
+    # u = 0 < S = p > 0 accepts every child with mass; the leaf's bonus is the first token
+    out = dl.verify_sampled(vi, probs, torch.zeros(1, 3), torch.zeros(1))
+    assert out.emitted_tokens[0].tolist() == [1, 2, 0]
+    assert [d.verdict for d in out.decisions[0]] == ["accept", "accept"]
+    out = dl.verify_sampled(vi, probs, torch.full((1, 3), below_one), torch.full((1,), below_one))
+    assert all(d.verdict == "reject" for d in out.decisions[0])
+    assert out.bonus_token.item() == 3  # last token with positive residual mass
+
+
+def test_zero_probability_child_is_never_accepted_and_never_emitted():
+    vi = _single_chain((1,))
+    probs = torch.tensor([[[0.5, 0.0, 0.5, 0.0], [0.25, 0.25, 0.25, 0.25]]])
+    for u in (0.0, 0.3, 0.99):
+        out = dl.verify_sampled(vi, probs, torch.full((1, 2), u), torch.full((1,), u))
+        assert out.accept_length.item() == 0
+        assert out.bonus_token.item() in (0, 2)
+
+
+def test_exhausted_support_is_explicit():
+    vi = _single_chain((1,))
+    probs = torch.tensor([[[0.0, 1.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]]])
+    # a root row with no mass at all (as a truncated trace row can be): nothing to emit
+    empty = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]]])
+    out = dl.verify_sampled(vi, empty, torch.zeros(1, 2), torch.zeros(1))
+    assert bool(out.support_exhausted[0]) and out.bonus_token.item() == -1
+    assert out.bonus[0].kind == "exhausted"
+    assert out.emitted_tokens[0].tolist() == [-1, -1]
+    assert out.tau().item() == 0
+    out = dl.verify_sampled(vi, probs, torch.zeros(1, 2), torch.zeros(1))
+    assert out.accept_length.item() == 1 and out.bonus[0].kind == "leaf"
+
+
+def test_seeded_generators_replay_bit_for_bit():
+    tree, vi = _random_tree(12, bs=3, vocab=10, depth=3, k=3, budget=9)
+    logits = torch.randn(3, vi.num_rows, 10)
+    params = [SP(1.0, seed=1), SP(0.8, top_k=4, seed=2), SP(1.2, top_p=0.9, seed=3)]
+    probs = dl.target_probs(logits, params)
+    a = dl.verify_sampled(vi, probs, *dl.draw_coins(dl.make_generators(params), vi.num_rows))
+    b = dl.verify_sampled(vi, probs, *dl.draw_coins(dl.make_generators(params), vi.num_rows))
+    assert torch.equal(a.emitted_tokens, b.emitted_tokens)
+    assert [d.to_dict() for d in a.decisions[1]] == [d.to_dict() for d in b.decisions[1]]
+
+
+def test_decision_log_records_mass_and_coins():
+    vi = _single_chain((1, 2))
+    probs = torch.tensor([[[0.2, 0.5, 0.3, 0.0], [0.1, 0.1, 0.7, 0.1], [0.25, 0.25, 0.25, 0.25]]])
+    coins = torch.tensor([[0.4, 0.95, 0.0]])
+    out = dl.verify_sampled(vi, probs, coins, torch.tensor([0.5]))
+    d0, d1 = out.decisions[0]
+    assert (d0.node, d0.token, d0.verdict) == (1, 1, "accept")
+    assert d0.target_prob == pytest.approx(0.5) and d0.cumulative_mass == pytest.approx(0.5) and d0.coin == pytest.approx(0.4)
+    assert (d1.node, d1.token, d1.verdict) == (2, 2, "reject") and d1.coin == pytest.approx(0.95)
+    # bonus from row 1 with token 2 zeroed: [0.1, 0.1, 0, 0.1] / 0.3, coin 0.5 -> token 1
+    assert out.bonus[0].residual_mass == pytest.approx(0.3) and out.bonus_token.item() == 1
+    assert out.emitted_tokens[0].tolist() == [1, 1, -1]
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda vi, p, c, f: (vi, p, c.fill_(1.0), f), "coins, request 0, node 0: 1.0 is not in"),
+        (lambda vi, p, c, f: (vi, p, c, f.fill_(-0.1)), "final_coins, request 0"),
+        (lambda vi, p, c, f: (vi, p.double(), c, f), "target_probs must have dtype torch.float32"),
+        (lambda vi, p, c, f: (vi, p.index_fill_(2, torch.tensor([0]), float("nan")), c, f),
+         "target_probs, request 0, node 0: row has NaN"),
+        (lambda vi, p, c, f: (vi, p[:, :, :2].contiguous(), c, f), "token 2 not in"),
+    ],
+)
+def test_bad_verify_input_is_named(edit, message):
+    vi = _single_chain((1, 2))
+    probs = torch.full((1, 3, 4), 0.25)
+    args = edit(vi, probs.clone(), torch.zeros(1, 3), torch.zeros(1))
+    with pytest.raises((ValueError, TypeError), match=message):
+        dl.verify_sampled(*args)
