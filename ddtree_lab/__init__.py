@@ -8,7 +8,11 @@ The public surface, stage by stage (DESIGN.md, "Data flow"):
   :func:`encode_retrieve`, :func:`decode_retrieve`, :func:`check_retrieve`;
 * target logits -> target distribution: :class:`SamplingParams`, :func:`target_probs`;
 * verification: :func:`verify_greedy`, :func:`verify_sampled`, :class:`VerifyOutput`,
-  :func:`draw_coins`, :func:`make_generators`.
+  :func:`draw_coins`, :func:`make_generators`;
+* live decoding and traces: :class:`LiveSession` (``ddtree_lab.models`` holds the target
+  adapter, ``ddtree_lab.drafter`` the drafters), :class:`StepTrace`, :class:`RunTrace`,
+  :func:`save_trace`, :func:`load_trace`, :func:`replay`;
+* views: ``ddtree_lab.views`` (DOT/SVG/text/HTML) and ``ddtree_lab.lab`` (notebook calls).
 """
 
 from .retrieve import DDTreeVerifyInput as DDTreeVerifyInput
@@ -28,6 +32,13 @@ from .tree import build_tree as build_tree
 from .tree import build_tree_reference as build_tree_reference
 from .tree import check_draft_topk as check_draft_topk
 from .tree import draft_topk_from_logits as draft_topk_from_logits
+from .trace import ReplayMismatch as ReplayMismatch
+from .trace import RunTrace as RunTrace
+from .trace import StepTrace as StepTrace
+from .trace import TraceFormatError as TraceFormatError
+from .trace import load_trace as load_trace
+from .trace import replay as replay
+from .trace import save_trace as save_trace
 from .verify import BonusDraw as BonusDraw
 from .verify import Decision as Decision
 from .verify import VerifyOutput as VerifyOutput
@@ -35,5 +46,7 @@ from .verify import draw_coins as draw_coins
 from .verify import make_generators as make_generators
 from .verify import verify_greedy as verify_greedy
 from .verify import verify_sampled as verify_sampled
+
+from .session import LiveSession as LiveSession  # noqa: E402  (needs no model package at import)
 
 __version__ = "0.1.0"

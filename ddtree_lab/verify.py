@@ -50,6 +50,7 @@ __all__ = [
     "verify_sampled",
     "draw_coins",
     "make_generators",
+    "residual_draw",
 ]
 
 
@@ -267,23 +268,36 @@ def verify_greedy(verify_input: DDTreeVerifyInput, target_logits: torch.Tensor) 
     return _finish(verify_input, paths, bonus_tokens, exhausted, decisions, bonus, "reference")
 
 
-def _draw_from_residual(row: torch.Tensor, rejected: list[int], coin: float) -> tuple[int, float, float]:
-    """Inverse-CDF draw from ``row`` with ``rejected`` zeroed: (token, residual mass, p).
+def residual_draw(row: torch.Tensor, rejected: Sequence[int], coin: float,
+                  mass: float | None = None) -> tuple[int, float, float]:
+    """Inverse-CDF draw of the bonus token: ``(token, residual mass, its probability)``.
 
-    Token -1 when the residual is empty. Never returns a zero-probability token: the first
-    index whose float64 running sum exceeds ``coin * mass``, or, when rounding leaves the
-    target at or past the total, the last token with positive residual.
+    The residual is ``row`` with the ``rejected`` tokens zeroed; the running sum is float64 in
+    token-id order; the token is the first index whose running sum exceeds ``coin * mass``.
+    It is never a zero-probability token: when rounding puts the target at or past the end,
+    the last token with positive residual is taken. Token ``-1`` when the residual is empty.
+
+    The draw reads ``row`` only up to the chosen token, plus the total ``mass``: a trace
+    stores exactly that prefix and the mass, and replays the draw by passing ``mass``
+    (``None``: the float64 sum of the whole residual row).
+
+    Args:
+        row: ``[V]`` (or a prefix of it when ``mass`` is given) target probabilities, float32.
+        rejected: token ids zeroed before the draw (the rejected siblings).
+        coin: the final coin in [0, 1).
     """
     residual = row.double().clone()
+    rejected = [t for t in rejected if t < residual.shape[0]]
     if rejected:
         residual[torch.tensor(rejected, dtype=torch.int64, device=row.device)] = 0.0
     cum = residual.cumsum(0)
-    mass = float(cum[-1])
+    if mass is None:
+        mass = float(cum[-1]) if cum.numel() else 0.0
     if mass <= 0.0:
         return -1, 0.0, 0.0
     target = coin * mass
     idx = int(torch.searchsorted(cum, torch.tensor([target], dtype=torch.float64, device=row.device), right=True)[0])
-    if idx >= row.shape[0] or residual[idx] <= 0.0:
+    if idx >= residual.shape[0] or residual[idx] <= 0.0:
         idx = int(residual.nonzero()[-1])
     return idx, mass, float(residual[idx]) / mass
 
@@ -296,6 +310,7 @@ def verify_sampled(
     *,
     threshold_single: float = 1.0,
     threshold_acc: float = 1.0,
+    final_masses: Sequence[float | None] | None = None,
 ) -> VerifyOutput:
     """Sampled tree verification, target-only rule (module docstring), whole batch.
 
@@ -311,6 +326,9 @@ def verify_sampled(
             node ``i`` (SGLang's ``uniform_samples`` layout).
         final_coins: ``[bs]`` float32 in [0, 1), for the bonus draw.
         threshold_single, threshold_acc: 1.0 for the exact rule (see module docstring).
+        final_masses: per request, the residual mass of the bonus draw when ``target_probs``
+            holds the final row only up to the drawn token (trace replay, see
+            :func:`residual_draw`); ``None`` computes it from the row.
 
     Returns:
         :class:`VerifyOutput` with the decision log (node, token, ``p``, ``S_k``, coin, verdict)
@@ -365,7 +383,8 @@ def verify_sampled(
                 break
             cur = nxt
             path.append(cur)
-        token, residual_mass, token_p = _draw_from_residual(target_probs[b, cur], rejected, final[b])
+        given = None if final_masses is None else final_masses[b]
+        token, residual_mass, token_p = residual_draw(target_probs[b, cur], rejected, final[b], given)
         kind = "exhausted" if token < 0 else ("residual" if rejected else "leaf")
         paths.append(path)
         bonus_tokens.append(token)

