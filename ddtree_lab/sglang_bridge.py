@@ -71,6 +71,8 @@ __all__ = [
     "sglang_verify_target_only",
     "chain_draft_probs",
     "lab_verifiers",
+    "eagle_tree_inputs",
+    "sglang_build_tree",
 ]
 
 
@@ -784,6 +786,86 @@ def sglang_verify_target_only(
     cpu = [t.cpu() for t in (predicts, accept_index, accept_num)]
     out = verify_output_from_sglang(verify_input, *cpu, backend="sglang-target-only")
     return SGLangVerifyResult(out, *cpu, getattr(fn, "__name__", str(fn)))
+
+
+# ---- SGLang's tree builder (EAGLE inputs) ------------------------------------------------------
+
+
+def eagle_tree_inputs(verify_input: DDTreeVerifyInput) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Express lab trees in the inputs of SGLang's EAGLE tree builder (``build_tree_kernel_efficient``).
+
+    SGLang's builder gets, per request, ``selected_index [N-1]`` (node ``i``'s index in the
+    drafter's flattened score list) and ``parent_list [topk*(depth-1)+1]``: node ``i``'s
+    parent is the root when ``selected_index[i-1] // topk == 0``, else the node whose
+    ``selected_index`` equals ``parent_list[selected_index[i-1] // topk]``. Here node ``i``
+    gets ``g(parent) * topk + (its rank among its siblings)``, where ``g`` numbers the nodes
+    that have children (root 0), so any tree with at most ``topk`` children per node is
+    expressible; the builder then links children in ascending index, as the lab does.
+
+    Returns:
+        ``(parent_list [bs, topk*(depth-1)+1], selected_index [bs, N-1], topk, depth)``, int64.
+
+    Raises:
+        ValueError: a request with padding rows (SGLang's builder has no padding).
+    """
+    bs, n = verify_input.node_token_ids.shape
+    if (verify_input.num_nodes != n).any():
+        b = int((verify_input.num_nodes != n).nonzero()[0])
+        raise ValueError(f"request {b}: SGLang's tree builder needs a full tree of N = {n} nodes, got {int(verify_input.num_nodes[b])}")
+    parents, _ = decode_retrieve(verify_input.retrieve_next_token, verify_input.retrieve_next_sibling, verify_input.num_nodes)
+    children = [[[i for i in range(1, n) if int(parents[b, i]) == p] for p in range(n)] for b in range(bs)]
+    topk = max(1, max(len(c) for req in children for c in req))
+    internal = max(sum(1 for p in range(1, n) if req[p]) for req in children)
+    max_depth = int(verify_input.depths.max())
+    depth = max(max_depth, -(-internal // topk) + 1) + 1
+    parent_list = torch.full((bs, topk * (depth - 1) + 1), -1, dtype=torch.int64)
+    selected = torch.full((bs, max(n - 1, 0)), -1, dtype=torch.int64)
+    for b in range(bs):
+        group = {0: 0}
+        flat = {}
+        for i in range(1, n):
+            p = int(parents[b, i])
+            flat[i] = group[p] * topk + children[b][p].index(i)
+            selected[b, i - 1] = flat[i]
+            if children[b][i]:
+                group[i] = len(group)
+                parent_list[b, group[i]] = flat[i]
+    return parent_list, selected, topk, depth
+
+
+def sglang_build_tree(
+    verify_input: DDTreeVerifyInput, tree_mask_mode: TreeMaskMode | int = TreeMaskMode.FULL_MASK, seq_lens: torch.Tensor | None = None
+) -> SGLangVerifyBuffers:
+    """Run SGLang's Triton tree builder (``spec_tree.sgl_build_tree_kernel_triton``) on lab trees.
+
+    The tree goes in as EAGLE inputs (:func:`eagle_tree_inputs`); the mask buffer is
+    allocated as ``eagle_utils.build_tree_kernel_efficient`` does (all True). Returns what
+    SGLang built, to compare with :func:`to_sglang_buffers`. The Triton builder has no
+    ``QLEN_ONLY_BITPACKING`` (SGLang raises NotImplementedError; the CUDA builder has it).
+    """
+    mode = TreeMaskMode(int(tree_mask_mode))
+    sglang_kernels()  # first: sets TRITON_INTERPRET=1 on a CPU-only machine
+    from sglang.kernels.ops.speculative import spec_tree
+    bs, n = verify_input.node_token_ids.shape
+    if seq_lens is None:
+        seq_lens = verify_input.positions[:, 0].clone()
+    parent_list, selected, topk, depth = eagle_tree_inputs(verify_input)
+    if mode == TreeMaskMode.FULL_MASK:
+        mask = torch.ones(int(seq_lens.sum()) * n + n * n * bs, dtype=torch.bool)
+    elif mode == TreeMaskMode.QLEN_ONLY:
+        mask = torch.ones(n * n * bs, dtype=torch.bool)
+    else:
+        raise NotImplementedError("SGLang's Triton tree builder has no QLEN_ONLY_BITPACKING (CUDA only)")
+    ri, nt, ns = torch.full((3, bs, n), -1, dtype=torch.int64)
+    ri, nt, ns = ri.clone(), nt.clone(), ns.clone()
+    positions = torch.empty(bs * n, dtype=torch.int64)
+    spec_tree.sgl_build_tree_kernel_triton(parent_list, selected, seq_lens.clone(), mask, positions, ri, nt, ns,
+                                           topk, depth, n, spec_tree.TreeMaskMode(int(mode)))
+    return SGLangVerifyBuffers(
+        draft_token=verify_input.node_token_ids.reshape(-1).clone(), retrive_index=ri, retrive_next_token=nt,
+        retrive_next_sibling=ns, positions=positions, tree_mask=mask, tree_mask_mode=mode, seq_lens=seq_lens.clone(),
+        draft_token_num=n,
+    )
 
 
 # ---- the lab's verifiers, by backend ----------------------------------------------------------
