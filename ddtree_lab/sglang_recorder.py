@@ -81,6 +81,7 @@ __all__ = [
     "draw_recorded_tree",
     "decisions_html",
     "replay_table_html",
+    "record_cpu_demo",
 ]
 
 FORMAT = "ddtree-lab/sglang-recording"
@@ -197,12 +198,13 @@ class SGLangRecorder:
         return getattr(self._context, "value", None)
 
     # -- wrapping -------------------------------------------------------------------------
-    def wants_call(self) -> bool:
-        """Whether the next verify call is recorded (rank, call range, step limit)."""
+    def wants_call(self, index: int | None = None) -> bool:
+        """Whether verify call ``index`` (default: the next one) is recorded (rank, call range, step limit)."""
         f = self.filter
+        index = self.calls_seen if index is None else index
         if len(self.steps) >= f.max_steps:
             return False
-        if f.calls is not None and not f.calls[0] <= self.calls_seen < f.calls[1]:
+        if f.calls is not None and not f.calls[0] <= index < f.calls[1]:
             return False
         return _current_rank() == f.rank
 
@@ -223,7 +225,7 @@ class SGLangRecorder:
         def recorded(*args, **kwargs):
             index = recorder.calls_seen
             recorder.calls_seen += 1
-            if kind not in recorder.filter.kinds or not recorder.wants_call():
+            if kind not in recorder.filter.kinds or not recorder.wants_call(index):
                 return fn(*args, **kwargs)
             before = None
             try:
@@ -617,6 +619,11 @@ def _explain(step: dict, lab: VerifyOutput, sgl: VerifyOutput, vocab: int | None
     return ""
 
 
+def _row_lines(lines: list[str]) -> list[str]:
+    """Drop the ``request 0: `` prefix of a batch-of-one comparison (the row is named elsewhere)."""
+    return [line.removeprefix("request 0: ") for line in lines]
+
+
 def replay_step(step: dict, row: int, backend: str = "reference", step_index: int = 0) -> ReplayResult:
     """Replay one recorded row with the lab's verifier ``backend`` (see :func:`lab_verifiers`)."""
     greedy, sampled = lab_verifiers()[backend]
@@ -631,7 +638,7 @@ def replay_step(step: dict, row: int, backend: str = "reference", step_index: in
         logits = torch.full((1, vi.num_rows, vocab), -torch.inf)  # one-hot target: p = 1 at the argmax
         logits.scatter_(-1, predict[..., None], 0.0)
         lab = greedy(vi, logits)
-        return ReplayResult(step_index, row, rid, kind, vi, sgl, lab, compare_verify_outputs(lab, sgl))
+        return ReplayResult(step_index, row, rid, kind, vi, sgl, lab, _row_lines(compare_verify_outputs(lab, sgl)))
     if kind == "chain" and (step.get("block_verification") or not _one_hot_chain(step, row)):
         why = ("block verification" if step.get("block_verification") else
                "a chain with real draft probabilities (rejection sampling p/q)")
@@ -642,7 +649,7 @@ def replay_step(step: dict, row: int, backend: str = "reference", step_index: in
     final = t["uniform_samples_final"][row : row + 1].float()
     lab = sampled(vi, probs, coins, final, threshold_single=step.get("threshold_single", 1.0),
                   threshold_acc=step.get("threshold_acc", 1.0))
-    diffs = compare_verify_outputs(lab, sgl)
+    diffs = _row_lines(compare_verify_outputs(lab, sgl))
     return ReplayResult(step_index, row, rid, kind, vi, sgl, lab, diffs,
                         _explain(step, lab, sgl, probs.shape[-1]) if diffs else "")
 
@@ -777,9 +784,9 @@ def decisions_html(result: ReplayResult) -> str:
     head = "<tr><th>depth</th><th>parent</th><th>node</th><th>token</th><th>p</th><th>S_k</th><th>coin</th><th>verdict</th></tr>"
     body = []
     for d in result.lab.decisions[0]:
-        coin = "" if d.coin is None else f"{d.coin:.6g}"
+        coin = "" if d.coin is None else f"{d.coin:.9g}"
         body.append(f"<tr><td>{d.depth}</td><td>{d.parent}</td><td>{d.node}</td><td>{d.token}</td>"
-                    f"<td>{d.target_prob:.6g}</td><td>{d.cumulative_mass:.6g}</td><td>{coin}</td><td>{d.verdict}</td></tr>")
+                    f"<td>{d.target_prob:.9g}</td><td>{d.cumulative_mass:.9g}</td><td>{coin}</td><td>{d.verdict}</td></tr>")
     bonus = result.lab.bonus[0] if result.lab.bonus else None
     tail = ""
     if bonus is not None:
@@ -807,6 +814,85 @@ def replay_table_html(results: Sequence[ReplayResult]) -> str:
         body.append(f"<tr><td>{r.step}</td><td>{r.row}</td><td>{html.escape(r.request_id)}</td><td>{r.kind}</td>"
                     f"<td>{sgl}</td><td>{lab}</td><td>{verdict}</td></tr>")
     return f"<table>{head}{''.join(body)}</table>"
+
+
+# ---- a small recording made on a CPU ------------------------------------------------------------
+
+
+def record_cpu_demo(path: str | os.PathLike | None = None, seed: int = 0) -> Recording:
+    """Drive SGLang's Triton kernels (interpreted on a CPU) through a recorder; the fixture's recipe.
+
+    Steps: (0) greedy tree verify of three DDTree trees; (1) the chain sampler with one-hot
+    draft probabilities (the target-only rule) at temperature 0.8, top-k 10; (2) the same
+    sampler on a row whose drafted token holds all of the row's float32 mass ``1 - 2**-24``
+    and a coin equal to it, where SGLang and the lab differ by design; (3) the chain sampler
+    with real draft probabilities (rejection sampling), which the lab's verifiers do not
+    implement. Request ids ``req-0..2``. Writes ``path.json`` / ``path.safetensors`` when given.
+    """
+    from . import build_tree, compile_retrieve, draft_topk_from_logits, target_probs
+    from .sampling import SamplingParams
+    from .sglang_bridge import chain_draft_probs, sglang_kernels, sglang_verify_chain, sglang_verify_greedy
+
+    kernels = sglang_kernels()
+    rec = SGLangRecorder(RecordFilter(max_rows=3))
+    greedy = rec.wrap(kernels["verify_tree_greedy_triton"], "greedy")
+    chain = rec.wrap(kernels["chain_speculative_sampling_triton"], "chain")
+    g = torch.Generator().manual_seed(seed)
+    bs, vocab, rids = 3, 40, ["req-0", "req-1", "req-2"]
+    seq = torch.tensor([11, 17, 5])
+
+    ids, lp = draft_topk_from_logits(torch.randn(bs, 4, vocab, generator=g) * 2.5, k=3)
+    tree = build_tree(ids, lp, torch.randint(0, vocab, (bs,), generator=g), 12)
+    vi = compile_retrieve(tree, seq)
+    logits = torch.randn(bs, vi.num_rows, vocab, generator=g)
+    for b in range(bs):
+        for i in range(1, int(tree.num_nodes[b])):
+            if torch.rand(1, generator=g) < 0.5:
+                logits[b, int(tree.parents[b, i]), int(tree.node_token_ids[b, i])] += 4.0
+    rec.set_context(rids, seq, {"temperature": [0.0] * bs, "top_k": [1] * bs, "top_p": [1.0] * bs})
+    sglang_verify_greedy(vi, logits, kernel=greedy)
+
+    def chain_batch(length):
+        ids, lp = draft_topk_from_logits(torch.randn(bs, length - 1, vocab, generator=g) * 2.5, k=1)
+        t = build_tree(ids, lp, torch.randint(0, vocab, (bs,), generator=g), length - 1)
+        v = compile_retrieve(t, seq + 1)
+        lg = torch.randn(bs, length, vocab, generator=g)
+        for b in range(bs):
+            for i in range(1, length):
+                lg[b, i - 1, int(t.node_token_ids[b, i])] += 3.0
+        return v, lg
+
+    params = SamplingParams(0.8, top_k=10)
+    v, lg = chain_batch(6)
+    probs = target_probs(lg, params)
+    rec.set_context(rids, seq + 1, {"temperature": [0.8] * bs, "top_k": [10] * bs, "top_p": [1.0] * bs})
+    sglang_verify_chain(v, probs, torch.rand(bs, 6, generator=g), torch.rand(bs, generator=g), kernel=chain)
+
+    v, lg = chain_batch(4)
+    probs = target_probs(lg, params)
+    coins = torch.rand(bs, 4, generator=g) * 0.5
+    full = 1.0 - 2.0 ** -24
+    tokens = v.node_token_ids.clone()
+    tokens[1, 1] = 7  # a drafted token other than V - 1, so SGLang's fallback token is visibly different
+    v = dataclasses.replace(v, node_token_ids=tokens)
+    probs[1, 0] = 0.0
+    probs[1, 0, 7] = full
+    coins[1, 0] = full
+    sglang_verify_chain(v, probs, coins, torch.rand(bs, generator=g), kernel=chain)
+
+    v, lg = chain_batch(4)
+    probs = target_probs(lg, params)
+    draft = torch.softmax(torch.randn(bs, 4, vocab, generator=g), -1)
+    draft = 0.5 * draft + 0.5 * chain_draft_probs(v, vocab)
+    draft[:, -1] = 0.0
+    sglang_verify_chain(v, probs, torch.rand(bs, 4, generator=g), torch.rand(bs, generator=g), draft_probs=draft, kernel=chain)
+    rec.clear_context()
+    if rec.errors:
+        raise RuntimeError(f"recorder errors: {rec.errors}")
+    meta = {"source": "ddtree_lab.sglang_recorder.record_cpu_demo", "seed": seed}
+    if path is not None:
+        rec.save(path, meta)
+    return rec.recording(meta)
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
