@@ -8,7 +8,12 @@ The public surface, stage by stage (DESIGN.md, "Data flow"):
   :func:`encode_retrieve`, :func:`decode_retrieve`, :func:`check_retrieve`;
 * target logits -> target distribution: :class:`SamplingParams`, :func:`target_probs`;
 * verification: :func:`verify_greedy`, :func:`verify_sampled`, :class:`VerifyOutput`,
-  :func:`draw_coins`, :func:`make_generators`.
+  :func:`draw_coins`, :func:`make_generators`;
+* SGLang interop (modules :mod:`ddtree_lab.sglang_bridge`, :mod:`ddtree_lab.sglang_recorder`;
+  sglang itself is imported only to run its kernels): :func:`to_sglang_buffers`,
+  :func:`from_sglang_buffers`, :class:`SGLangVerifyBuffers`, :class:`TreeMaskMode`,
+  :func:`verify_output_from_sglang`, :func:`verify_output_to_sglang`,
+  :class:`SGLangRecorder`, :func:`load_recording`, :func:`replay_recording`.
 """
 
 from .retrieve import DDTreeVerifyInput as DDTreeVerifyInput
@@ -23,6 +28,15 @@ from .sampling import SamplingParams as SamplingParams
 from .sampling import greedy_params as greedy_params
 from .sampling import normalize_params as normalize_params
 from .sampling import target_probs as target_probs
+from .sglang_bridge import SGLangVerifyBuffers as SGLangVerifyBuffers
+from .sglang_bridge import TreeMaskMode as TreeMaskMode
+from .sglang_bridge import from_sglang_buffers as from_sglang_buffers
+from .sglang_bridge import to_sglang_buffers as to_sglang_buffers
+from .sglang_bridge import verify_output_from_sglang as verify_output_from_sglang
+from .sglang_bridge import verify_output_to_sglang as verify_output_to_sglang
+from .sglang_recorder import SGLangRecorder as SGLangRecorder
+from .sglang_recorder import load_recording as load_recording
+from .sglang_recorder import replay_recording as replay_recording
 from .tree import DDTreeBuildResult as DDTreeBuildResult
 from .tree import build_tree as build_tree
 from .tree import build_tree_reference as build_tree_reference
