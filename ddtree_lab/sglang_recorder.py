@@ -76,6 +76,7 @@ __all__ = [
     "replay_recording",
     "replay_step",
     "step_verify_input",
+    "step_parts",
     "install_from_env",
     "hook_dir",
     "draw_recorded_tree",
@@ -89,22 +90,32 @@ VERSION = 1
 KINDS = ("greedy", "target_only", "chain")
 
 PATCH_POINTS: dict[str, dict[str, str]] = {
+    # where the kernels are defined (consumers imported after install() get the wrapped ones)
+    "sglang.kernels.ops.speculative.spec_tree": {"verify_tree_greedy_func": "greedy"},
+    "sglang.kernels.ops.speculative.verify_sampling": {
+        "tree_speculative_sampling_target_only": "target_only",
+        "chain_speculative_sampling_triton": "chain",
+    },
+    # the consumers, which import them by name (needed when they were imported before install())
     "sglang.srt.speculative.eagle_utils": {
         "eagle_sample": "context",
         "verify_tree_greedy_func": "greedy",
         "tree_speculative_sampling_target_only": "target_only",
         "chain_speculative_sampling_triton": "chain",
     },
-    "sglang.srt.speculative.dflash_utils": {
-        "tree_speculative_sampling_target_only": "target_only",
-    },
+    "sglang.srt.speculative.eagle_worker_common": {"eagle_sample": "context"},
+    "sglang.srt.speculative.ngram_worker": {"eagle_sample": "context"},
+    "sglang.srt.speculative.dflash_utils": {"tree_speculative_sampling_target_only": "target_only"},
+    "sglang.srt.speculative.uno_utils": {"chain_speculative_sampling_triton": "chain"},
 }
-"""Where SGLang 0.5.x looks its verify kernels up (module -> attribute -> kind).
+"""Where SGLang 0.5.23 defines and looks up its verify kernels (module -> attribute -> kind).
 
-The consumers import the kernels by name, so the names are patched in the consumer modules.
+The consumers import the kernels (and ``eagle_sample``) by name, so the names are patched both
+where they are defined and in every consumer; a name already wrapped is left alone.
 ``eagle_sample`` (kind ``context``) is wrapped only to learn the batch's request ids,
-``seq_lens`` and sampling parameters. DFlash's sampling verify has no batch in scope: its
-steps carry batch rows, not request ids."""
+``seq_lens`` and sampling parameters. DFlash's sampling verify
+(``compute_dflash_sampling_correct_drafts_and_bonus``) has no batch in scope: its steps carry
+batch rows (``row0``...), not request ids."""
 
 
 # ---- filter and recorder ---------------------------------------------------------------------
@@ -398,7 +409,10 @@ class SGLangRecorder:
         return [f"{m.__name__}.{a}" for m, a, _ in self._patched]
 
     def __enter__(self) -> "SGLangRecorder":
-        return self.install()
+        """``with recorder.install(targets):`` or ``with recorder:`` (installs :data:`PATCH_POINTS`)."""
+        if not self._patched and self._finder is None:
+            self.install()
+        return self
 
     def __exit__(self, *exc) -> None:
         self.uninstall()
@@ -606,6 +620,37 @@ def _one_hot_chain(step: dict, row: int) -> bool:
         if not torch.equal(q[i], want):
             return False
     return True
+
+
+def step_parts(step: dict, row: int) -> dict:
+    """Everything a lab StepTrace needs from recorded row ``row`` of ``step``, as lab objects.
+
+    Keys: ``request_id``, ``kind``, ``kernel``, ``rank``, ``call``, ``verify_input``
+    (:class:`DDTreeVerifyInput`, batch of one), ``target_probs`` (``[1, N, V]``, rows the
+    kernel did not read are zero; None for greedy), ``target_predict`` (``[1, N]``, greedy
+    only), ``coins`` / ``final_coins`` (None for greedy), ``draft_probs`` (chain only),
+    ``thresholds``, ``sampling`` (per-request values when recorded), ``sglang_output``
+    (:class:`VerifyOutput`). :meth:`SGLangRecorder.to_trace` is to map these onto StepTrace.
+    """
+    vi = step_verify_input(step, row)
+    t = step["tensors"]
+    sampled = step["kind"] != "greedy"
+    return {
+        "request_id": step["request_ids"][row],
+        "kind": step["kind"],
+        "kernel": step["kernel"],
+        "rank": step["rank"],
+        "call": step["call"],
+        "verify_input": vi,
+        "target_probs": _prob_rows(step, row, vi.num_rows) if sampled else None,
+        "target_predict": None if sampled else t["target_predict"][row : row + 1],
+        "coins": t["uniform_samples"][row : row + 1] if sampled else None,
+        "final_coins": t["uniform_samples_final"][row : row + 1] if sampled else None,
+        "draft_probs": t["draft_probs"][row : row + 1] if "draft_probs" in t else None,
+        "thresholds": (step.get("threshold_single", 1.0), step.get("threshold_acc", 1.0)),
+        "sampling": {k: v[row] for k, v in step.get("sampling", {}).items()},
+        "sglang_output": _sglang_output(step, row, vi),
+    }
 
 
 def _explain(step: dict, lab: VerifyOutput, sgl: VerifyOutput, vocab: int | None) -> str:

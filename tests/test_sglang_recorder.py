@@ -253,3 +253,71 @@ def test_notebook_06_runs_top_to_bottom(monkeypatch):
     text = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/html", ""))
                    for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "support_exhausted" in text
+
+
+@needs_sglang
+def test_eagle_sample_context_gives_request_ids_even_when_imported_by_name(monkeypatch):
+    """SGLang's workers import eagle_sample by name; the recorder patches it there too and takes
+    request ids, seq_lens and sampling parameters from the batch it is given."""
+    import types
+
+    kernels = sb.sglang_kernels()
+    utils = types.ModuleType("fake_eagle_utils")
+    utils.verify_tree_greedy_func = kernels["verify_tree_greedy_triton"]
+
+    def eagle_sample(verify_input, batch, logits_output):
+        vi, logits = verify_input
+        return sb.sglang_verify_greedy(vi, logits, kernel=utils.verify_tree_greedy_func)
+
+    eagle_sample.__module__ = "fake_eagle_utils"
+    utils.eagle_sample = eagle_sample
+    worker = types.ModuleType("fake_eagle_worker")
+    worker.eagle_sample = utils.eagle_sample  # `from eagle_utils import eagle_sample`, before install
+    monkeypatch.setitem(sys.modules, "fake_eagle_utils", utils)
+    monkeypatch.setitem(sys.modules, "fake_eagle_worker", worker)
+    targets = {"fake_eagle_utils": {"eagle_sample": "context", "verify_tree_greedy_func": "greedy"},
+               "fake_eagle_worker": {"eagle_sample": "context"}}
+    batch = types.SimpleNamespace(
+        reqs=[types.SimpleNamespace(rid="alpha"), types.SimpleNamespace(rid="beta")],
+        seq_lens=torch.tensor([4, 4]),
+        sampling_info=types.SimpleNamespace(temperatures=torch.tensor([[0.0], [0.0]]), top_ks=torch.tensor([1, 1]),
+                                            top_ps=torch.tensor([1.0, 1.0])),
+    )
+    with sr.SGLangRecorder().install(targets) as rec:
+        assert sorted(rec.installed) == ["fake_eagle_utils.eagle_sample", "fake_eagle_utils.verify_tree_greedy_func",
+                                         "fake_eagle_worker.eagle_sample"]
+        worker.eagle_sample(_greedy_batch(6, bs=2), batch, None)
+    assert worker.eagle_sample is utils.eagle_sample is eagle_sample  # restored
+    assert len(rec.steps) == 1 and rec.steps[0]["request_ids"] == ["alpha", "beta"]
+    assert rec.steps[0]["sampling"] == {"temperature": [0.0, 0.0], "top_k": [1.0, 1.0], "top_p": [1.0, 1.0]}
+    assert rec.steps[0]["tensors"]["seq_lens"].tolist() == [4, 4]
+    assert rec._get_context() is None  # cleared after the call
+    assert all(r.agrees for r in sr.replay_recording(rec.steps))
+
+
+@needs_sglang
+def test_default_patch_points_cover_sglangs_kernel_modules():
+    import importlib
+
+    sb.sglang_kernels()
+    spec_tree = importlib.import_module(SPEC_TREE)
+    original = spec_tree.verify_tree_greedy_func
+    with sr.SGLangRecorder() as rec:
+        assert f"{SPEC_TREE}.verify_tree_greedy_func" in rec.installed
+        vs = importlib.import_module("sglang.kernels.ops.speculative.verify_sampling")
+        assert getattr(vs.chain_speculative_sampling_triton, "__ddtree_lab_original__", None) is not None
+    assert spec_tree.verify_tree_greedy_func is original
+    assert getattr(vs.chain_speculative_sampling_triton, "__ddtree_lab_original__", None) is None
+    assert not any(isinstance(f, sr._PatchFinder) for f in sys.meta_path)
+
+
+def test_step_parts_hold_what_a_step_trace_needs():
+    recording = sr.load_recording(FIXTURE)
+    parts = sr.step_parts(recording.steps[1], 2)
+    assert parts["request_id"] == "req-2" and parts["kind"] == "chain" and parts["rank"] == 0
+    assert parts["target_probs"].shape[:2] == (1, parts["verify_input"].num_rows)
+    assert parts["coins"].shape == (1, parts["verify_input"].num_rows) and parts["final_coins"].shape == (1,)
+    assert parts["sampling"] == {"temperature": 0.8, "top_k": 10, "top_p": 1.0}
+    assert parts["sglang_output"].accept_length.shape == (1,)
+    greedy = sr.step_parts(recording.steps[0], 0)
+    assert greedy["target_predict"].shape == (1, greedy["verify_input"].num_rows) and greedy["coins"] is None
