@@ -798,9 +798,9 @@ def draw_recorded_tree(result: ReplayResult, max_nodes: int = 200):
         label = f"{i}: {tokens[i]}"
         d = decided.get(i)
         if d is not None:
-            label += f"\\np={d.target_prob:.3g} S={d.cumulative_mass:.3g}"
+            label += f"\\np={_short(d.target_prob)} S={_short(d.cumulative_mass)}"
             if d.coin is not None:
-                label += f"\\nu={d.coin:.3g}"
+                label += f"\\nu={_short(d.coin)}"
         attrs = {}
         if i in sgl_path:
             attrs = {"color": "darkgreen", "penwidth": "2.5", "style": "rounded,bold"}
@@ -817,9 +817,22 @@ def draw_recorded_tree(result: ReplayResult, max_nodes: int = 200):
             c = ns[c]
     bonus = int(result.sglang.bonus_token[0])
     last = [v for v in result.sglang.accept_index[0].tolist() if v >= 0][-1]
-    g.node("bonus", f"bonus {bonus}", shape="ellipse", color="darkgreen")
+    g.node("bonus", f"SGLang bonus {bonus}", shape="ellipse", color="darkgreen")
     g.edge(str(last), "bonus", style="dotted")
+    if result.lab is not None and (int(result.lab.bonus_token[0]) != bonus
+                                   or not torch.equal(result.lab.accept_length, result.sglang.accept_length)):
+        lab_last = [v for v in result.lab.accept_index[0].tolist() if v >= 0][-1]
+        lab_bonus = int(result.lab.bonus_token[0])
+        text = "lab: no bonus\\n(support exhausted)" if bool(result.lab.support_exhausted[0]) else f"lab bonus {lab_bonus}"
+        g.node("lab_bonus", text, shape="ellipse", color="blue")
+        g.edge(str(lab_last), "lab_bonus", style="dotted", color="blue")
     return g
+
+
+def _short(x: float) -> str:
+    """3 significant digits, or 9 where 3 would print a value that is not exactly 0 or 1 as 0 or 1."""
+    text = f"{x:.3g}"
+    return f"{x:.9g}" if text in ("0", "1") and x not in (0.0, 1.0) else text
 
 
 def decisions_html(result: ReplayResult) -> str:
