@@ -152,10 +152,12 @@ class TargetModel:
         """The text of one token as a person reads it (special tokens by name)."""
         return self.tokenizer.decode([int(token_id)])
 
+    @torch.no_grad()
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Input embeddings ``[..., H]`` (float32) of ``token_ids``."""
         return self.model.get_input_embeddings()(token_ids.to(self.device)).float()
 
+    @torch.no_grad()
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., V]`` float32 from post-norm hidden states ``[..., H]``."""
         head = self.model.get_output_embeddings()

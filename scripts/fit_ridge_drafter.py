@@ -13,13 +13,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import torch
 from tqdm.auto import tqdm
 
 from ddtree_lab.drafter import RidgeDrafter, default_drafter_path, fit_ridge_heads
-from ddtree_lab.models import load_default_target
+from ddtree_lab.models import cache_dir, load_default_target
 
 PROMPTS = [
     "Explain how photosynthesis works.", "Write a short story about a lighthouse keeper.",
@@ -45,6 +46,7 @@ PROMPTS = [
 ]
 
 
+@torch.no_grad()
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(default_drafter_path()))
@@ -60,13 +62,18 @@ def main() -> None:
     t0 = time.time()
     target = load_default_target()
     tok = target.tokenizer
-    sequences = []
-    for i, prompt in enumerate(tqdm(PROMPTS, desc="target writes its training text")):
+    # The generated text is cached: re-fitting (other rank / ridge) does not regenerate it.
+    text_cache = cache_dir() / f"ridge_fit_text_seed{args.seed}_{args.new_tokens}.json"
+    sequences = json.loads(text_cache.read_text()) if text_cache.exists() else []
+    for i, prompt in enumerate(tqdm(PROMPTS[len(sequences):], desc="target writes its training text"),
+                               start=len(sequences)):
         torch.manual_seed(args.seed * 1000 + i)
         ids = target.encode_prompt(prompt)
         out = target.model.generate(torch.tensor([ids]), max_new_tokens=args.new_tokens, do_sample=True,
                                     temperature=0.7, top_k=0, top_p=1.0, pad_token_id=tok.eos_token_id)
         sequences.append(out[0].tolist())
+        text_cache.parent.mkdir(parents=True, exist_ok=True)
+        text_cache.write_text(json.dumps(sequences))
     hidden, embeds = [], []
     with torch.no_grad():
         for seq in tqdm(sequences, desc="target features"):
