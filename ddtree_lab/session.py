@@ -79,7 +79,9 @@ class LiveSession:
         budget: B, draft nodes per tree (an int, or one per request).
         sampling: one :class:`SamplingParams` for every request or one per request.
         seed: seeds the coin generators of requests whose params have no seed
-            (request ``b`` gets ``seed * 1000 + b``).
+            (request ``b`` gets ``seed * 1000 + b``). One :class:`SamplingParams` with a
+            seed given for the whole batch seeds request ``b`` with ``params.seed + b``, so
+            requests never share coins.
         max_depth, top1_spine, min_prob: passed to :func:`ddtree_lab.build_tree`.
         top_m: tokens kept per target row for display (see :mod:`ddtree_lab.trace`).
 
@@ -114,7 +116,9 @@ class LiveSession:
         if not prompts:
             raise ValueError("no prompts given")
         params = normalize_params(self.sampling, len(prompts), self.target.vocab_size)
-        params = [p if p.seed is not None else dataclasses.replace(p, seed=self.seed * 1000 + b)
+        shared = isinstance(self.sampling, SamplingParams)
+        params = [dataclasses.replace(p, seed=self.seed * 1000 + b) if p.seed is None
+                  else dataclasses.replace(p, seed=p.seed + b) if shared else p
                   for b, p in enumerate(params)]
         budgets = [self.budget] * len(prompts) if isinstance(self.budget, int) else list(self.budget)
         if len(budgets) != len(prompts):
