@@ -8,7 +8,9 @@ The public surface, stage by stage (DESIGN.md, "Data flow"):
   :func:`encode_retrieve`, :func:`decode_retrieve`, :func:`check_retrieve`;
 * target logits -> target distribution: :class:`SamplingParams`, :func:`target_probs`;
 * verification: :func:`verify_greedy`, :func:`verify_sampled`, :class:`VerifyOutput`,
-  :func:`draw_coins`, :func:`make_generators`.
+  :func:`draw_coins`, :func:`make_generators`;
+* verification from raw logits with a chosen backend (reference, torch-lazy, Triton):
+  :func:`verify_tree`, :func:`verify_tree_greedy`, :func:`select_backend`.
 """
 
 from .retrieve import DDTreeVerifyInput as DDTreeVerifyInput
@@ -35,5 +37,8 @@ from .verify import draw_coins as draw_coins
 from .verify import make_generators as make_generators
 from .verify import verify_greedy as verify_greedy
 from .verify import verify_sampled as verify_sampled
+from .verify_backends import select_backend as select_backend
+from .verify_backends import verify_tree as verify_tree
+from .verify_backends import verify_tree_greedy as verify_tree_greedy
 
 __version__ = "0.1.0"

@@ -33,8 +33,6 @@ check) rows the walk never reaches.
 
 from __future__ import annotations
 
-import math
-import os
 from typing import Sequence
 
 import torch
@@ -55,7 +53,9 @@ from .verify import (
 )
 from .retrieve import DDTreeVerifyInput
 
-__all__ = ["verify_tree", "verify_tree_greedy", "select_backend", "PROB_ATOL", "PROB_RTOL", "BACKENDS"]
+__all__ = ["verify_tree", "verify_tree_greedy", "select_backend", "sampled_launcher", "greedy_launcher",
+           "lazy_row_probs",
+           "PROB_ATOL", "PROB_RTOL", "BACKENDS"]
 
 BACKENDS = ("auto", "reference", "torch-lazy", "triton")
 
@@ -245,24 +245,39 @@ def verify_tree(
                               threshold_single=threshold_single, threshold_acc=threshold_acc)
     if name == "torch-lazy":
         return _verify_lazy(verify_input, target_logits, items, coins, final_coins, threshold_single, threshold_acc)
-    module, _ = _triton_kernels()
+    launch, out = sampled_launcher(verify_input, target_logits, items, coins, final_coins,
+                                   threshold_single=threshold_single, threshold_acc=threshold_acc)
+    launch()
+    _raise_kernel_error(out)
+    return _expand(verify_input, out, coins.tolist(), final_coins.tolist(), name)
+
+
+def sampled_launcher(verify_input, target_logits, items, coins, final_coins, *, threshold_single=1.0, threshold_acc=1.0):
+    """``(launch, out)``: a no-argument function that runs the sampled kernel once into the
+    compact buffers ``out`` (no checks, no expansion; for benchmarks and custom pipelines).
+    Arguments as :func:`verify_tree` with ``items`` one :class:`SamplingParams` per request."""
+    select_backend("triton", target_logits.device)  # raises where the kernels cannot run
+    module, interpreted = _triton_kernels()
     device = target_logits.device
+    bs, n, vocab = target_logits.shape
     logits = target_logits if target_logits.stride(-1) == 1 else target_logits.contiguous()
     out = _compact_buffers(bs, n, device)
     tok, nt, ns, nn = _tree_buffers(verify_input, device)
     temperature, top_k, top_p, min_p = _params_tensors(items, vocab, device)
     thresholds = torch.tensor([threshold_single, threshold_acc], dtype=torch.float64, device=device)
-    extra = {} if name == "triton-interpret" else {"num_warps": 8}
-    module.sampled_verify_kernel[(bs,)](
-        logits, logits.stride(0), logits.stride(1), vocab, n,
-        tok, nt, ns, nn, temperature, top_k, top_p, min_p,
-        coins.to(device).contiguous(), final_coins.to(device).contiguous(), thresholds,
-        out["path"], out["plen"], out["dnode"], out["dprob"], out["dmass"], out["dcount"],
-        out["btok"], out["bkind"], out["bmass"], out["bprob"], out["err"], out["errnode"],
-        LOW=_low_bits(logits.dtype), BLOCK=_block(vocab, device), **extra,
-    )
-    _raise_kernel_error(out)
-    return _expand(verify_input, out, coins.tolist(), final_coins.tolist(), name)
+    coins, final_coins = coins.to(device).contiguous(), final_coins.to(device).contiguous()
+    extra = {} if interpreted else {"num_warps": 8}
+
+    def launch():
+        module.sampled_verify_kernel[(bs,)](
+            logits, logits.stride(0), logits.stride(1), vocab, n,
+            tok, nt, ns, nn, temperature, top_k, top_p, min_p, coins, final_coins, thresholds,
+            out["path"], out["plen"], out["dnode"], out["dprob"], out["dmass"], out["dcount"],
+            out["btok"], out["bkind"], out["bmass"], out["bprob"], out["err"], out["errnode"],
+            LOW=_low_bits(logits.dtype), BLOCK=_block(vocab, device), **extra,
+        )
+
+    return launch, out
 
 
 def verify_tree_greedy(
@@ -282,20 +297,32 @@ def verify_tree_greedy(
     name, _why = select_backend(backend, target_logits.device)
     if name in ("reference", "torch-lazy"):
         return verify_greedy(verify_input, target_logits)
-    module, _ = _triton_kernels()
+    launch, out = greedy_launcher(verify_input, target_logits)
+    launch()
+    _raise_kernel_error(out)
+    return _expand(verify_input, out, None, None, name)
+
+
+def greedy_launcher(verify_input, target_logits):
+    """``(launch, out)`` for the greedy kernel, as :func:`sampled_launcher`."""
+    select_backend("triton", target_logits.device)  # raises where the kernels cannot run
+    module, interpreted = _triton_kernels()
     device = target_logits.device
+    bs, n, vocab = target_logits.shape
     logits = target_logits if target_logits.stride(-1) == 1 else target_logits.contiguous()
     out = _compact_buffers(bs, n, device)
     tok, nt, ns, nn = _tree_buffers(verify_input, device)
-    extra = {} if name == "triton-interpret" else {"num_warps": 8}
-    module.greedy_verify_kernel[(bs,)](
-        logits, logits.stride(0), logits.stride(1), vocab, n, tok, nt, ns, nn,
-        out["path"], out["plen"], out["dnode"], out["dprob"], out["dmass"], out["dcount"],
-        out["btok"], out["bprob"], out["err"], out["errnode"],
-        BLOCK=_block(vocab, device), **extra,
-    )
-    _raise_kernel_error(out)
-    return _expand(verify_input, out, None, None, name)
+    extra = {} if interpreted else {"num_warps": 8}
+
+    def launch():
+        module.greedy_verify_kernel[(bs,)](
+            logits, logits.stride(0), logits.stride(1), vocab, n, tok, nt, ns, nn,
+            out["path"], out["plen"], out["dnode"], out["dprob"], out["dmass"], out["dcount"],
+            out["btok"], out["bprob"], out["err"], out["errnode"],
+            BLOCK=_block(vocab, device), **extra,
+        )
+
+    return launch, out
 
 
 def _verify_lazy(vi, logits, items, coins, final_coins, threshold_single, threshold_acc) -> VerifyOutput:
@@ -305,11 +332,11 @@ def _verify_lazy(vi, logits, items, coins, final_coins, threshold_single, thresh
     coin_rows, final = coins.tolist(), final_coins.tolist()
 
     def row_of(b: int, i: int) -> torch.Tensor:
-        row = logits[b, i]
+        row = logits[b, i].float()
         what = _row_problem(row)
         if what is not None:
             raise ValueError(f"target logits, request {b}, node {i}: row has {what}")
-        return target_probs(row[None, None], items[b])[0, 0]
+        return lazy_row_probs(row, items[b])
 
     paths, bonus_tokens, exhausted, decisions, bonus = [], [], [], [], []
     for b in range(vi.batch_size):
@@ -321,3 +348,41 @@ def _verify_lazy(vi, logits, items, coins, final_coins, threshold_single, thresh
         decisions.append(log)
         bonus.append(draw)
     return _finish(vi, paths, bonus_tokens, exhausted, decisions, bonus, "torch-lazy")
+
+
+def lazy_row_probs(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """One row of :func:`ddtree_lab.target_probs`, bit for bit, with less work.
+
+    ``row``: ``[V]`` float32 logits (already checked). The same torch ops as the reference,
+    except that with top-k on, top-p sorts only the top-k survivors: the reference's sorted
+    row is those survivors followed by zeros, its float32 running sum is the survivors'
+    running sum followed by a constant, so the first position reaching ``top_p`` (or none,
+    meaning keep all) is the same.
+    """
+    vocab = row.shape[-1]
+    if params.is_greedy:
+        return torch.zeros_like(row).scatter_(-1, row.argmax(-1, keepdim=True), 1.0)
+    scaled = row / torch.full_like(row[..., :1], params.temperature)
+    survivors = None
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[..., -1:]
+        survivors = scaled >= kth
+        scaled = scaled.masked_fill(~survivors, -float("inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if params.top_p < 1.0:
+        candidates = probs if survivors is None else probs[survivors]
+        sorted_p = torch.sort(candidates, dim=-1, descending=True).values
+        cum = sorted_p.cumsum(-1)
+        pos = int(torch.searchsorted(cum, torch.full_like(cum[..., :1], params.top_p)))
+        if pos < sorted_p.shape[-1]:
+            keep = probs >= sorted_p[pos]
+        elif survivors is None or survivors.all():
+            keep = probs >= sorted_p[-1]  # the reference clamps to the last sorted value
+        else:
+            keep = probs >= 0.0  # the reference's cut lands on a zero: keep all
+        probs = probs * keep
+        probs = probs / probs.sum(-1, keepdim=True)
+    if params.min_p:
+        probs = probs * (probs >= params.min_p * probs.max(-1, keepdim=True).values)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs

@@ -269,6 +269,22 @@ def test_torch_lazy_backend_is_bit_identical_to_the_reference():
     assert torch.equal(ref.emitted_tokens, lazy.emitted_tokens)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_lazy_row_probs_is_bit_identical_to_target_probs(seed):
+    from ddtree_lab.verify_backends import lazy_row_probs
+
+    g = torch.Generator().manual_seed(seed)
+    for dtype in DTYPES:
+        logits = (torch.randn(6, 300, generator=g) * (1 + seed)).to(dtype)
+        logits[0, :40] = logits[0].max()  # a tie block at the top
+        logits[1, :] = 0.0  # a uniform row
+        for params in PARAM_MIX + [SP(1.0, top_k=5, top_p=0.999999), SP(0.5, top_k=299, top_p=0.7)]:
+            want = dl.target_probs(logits[:, None], params)[:, 0]
+            for r in range(6):
+                got = lazy_row_probs(logits[r].float(), params)
+                assert torch.equal(got, want[r]), (params, r)
+
+
 def test_auto_selects_triton_here_and_records_it():
     name, why = select_backend("auto", DEVICE)
     assert name == ("triton" if DEVICE == "cuda" else "triton-interpret"), why
