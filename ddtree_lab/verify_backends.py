@@ -64,6 +64,10 @@ BACKENDS = ("auto", "reference", "torch-lazy", "triton")
 PROB_ATOL = 2e-6
 PROB_RTOL = 2e-5
 
+#: Top-k rows with at most this many survivors are gathered into a scratch row and finished
+#: there (power of two; 0 turns the gather off and every step reads the full row).
+COMPACT_CAP = 256
+
 _KIND_NAMES = {0: "argmax", 1: "residual", 2: "leaf", 3: "exhausted"}
 _ROW_ERRORS = {1: "NaN", 2: "+inf", 3: "every entry -inf"}
 
@@ -267,14 +271,17 @@ def sampled_launcher(verify_input, target_logits, items, coins, final_coins, *, 
     thresholds = torch.tensor([threshold_single, threshold_acc], dtype=torch.float64, device=device)
     coins, final_coins = coins.to(device).contiguous(), final_coins.to(device).contiguous()
     extra = {} if interpreted else {"num_warps": 8}
+    kcap = max(16, COMPACT_CAP)
+    scratch_x = torch.empty(bs, kcap, dtype=torch.float32, device=device)
+    scratch_i = torch.empty(bs, kcap, dtype=torch.int32, device=device)
 
     def launch():
         module.sampled_verify_kernel[(bs,)](
             logits, logits.stride(0), logits.stride(1), vocab, n,
             tok, nt, ns, nn, temperature, top_k, top_p, min_p, coins, final_coins, thresholds,
             out["path"], out["plen"], out["dnode"], out["dprob"], out["dmass"], out["dcount"],
-            out["btok"], out["bkind"], out["bmass"], out["bprob"], out["err"], out["errnode"],
-            LOW=_low_bits(logits.dtype), BLOCK=_block(vocab, device), **extra,
+            out["btok"], out["bkind"], out["bmass"], out["bprob"], out["err"], out["errnode"], scratch_x, scratch_i,
+            LOW=_low_bits(logits.dtype), BLOCK=_block(vocab, device), KCAP=kcap, COMPACT=COMPACT_CAP > 0, **extra,
         )
 
     return launch, out

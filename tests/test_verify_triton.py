@@ -127,6 +127,27 @@ def test_sampled_kernel_equals_reference_on_random_trees(dtype, seed):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("seed", range(3))
+def test_sampled_kernel_without_the_survivor_gather(dtype, seed, monkeypatch):
+    # every step as a pass over the full row (the path of top-k rows with many survivors)
+    from ddtree_lab import verify_backends
+
+    monkeypatch.setattr(verify_backends, "COMPACT_CAP", 0)
+    vi, logits, params, coins, final = _random_case(50 + seed, bs=4, vocab=(96, 256, 400)[seed], depth=3, k=3,
+                                                    budget=9, dtype=dtype)
+    _check_sampled(vi, logits, params, coins, final)
+
+
+def test_top_k_ties_overflowing_the_gather_fall_back_to_full_rows():
+    vi = _star([7, 300, 2], 512)
+    logits = torch.randn(1, 4, 512, generator=torch.Generator().manual_seed(9))
+    logits[0, 0, 10:310] = 6.0  # 300 tied survivors of top_k = 5 (> the 256 gathered)
+    for coin in (0.0, 0.4, BELOW_ONE):
+        for params in (SP(1.0, top_k=5), SP(1.0, top_k=5, top_p=0.5), SP(0.7, top_k=5, min_p=0.5)):
+            _check_sampled(vi, logits, params, torch.full((1, 4), coin), torch.tensor([0.3]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("seed", range(6))
 def test_greedy_kernel_equals_reference_on_random_trees(dtype, seed):
     vocab = (64, 256, 500)[seed % 3]
@@ -357,10 +378,13 @@ types = dict(logits_ptr=None, stride_b="i64", stride_n="i64", V="i32", N="i32", 
              topp_ptr="*fp32", minp_ptr="*fp32", coin_ptr="*fp32", fcoin_ptr="*fp32", thr_ptr="*fp64",
              path_ptr="*i32", plen_ptr="*i32", dnode_ptr="*i32", dprob_ptr="*fp32", dmass_ptr="*fp32",
              dcount_ptr="*i32", btok_ptr="*i32", bkind_ptr="*i32", bmass_ptr="*fp64", bprob_ptr="*fp64",
-             err_ptr="*i32", errnode_ptr="*i32", tok_ptr="*i64", nt_ptr="*i64", ns_ptr="*i64", nn_ptr="*i64")
+             err_ptr="*i32", errnode_ptr="*i32", tok_ptr="*i64", nt_ptr="*i64", ns_ptr="*i64", nn_ptr="*i64",
+             sx_ptr="*fp32", si_ptr="*i32")
 for dt, low in (("bf16", 16), ("fp16", 13), ("fp32", 0)):
     types["logits_ptr"] = "*" + dt
-    for fn, const in ((tv.sampled_verify_kernel, {"LOW": low, "BLOCK": 4096}), (tv.greedy_verify_kernel, {"BLOCK": 4096})):
+    for fn, const in ((tv.sampled_verify_kernel, {"LOW": low, "BLOCK": 4096, "KCAP": 256, "COMPACT": True}),
+                      (tv.sampled_verify_kernel, {"LOW": low, "BLOCK": 4096, "KCAP": 16, "COMPACT": False}),
+                      (tv.greedy_verify_kernel, {"BLOCK": 4096})):
         names = inspect.signature(fn.fn).parameters
         sig = {k: "constexpr" if k in const else types[k] for k in names}
         c = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const),

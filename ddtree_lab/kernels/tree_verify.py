@@ -147,8 +147,57 @@ def _p_final(x, T, ms, kth_s, z1, cut, z2, mthr, z3):
 
 
 @triton.jit
-def _row_state(row_ptr, V, T, K, P, MINP, LOW: tl.constexpr, BLOCK: tl.constexpr):
-    """Everything the sampled transform of one row needs; greedy rows stop after the max."""
+def _sum_over(src_ptr, limit, WHAT: tl.constexpr, T, ms, kth_s, z1, c, cut, z2, mthr, BLK: tl.constexpr):
+    """One reduction over ``src[0:limit]`` (a logit row, or the gathered survivors):
+    WHAT 0: sum exp(s - M) over the top-k survivors (Z1); 1: sum of p1 over p1 > c (A(c));
+    2: sum of p2 over p2 >= mthr (Z3)."""
+    offs0 = tl.arange(0, BLK)
+    acc = tl.zeros([], tl.float32)
+    for start in range(0, limit, BLK):
+        offs = start + offs0
+        x = tl.load(src_ptr + offs, mask=offs < limit, other=float("-inf")).to(tl.float32)
+        if WHAT == 0:
+            s = tl.math.div_rn(x, T)
+            acc += tl.sum(tl.where(s >= kth_s, tl.exp(tl.minimum(s - ms, 0.0)), 0.0), 0)
+        elif WHAT == 1:
+            p = _p1(x, T, ms, kth_s, z1)
+            acc += tl.sum(tl.where(p > c, p, 0.0), 0)
+        else:
+            p1 = _p1(x, T, ms, kth_s, z1)
+            p2 = tl.where(p1 > cut, tl.math.div_rn(p1, z2), 0.0)
+            acc += tl.sum(tl.where(p2 >= mthr, p2, 0.0), 0)
+    return acc
+
+
+@triton.jit
+def _top_p_cut(src_ptr, limit, T, ms, kth_s, z1, P, LOW: tl.constexpr, BLK: tl.constexpr):
+    """(cut, Z2): keep p1 > cut; the bitwise search over the logit key (module docstring)."""
+    zero64 = tl.zeros([], tl.int64)
+    a0 = _sum_over(src_ptr, limit, 1, T, ms, kth_s, z1, -1.0, -1.0, 1.0, 0.0, BLK)
+    z2 = a0
+    cut = tl.full([], -1.0, tl.float32)
+    if a0 >= P:
+        h = zero64
+        for i in range(0, 32 - LOW):
+            cand = h | (zero64 + 1) << (zero64 + (31 - LOW - i))
+            c = _p1(_value_of(_lattice(cand, LOW)), T, ms, float("-inf"), z1)
+            a = _sum_over(src_ptr, limit, 1, T, ms, kth_s, z1, c, -1.0, 1.0, 0.0, BLK)
+            ok = a >= P
+            h = tl.where(ok, cand, h)
+            z2 = tl.where(ok, a, z2)
+        cut = _p1(_value_of(_lattice(h, LOW)), T, ms, float("-inf"), z1)
+    return cut, z2
+
+
+@triton.jit
+def _row_state(row_ptr, V, T, K, P, MINP, sx_ptr, si_ptr,
+               LOW: tl.constexpr, BLOCK: tl.constexpr, KCAP: tl.constexpr, COMPACT: tl.constexpr):
+    """Everything the sampled transform of one row needs; greedy rows stop after the max.
+
+    With top-k on and at most KCAP survivors, the survivors (logit, token id, in id order)
+    are gathered into the request's scratch row ``sx/si[0:count]`` and every later step reads
+    only them (``compact`` = 1); otherwise each step is a pass over the row.
+    """
     offs0 = tl.arange(0, BLOCK)
     m, amax, _z, err = _row_max(row_ptr, V, False, BLOCK)
     ms = tl.full([], 0.0, tl.float32)
@@ -158,6 +207,8 @@ def _row_state(row_ptr, V, T, K, P, MINP, LOW: tl.constexpr, BLOCK: tl.constexpr
     z2 = tl.full([], 1.0, tl.float32)
     mthr = tl.full([], 0.0, tl.float32)
     z3 = tl.full([], 1.0, tl.float32)
+    compact = tl.zeros([], tl.int32)
+    count = tl.zeros([], tl.int32)
     if (T > 0) & (err == 0):
         ms = tl.math.div_rn(m, T)
         zero64 = tl.zeros([], tl.int64)
@@ -174,48 +225,35 @@ def _row_state(row_ptr, V, T, K, P, MINP, LOW: tl.constexpr, BLOCK: tl.constexpr
                     cnt += tl.sum(((_key_of(x) >= thr) & (offs < V)).to(tl.int32), 0)
                 h = tl.where(cnt >= K, cand, h)
             kth_s = tl.math.div_rn(_value_of(_lattice(h, LOW)), T)
-        # ---- softmax normaliser over the survivors
-        z1 = tl.zeros([], tl.float32)
-        for start in range(0, V, BLOCK):
-            offs = start + offs0
-            x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-            s = tl.math.div_rn(x, T)
-            z1 += tl.sum(tl.where(s >= kth_s, tl.exp(s - ms), 0.0), 0)
-        # ---- top-p: the cut by a bitwise search over the logit key
-        if P < 1.0:
-            a0 = tl.zeros([], tl.float32)
-            for start in range(0, V, BLOCK):
-                offs = start + offs0
-                x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-                a0 += tl.sum(_p1(x, T, ms, kth_s, z1), 0)
-            z2 = a0
-            if a0 >= P:
-                h = zero64
-                for i in range(0, 32 - LOW):
-                    cand = h | (zero64 + 1) << (zero64 + (31 - LOW - i))
-                    c = _p1(_value_of(_lattice(cand, LOW)), T, ms, float("-inf"), z1)
-                    a = tl.zeros([], tl.float32)
-                    for start in range(0, V, BLOCK):
-                        offs = start + offs0
-                        x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-                        p = _p1(x, T, ms, kth_s, z1)
-                        a += tl.sum(tl.where(p > c, p, 0.0), 0)
-                    ok = a >= P
-                    h = tl.where(ok, cand, h)
-                    z2 = tl.where(ok, a, z2)
-                cut = _p1(_value_of(_lattice(h, LOW)), T, ms, float("-inf"), z1)
-        # ---- min-p
-        if MINP > 0.0:
-            pmax = tl.math.div_rn(tl.math.div_rn(1.0, z1), z2)
-            mthr = MINP * pmax
-            z3 = tl.zeros([], tl.float32)
-            for start in range(0, V, BLOCK):
-                offs = start + offs0
-                x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-                p1 = _p1(x, T, ms, kth_s, z1)
-                p2 = tl.where(p1 > cut, tl.math.div_rn(p1, z2), 0.0)
-                z3 += tl.sum(tl.where(p2 >= mthr, p2, 0.0), 0)
-    return amax, err, ms, kth_s, z1, cut, z2, mthr, z3
+            if COMPACT:
+                # gather the survivors (s >= kth_s, ties and rounding collisions included)
+                tl.debug_barrier()
+                for start in range(0, V, BLOCK):
+                    offs = start + offs0
+                    x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+                    keep = (tl.math.div_rn(x, T) >= kth_s) & (offs < V)
+                    pos = count + tl.cumsum(keep.to(tl.int32), 0) - 1
+                    ok = keep & (pos < KCAP)
+                    tl.store(sx_ptr + pos, x, mask=ok)
+                    tl.store(si_ptr + pos, offs, mask=ok)
+                    count += tl.sum(keep.to(tl.int32), 0)
+                tl.debug_barrier()
+                compact = (count <= KCAP).to(tl.int32)
+        if compact != 0:
+            z1 = _sum_over(sx_ptr, count, 0, T, ms, kth_s, 1.0, -1.0, -1.0, 1.0, 0.0, KCAP)
+            if P < 1.0:
+                cut, z2 = _top_p_cut(sx_ptr, count, T, ms, kth_s, z1, P, LOW, KCAP)
+            if MINP > 0.0:
+                mthr = MINP * tl.math.div_rn(tl.math.div_rn(1.0, z1), z2)
+                z3 = _sum_over(sx_ptr, count, 2, T, ms, kth_s, z1, -1.0, cut, z2, mthr, KCAP)
+        else:
+            z1 = _sum_over(row_ptr, V, 0, T, ms, kth_s, 1.0, -1.0, -1.0, 1.0, 0.0, BLOCK)
+            if P < 1.0:
+                cut, z2 = _top_p_cut(row_ptr, V, T, ms, kth_s, z1, P, LOW, BLOCK)
+            if MINP > 0.0:
+                mthr = MINP * tl.math.div_rn(tl.math.div_rn(1.0, z1), z2)
+                z3 = _sum_over(row_ptr, V, 2, T, ms, kth_s, z1, -1.0, cut, z2, mthr, BLOCK)
+    return amax, err, ms, kth_s, z1, cut, z2, mthr, z3, compact, count
 
 
 @triton.jit
@@ -242,13 +280,19 @@ def sampled_verify_kernel(
     temp_ptr, topk_ptr, topp_ptr, minp_ptr,
     coin_ptr, fcoin_ptr, thr_ptr,
     path_ptr, plen_ptr, dnode_ptr, dprob_ptr, dmass_ptr, dcount_ptr,
-    btok_ptr, bkind_ptr, bmass_ptr, bprob_ptr, err_ptr, errnode_ptr,
-    LOW: tl.constexpr, BLOCK: tl.constexpr,
+    btok_ptr, bkind_ptr, bmass_ptr, bprob_ptr, err_ptr, errnode_ptr, sx_ptr, si_ptr,
+    LOW: tl.constexpr, BLOCK: tl.constexpr, KCAP: tl.constexpr, COMPACT: tl.constexpr,
 ):
-    """Sampled tree verify of request ``program_id(0)`` (module docstring)."""
+    """Sampled tree verify of request ``program_id(0)`` (module docstring). ``sx``/``si``:
+    float32 / int32 scratch ``[bs, KCAP]`` for the gathered top-k survivors (used when
+    COMPACT)."""
     b = tl.program_id(0).to(tl.int64)
     offs0 = tl.arange(0, BLOCK)
     base = b * N
+    sx_ptr += b * KCAP
+    si_ptr += b * KCAP
+    compact = tl.zeros([], tl.int32)
+    count = tl.zeros([], tl.int32)
     n = tl.load(nn_ptr + b)
     T = tl.load(temp_ptr + b)
     K = tl.load(topk_ptr + b)
@@ -274,7 +318,8 @@ def sampled_verify_kernel(
     first_child = tl.full([], -1, tl.int64)
     while going != 0:
         row_ptr = logits_ptr + b * stride_b + cur * stride_n
-        amax, rerr, ms, kth_s, z1, cut, z2, mthr, z3 = _row_state(row_ptr, V, T, K, P, MINP, LOW, BLOCK)
+        amax, rerr, ms, kth_s, z1, cut, z2, mthr, z3, compact, count = _row_state(
+            row_ptr, V, T, K, P, MINP, sx_ptr, si_ptr, LOW, BLOCK, KCAP, COMPACT)
         err = rerr
         u = tl.load(coin_ptr + base + cur)
         first_child = tl.load(nt_ptr + base + cur)
@@ -325,7 +370,7 @@ def sampled_verify_kernel(
     if err == 0:
         fcoin = tl.load(fcoin_ptr + b)
         kind = tl.where(first_child >= 0, 1, 2)
-        if T > 0:
+        if (T > 0) & (compact == 0):
             row_ptr = logits_ptr + b * stride_b + cur * stride_n
             total = tl.zeros([], tl.float64)
             for start in range(0, V, BLOCK):
@@ -364,6 +409,36 @@ def sampled_verify_kernel(
                 tl.store(bkind_ptr + b, 3)
                 tl.store(bmass_ptr + b, 0.0)
                 tl.store(bprob_ptr + b, 0.0)
+        elif T > 0:
+            if COMPACT:
+                # the residual lives on the gathered survivors (ids ascending)
+                lane = tl.arange(0, KCAP)
+                xs = tl.load(sx_ptr + lane, mask=lane < count, other=float("-inf"))
+                ids = tl.load(si_ptr + lane, mask=lane < count, other=-1)
+                p = tl.where(lane < count, _p_final(xs, T, ms, kth_s, z1, cut, z2, mthr, z3), 0.0)
+                child = first_child
+                steps = tl.zeros([], tl.int64)
+                while (child >= 0) & (steps < n):
+                    tok = tl.load(tok_ptr + base + child)
+                    p = tl.where(ids == tok, 0.0, p)
+                    child = tl.load(ns_ptr + base + child)
+                    steps += 1
+                p64 = p.to(tl.float64)
+                total = tl.sum(p64, 0)
+                if total > 0.0:
+                    cs = tl.cumsum(p64, 0)
+                    hit = tl.min(tl.where(cs > fcoin.to(tl.float64) * total, lane, KCAP), 0)
+                    # rounding left coin * mass at or past the total: the last positive token
+                    hit = tl.where(hit < KCAP, hit, tl.max(tl.where(p > 0.0, lane, -1), 0))
+                    tl.store(btok_ptr + b, tl.sum(tl.where(lane == hit, ids, 0), 0))
+                    tl.store(bkind_ptr + b, kind)
+                    tl.store(bmass_ptr + b, total)
+                    tl.store(bprob_ptr + b, tl.sum(tl.where(lane == hit, p64, 0.0), 0) / total)
+                else:
+                    tl.store(btok_ptr + b, -1)
+                    tl.store(bkind_ptr + b, 3)
+                    tl.store(bmass_ptr + b, 0.0)
+                    tl.store(bprob_ptr + b, 0.0)
         else:
             # one-hot row: the argmax child, if present, was accepted (S = 1 > u), so the
             # residual is the argmax alone
