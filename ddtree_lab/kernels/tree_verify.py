@@ -9,10 +9,10 @@ to float32 in registers.
 Row transform (sampled rows, ``temperature > 0``), the rules of :mod:`ddtree_lab.sampling`:
 
 * ``s = x / T`` in IEEE float32 (``div_rn``), ``M = max(s) = max(x) / T``.
-* **top-k** (``0 < k < V``): the k-th largest raw logit ``x_k`` is found by a bitwise
-  threshold search over the order-preserving integer key of the logits (the largest key
-  ``K`` with ``count(key >= K) >= k``; one counting pass per key bit: 16 passes for
-  bfloat16, 19 for float16, 32 for float32, since the low bits of an upcast half are fixed).
+* **top-k** (``0 < k < V``): the k-th largest raw logit ``x_k`` is found by a radix select
+  over the order-preserving integer key of the logits (8-bit digit histograms from the top:
+  2 passes for bfloat16, 3 for float16, 4 for float32, since the low bits of an upcast half
+  are fixed) -- integer counting, so exact.
   Survivors are ``s >= x_k / T`` -- every token tied with the k-th value is kept (the
   reference's tie rule; with ``T > 1`` this includes logits that round onto the same scaled
   value).
@@ -129,6 +129,40 @@ def _row_max(row_ptr, V, WITH_Z: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _kth_largest_key(row_ptr, V, K, LOW: tl.constexpr, BLOCK: tl.constexpr):
+    """High part ``H = key >> LOW`` of the K-th largest logit: a radix select, one pass per
+    8-bit digit of ``H`` from the top (2 passes for bfloat16, 3 for float16, 4 for float32).
+
+    Each pass histograms the next digit of the logits whose higher digits equal the prefix
+    found so far, and keeps the largest digit ``d`` with ``count(digit >= d) >= K_rem``.
+    Integer counting only: the result is exact.
+    """
+    NB: tl.constexpr = 32 - LOW  # significant key bits
+    PAD: tl.constexpr = (8 - NB % 8) % 8  # pad to whole 8-bit digits (zeros at the bottom)
+    NBP: tl.constexpr = NB + PAD
+    offs0 = tl.arange(0, BLOCK)
+    bins = tl.arange(0, 256)
+    prefix = tl.zeros([], tl.int64)
+    k_rem = K + tl.zeros([], tl.int32)
+    for j in tl.static_range(NBP // 8):
+        hist = tl.zeros([256], tl.int32)
+        for start in range(0, V, BLOCK):
+            offs = start + offs0
+            x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+            h = (_key_of(x) >> LOW) << PAD
+            match = ((h >> (NBP - 8 * j)) == prefix) & (offs < V)
+            digit = ((h >> (NBP - 8 * j - 8)) & 255).to(tl.int32)
+            hist += tl.histogram(digit, 256, mask=match)
+        at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # count(digit >= d)
+        d = tl.max(tl.where(at_least >= k_rem, bins, -1), 0)
+        above = tl.sum(tl.where(bins > d, hist, 0), 0)
+        k_rem = k_rem - above
+        prefix = (prefix << 8) | d.to(tl.int64)
+    prefix = prefix >> PAD
+    return prefix
+
+
+@triton.jit
 def _p1(x, T, ms, kth_s, z1):
     """Softmax probability after temperature and top-k (0 for cut tokens)."""
     s = tl.math.div_rn(x, T)
@@ -214,17 +248,7 @@ def _row_state(row_ptr, V, T, K, P, MINP, sx_ptr, si_ptr,
         zero64 = tl.zeros([], tl.int64)
         # ---- top-k: the k-th largest logit by a bitwise search over its key
         if (K > 0) & (K < V):
-            h = zero64
-            for i in range(0, 32 - LOW):
-                cand = h | (zero64 + 1) << (zero64 + (31 - LOW - i))
-                thr = _lattice(cand, LOW)
-                cnt = tl.zeros([], tl.int32)
-                for start in range(0, V, BLOCK):
-                    offs = start + offs0
-                    x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-                    cnt += tl.sum(((_key_of(x) >= thr) & (offs < V)).to(tl.int32), 0)
-                h = tl.where(cnt >= K, cand, h)
-            kth_s = tl.math.div_rn(_value_of(_lattice(h, LOW)), T)
+            kth_s = tl.math.div_rn(_value_of(_lattice(_kth_largest_key(row_ptr, V, K, LOW, BLOCK), LOW)), T)
             if COMPACT:
                 # gather the survivors (s >= kth_s, ties and rounding collisions included)
                 tl.debug_barrier()
