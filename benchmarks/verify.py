@@ -120,8 +120,9 @@ def _pipeline_gpu():
             probs = fs.top_k_renorm_probs(probs, TOP_K)
             return fs.top_p_renorm_probs(probs, TOP_P)
 
+        run(torch.randn(2, 1, 1000, device="cuda").bfloat16())  # probe the API once
         return "flashinfer top_k/top_p_renorm_probs + torch softmax", run
-    except Exception:  # noqa: BLE001 - any import problem means: use torch ops
+    except Exception:  # noqa: BLE001 - not importable or another API: use torch ops
         pass
 
     def run(logits):

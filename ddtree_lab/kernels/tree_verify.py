@@ -19,20 +19,35 @@ Row transform (sampled rows, ``temperature > 0``), the rules of :mod:`ddtree_lab
 * softmax over the survivors: ``p1 = exp(s - M) / Z1`` with ``Z1`` the float32 sum.
 * **top-p** (``top_p < 1``): keep ``t`` iff ``A(p1_t) < top_p`` where
   ``A(c) = sum of p1_v over p1_v > c`` (the mass strictly above ``t``; ties at the cut all
-  kept). ``A`` is non-increasing, so the cut is found by the same bitwise search over the
-  logit key ``r`` with the predicate ``A(p1(r)) >= top_p`` (one pass per key bit), then
-  ``p2 = p1 / Z2`` over the kept tokens.
+  kept). ``A`` is non-increasing, so the cut is a bitwise search over the logit key ``r``
+  for the largest ``r`` with ``A(p1(r)) >= top_p`` (one evaluation of ``A`` per key bit:
+  16 for bfloat16), then ``p2 = p1 / Z2`` over the kept tokens.
 * **min-p**: keep ``p2 >= min_p * max p2``, ``p3 = p2 / Z3``.
 * ``temperature == 0`` rows are one-hot at the argmax (lowest id on ties).
+
+Passes over a reached row (each a read of ``V`` logits; only the first must come from DRAM,
+the row is 300 KB at V = 151,936 bf16 and the rest hit L2):
+
+* greedy kernel: 1 (argmax and the softmax normaliser together);
+* sampled, top-k on with at most ``KCAP`` (256) survivors: 1 (max) + 2 (radix select, bf16)
+  + 1 (gather the survivors, ids ascending, into a scratch row); the softmax normaliser,
+  top-p search, min-p and the bonus draw then run on the gathered survivors in registers;
+* sampled, otherwise (no top-k, or more survivors than ``KCAP`` from ties): 1 (max)
+  [+ 2 radix + 1 gather attempt] + 1 (normaliser) [+ 1 + 16 top-p evaluations]
+  [+ 1 min-p] + 2 for the bonus draw at the last row.
+
+One program per request walks its rows one after another, so a launch keeps at most ``bs``
+SMs busy; the threshold passes re-read the row from L2. This is the simple, exact design;
+splitting a row over several programs is the next step for small batches (not done).
 
 Walk (per request, from the root): load the current row's coin ``u``; for each child in
 sibling order ``S += p(child)`` (float32) and accept the first child with ``p > 0`` and
 ``u < S / threshold_acc or p >= threshold_single`` (float64 compare, as the reference).
 Without an accepted child, the bonus is an inverse-CDF draw from the row with the rejected
 siblings' tokens zeroed: ``mass`` = float64 sum of that residual; the first index whose
-running float64 sum exceeds ``final_coin * mass`` (float64 as in the reference, so rows with
-exact structure -- ties, uniform rows -- draw exactly the reference's token); if rounding leaves none, the last token
-with positive residual; ``mass == 0`` is ``support_exhausted`` (token -1).
+running float64 sum exceeds ``final_coin * mass`` (float64 as in the reference, so rows
+with exact structure -- ties, uniform rows -- draw exactly the reference's token); if
+rounding leaves none, the last token with positive residual; ``mass == 0`` is ``support_exhausted`` (token -1).
 
 Numerics against the reference (float32 torch ops, float64 residual cumsum): the sets of
 tokens with ``p > 0`` after top-k are identical (no arithmetic besides the IEEE division);
