@@ -161,6 +161,16 @@ def test_greedy_kernel_equals_reference_on_random_trees(dtype, seed):
     assert_same(ref, got)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_many_small_trees_in_one_launch(dtype):
+    # 40 requests per launch, both kernels; V = 64 keeps the interpreter quick
+    vi, logits, params, coins, final = _random_case(900, bs=40, vocab=64, depth=4, k=3, budget=10, dtype=dtype)
+    ties = []
+    _check_sampled(vi, logits, params, coins, final, ties)
+    assert not ties
+    assert_same(dl.verify_greedy(vi, logits), verify_tree_greedy(vi, _on(logits), backend="triton"))
+
+
 def test_deep_accepting_walks_in_one_mixed_batch():
     # a strongly drafted target: long accepted paths, every parameter kind in one launch
     vi, logits, _, coins, final = _random_case(7, bs=len(PARAM_MIX), vocab=128, depth=7, k=2, budget=40,
