@@ -125,10 +125,10 @@ def _params_tensors(items: Sequence[SamplingParams], vocab: int, device):
 
 
 def _block(vocab: int, device) -> int:
-    return min(4096 if device.type == "cuda" else 1024, triton_next_pow2(vocab))
+    return min(4096 if device.type == "cuda" else 1024, _next_pow2(vocab))
 
 
-def triton_next_pow2(n: int) -> int:
+def _next_pow2(n: int) -> int:
     return 1 << max(4, (int(n) - 1).bit_length())
 
 
