@@ -22,6 +22,8 @@ Trees come from random drafts (L = 16, K = 8); the target puts extra mass on eac
 first-choice child so walks go several levels deep (mean accepted length printed).
 
     python benchmarks/verify.py [--mode cpu|gpu] [--bs 1 8] [--nodes 16 64] [--vocab 151936]
+    TRITON_INTERPRET=1 python benchmarks/verify.py --mode gpu --dry-run --vocab 512 --bs 4 --nodes 16
+        (the GPU mode's code path on CPU tensors, to check the script; timings meaningless)
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ TOP_K, TOP_P, TEMPERATURE = 50, 0.9, 1.0
 def make_case(bs: int, num_nodes: int, vocab: int, device: str, seed: int = 0):
     """(verify_input, bf16 logits [bs, N, V] on device, coins, final_coins)."""
     g = torch.Generator().manual_seed(seed)
-    draft_vocab = 4096
+    draft_vocab = min(4096, vocab)
     ids, lp = dl.draft_topk_from_logits(torch.randn(bs, 15, draft_vocab, generator=g) * 3, k=8)
     tree = dl.build_tree(ids, lp, torch.randint(0, draft_vocab, (bs,), generator=g), num_nodes - 1)
     vi = dl.compile_retrieve(tree, 100)
@@ -125,55 +127,66 @@ def _pipeline_gpu():
     except Exception:  # noqa: BLE001 - not importable or another API: use torch ops
         pass
 
-    def run(logits):
-        probs = torch.softmax(logits.float().div_(TEMPERATURE), dim=-1)
-        kth = torch.topk(probs, TOP_K, dim=-1).values[..., -1:]
-        probs = probs.masked_fill_(probs < kth, 0.0)
-        probs.div_(probs.sum(-1, keepdim=True))
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        cum = sorted_p.cumsum(-1)
-        sorted_p.masked_fill_(cum - sorted_p >= TOP_P, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-        return probs.div_(probs.sum(-1, keepdim=True))
-
-    return "torch ops (softmax, topk renorm, sort/cumsum top-p renorm)", run
+    return "torch ops (softmax, topk renorm, sort/cumsum top-p renorm)", _pipeline_torch
 
 
-def _copy_bandwidth() -> float:
-    src = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
+def _pipeline_torch(logits):
+    """softmax -> top-k renormalise -> top-p renormalise over all rows, in torch ops."""
+    probs = torch.softmax(logits.float().div_(TEMPERATURE), dim=-1)
+    kth = torch.topk(probs, TOP_K, dim=-1).values[..., -1:]
+    probs = probs.masked_fill_(probs < kth, 0.0)
+    probs.div_(probs.sum(-1, keepdim=True))
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    cum = sorted_p.cumsum(-1)
+    sorted_p.masked_fill_(cum - sorted_p >= TOP_P, 0.0)
+    probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return probs.div_(probs.sum(-1, keepdim=True))
+
+
+def _copy_bandwidth(device: str, sync) -> float:
+    src = torch.empty((512 if device == "cuda" else 16) * 2**20, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    t = _median_time(lambda: dst.copy_(src), 10, torch.cuda.synchronize)
+    t = _median_time(lambda: dst.copy_(src), 10, sync)
     return 2 * src.numel() / t
 
 
 def run_gpu(args) -> None:
     from ddtree_lab.verify_backends import sampled_launcher
 
-    name, pipeline = _pipeline_gpu()
-    bw = _copy_bandwidth()
+    device = "cpu" if args.dry_run else "cuda"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    name, pipeline = _pipeline_gpu() if device == "cuda" else ("torch ops (dry run)", _pipeline_torch)
+    bw = _copy_bandwidth(device, sync)
     params = [dl.SamplingParams(TEMPERATURE, top_k=TOP_K, top_p=TOP_P)] * max(args.bs)
-    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}; V={args.vocab}, bf16, T={TEMPERATURE} "
+    gpu_name = torch.cuda.get_device_name() if device == "cuda" else "none (dry run on CPU, interpreted kernel)"
+    print(f"GPU {gpu_name}, torch {torch.__version__}; V={args.vocab}, bf16, T={TEMPERATURE} "
           f"top-k {TOP_K} top-p {TOP_P}; median of {args.repeat}; copy bandwidth {bw / 1e9:.0f} GB/s")
     print(f"pipeline = {name} over all rows (walk not timed); triton = sampled tree-verify kernel")
     print(f"{'bs':>3} {'N':>4} {'reached':>7} {'acc.len':>7} {'pipeline ms':>11} {'triton ms':>9} {'ratio':>6} "
-          f"{'floor ms':>8} {'vs floor':>8} {'pipe GB':>8} {'floor MB':>8}")
+          f"{'floor ms':>8} {'vs floor':>8} {'pipe GB':>8} {'floor MB':>8} {'agree':>6}")
     for bs in args.bs:
         for n in args.nodes:
-            vi, logits, coins, final = make_case(bs, n, args.vocab, "cuda")
+            vi, logits, coins, final = make_case(bs, n, args.vocab, device)
             launch, out = sampled_launcher(vi, logits, params[:bs], coins, final)
-            t_pipe = _median_time(lambda: pipeline(logits), args.repeat, torch.cuda.synchronize)
-            t_tri = _median_time(launch, args.repeat, torch.cuda.synchronize)
+            t_pipe = _median_time(lambda: pipeline(logits), args.repeat, sync)
+            t_tri = _median_time(launch, args.repeat, sync)
             assert int(out["err"].abs().sum()) == 0
+            # the same requests through the torch-lazy backend: paths and bonus tokens agree
+            lazy = dl.verify_tree(vi, logits, params[:bs], coins, final, backend="torch-lazy")
+            agree = int(((out["btok"].cpu().long() == lazy.bonus_token)
+                         & (out["plen"].cpu().long() == lazy.accept_length + 1)).sum())
             reached = int(out["plen"].sum())
             floor_bytes = reached * args.vocab * 2
             t_floor = floor_bytes / bw
             pipe_gb = bs * n * args.vocab * 22 / 1e9
             print(f"{bs:>3} {n:>4} {reached:>7} {float(out['plen'].float().mean()) - 1:>7.2f} {t_pipe * 1e3:>11.3f} "
                   f"{t_tri * 1e3:>9.3f} {t_pipe / t_tri:>5.1f}x {t_floor * 1e3:>8.3f} {t_tri / t_floor:>7.1f}x "
-                  f"{pipe_gb:>8.2f} {floor_bytes / 1e6:>8.1f}")
+                  f"{pipe_gb:>8.2f} {floor_bytes / 1e6:>8.1f} {agree:>3}/{bs:<2}")
             del logits
-            torch.cuda.empty_cache()
+            if device == "cuda":
+                torch.cuda.empty_cache()
     print(_bytes_note())
+    print("agree: requests whose accepted length and bonus token equal the torch-lazy backend's")
     print("goals (issue 4): ratio >= 5x at bs=32, N=64; triton within 2x of the floor")
 
 
@@ -185,6 +198,8 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, nargs="+", default=None)
     ap.add_argument("--vocab", type=int, default=151_936)
     ap.add_argument("--repeat", type=int, default=None)
+    ap.add_argument("--dry-run", action="store_true",
+                    help="GPU mode's code path on CPU tensors (needs TRITON_INTERPRET=1 and a small --vocab)")
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU mode: torch threads for both sides (default 1: stable on a shared machine)")
     args = ap.parse_args()
