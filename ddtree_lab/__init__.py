@@ -17,7 +17,9 @@ The public surface, stage by stage (DESIGN.md, "Data flow"):
   sglang itself is imported only to run its kernels): :func:`to_sglang_buffers`,
   :func:`from_sglang_buffers`, :class:`SGLangVerifyBuffers`, :class:`TreeMaskMode`,
   :func:`verify_output_from_sglang`, :func:`verify_output_to_sglang`,
-  :class:`SGLangRecorder`, :func:`load_recording`, :func:`replay_recording`.
+  :class:`SGLangRecorder`, :func:`load_recording`, :func:`replay_recording`;
+* verification from raw logits with a chosen backend (reference, torch-lazy, Triton):
+  :func:`verify_tree`, :func:`verify_tree_greedy`, :func:`select_backend`.
 """
 
 from .retrieve import DDTreeVerifyInput as DDTreeVerifyInput
@@ -60,6 +62,9 @@ from .verify import draw_coins as draw_coins
 from .verify import make_generators as make_generators
 from .verify import verify_greedy as verify_greedy
 from .verify import verify_sampled as verify_sampled
+from .verify_backends import select_backend as select_backend
+from .verify_backends import verify_tree as verify_tree
+from .verify_backends import verify_tree_greedy as verify_tree_greedy
 
 from .session import LiveSession as LiveSession  # noqa: E402  (needs no model package at import)
 

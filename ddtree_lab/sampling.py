@@ -14,6 +14,8 @@ Boundary and tie rules (the same rules the Triton verifiers implement):
   position where the running sum reaches ``top_p``, keep every token at least as probable
   as that one (ties at the cut are all kept). The running sum is float32, descending order.
 * **min-p** keeps tokens with ``p >= min_p * max p``.
+* **temperature** divides in IEEE float32: ``logits.float() / float32(T)``, correctly
+  rounded, on every device.
 * **greedy** (``temperature == 0``) rows are one-hot at the argmax of the raw logits; on
   equal logits the lowest token id wins (``torch.argmax``'s documented first-occurrence).
 """
@@ -180,7 +182,9 @@ def target_probs(
         if p.is_greedy:
             out[b].scatter_(-1, rows.argmax(-1, keepdim=True), 1.0)
         else:
-            scaled = rows / p.temperature
+            # IEEE float32 division by float32(T) on every device (CUDA turns division by a
+            # Python scalar into multiplication by its reciprocal, which can move a top-k tie)
+            scaled = rows / torch.full_like(rows[..., :1], p.temperature)
             if 0 < p.top_k < vocab:
                 scaled = scaled.masked_fill(~_top_k_mask(scaled, p.top_k), -math.inf)
             probs = torch.softmax(scaled, dim=-1)

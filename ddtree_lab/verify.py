@@ -342,6 +342,32 @@ def verify_sampled(
     check_tensor("target_probs", target_probs, dtype=torch.float32, ndim=3)
     _check_verify_input(verify_input, target_probs, "target_probs")
     bs, n = verify_input.node_token_ids.shape
+    _check_coins(coins, final_coins, bs, n)
+    _check_thresholds(threshold_single, threshold_acc)
+    nt, ns = verify_input.retrieve_next_token.tolist(), verify_input.retrieve_next_sibling.tolist()
+    tokens = verify_input.node_token_ids.tolist()
+    coin_rows, final = coins.tolist(), final_coins.tolist()
+    bad_rows = (torch.isnan(target_probs).any(-1) | (target_probs < 0).any(-1)).tolist()
+
+    def row_of(b: int, i: int) -> torch.Tensor:
+        if bad_rows[b][i]:
+            raise ValueError(f"target_probs, request {b}, node {i}: row has NaN or negative entries")
+        return target_probs[b, i]
+
+    paths, bonus_tokens, exhausted, decisions, bonus = [], [], [], [], []
+    for b in range(bs):
+        path, log, draw = _walk_sampled(b, int(verify_input.num_nodes[b]), lambda i, b=b: row_of(b, i), nt[b], ns[b],
+                                        tokens[b], coin_rows[b], final[b], threshold_single, threshold_acc,
+                                        None if final_masses is None else final_masses[b])
+        paths.append(path)
+        bonus_tokens.append(draw.token)
+        exhausted.append(draw.token < 0)
+        decisions.append(log)
+        bonus.append(draw)
+    return _finish(verify_input, paths, bonus_tokens, exhausted, decisions, bonus, "reference")
+
+
+def _check_coins(coins: torch.Tensor, final_coins: torch.Tensor, bs: int, n: int) -> None:
     check_tensor("coins", coins, dtype=torch.float32, ndim=2)
     check_shape("coins", coins, (bs, n))
     check_tensor("final_coins", final_coins, dtype=torch.float32, ndim=1)
@@ -352,43 +378,41 @@ def verify_sampled(
             where = [int(v) for v in bad.nonzero()[0]]
             raise ValueError(f"{name}, request {where[0]}{', node ' + str(where[1]) if len(where) > 1 else ''}: "
                              f"{float(c[tuple(where)])} is not in [0, 1)")
+
+
+def _check_thresholds(threshold_single: float, threshold_acc: float) -> None:
     for name, t in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
         if not 0.0 < t <= 1.0:
             raise ValueError(f"{name} must be in (0, 1], got {t}")
-    nt, ns = verify_input.retrieve_next_token.tolist(), verify_input.retrieve_next_sibling.tolist()
-    tokens = verify_input.node_token_ids.tolist()
-    coin_rows, final = coins.tolist(), final_coins.tolist()
-    bad_rows = (torch.isnan(target_probs).any(-1) | (target_probs < 0).any(-1)).tolist()
-    paths, bonus_tokens, exhausted, decisions, bonus = [], [], [], [], []
-    for b in range(bs):
-        count = int(verify_input.num_nodes[b])
-        cur, path, log = 0, [0], []
-        while True:
-            row = target_probs[b, cur]
-            if bad_rows[b][cur]:
-                raise ValueError(f"target_probs, request {b}, node {cur}: row has NaN or negative entries")
-            u = coin_rows[b][cur]
-            mass, nxt, rejected = 0.0, None, []
-            children = list(_children(nt[b], ns[b], cur, count))
-            child_p = row[[tokens[b][c] for c in children]].tolist() if children else []
-            for child, p in zip(children, child_p):
-                mass = float(np.float32(mass + p))  # S_k in float32, as a kernel sums it
-                ok = p > 0.0 and (u < mass / threshold_acc or p >= threshold_single)
-                log.append(Decision(b, len(path), cur, child, tokens[b][child], p, mass, u, "accept" if ok else "reject"))
-                if ok:
-                    nxt = child
-                    break
-                rejected.append(tokens[b][child])
-            if nxt is None:
+
+
+def _walk_sampled(b, count, row_of, nt, ns, tokens, coin_row, final_coin, threshold_single, threshold_acc,
+                  final_mass=None):
+    """The sampled walk of request ``b``: (path, decisions, BonusDraw).
+
+    ``row_of(i)`` returns node ``i``'s float32 probability row ``[V]``; it is called only for
+    the rows the walk reaches (the reference passes rows of a full tensor, the lazy torch
+    backend computes them on demand). ``final_mass``: see :func:`residual_draw`.
+    """
+    cur, path, log = 0, [0], []
+    while True:
+        row = row_of(cur)
+        u = coin_row[cur]
+        mass, nxt, rejected = 0.0, None, []
+        children = list(_children(nt, ns, cur, count))
+        child_p = row[[tokens[c] for c in children]].tolist() if children else []
+        for child, p in zip(children, child_p):
+            mass = float(np.float32(mass + p))  # S_k in float32, as a kernel sums it
+            ok = p > 0.0 and (u < mass / threshold_acc or p >= threshold_single)
+            log.append(Decision(b, len(path), cur, child, tokens[child], p, mass, u, "accept" if ok else "reject"))
+            if ok:
+                nxt = child
                 break
-            cur = nxt
-            path.append(cur)
-        given = None if final_masses is None else final_masses[b]
-        token, residual_mass, token_p = residual_draw(target_probs[b, cur], rejected, final[b], given)
-        kind = "exhausted" if token < 0 else ("residual" if rejected else "leaf")
-        paths.append(path)
-        bonus_tokens.append(token)
-        exhausted.append(token < 0)
-        decisions.append(log)
-        bonus.append(BonusDraw(b, cur, token, kind, residual_mass, final[b], token_p))
-    return _finish(verify_input, paths, bonus_tokens, exhausted, decisions, bonus, "reference")
+            rejected.append(tokens[child])
+        if nxt is None:
+            break
+        cur = nxt
+        path.append(cur)
+    token, residual_mass, token_p = residual_draw(row, rejected, final_coin, final_mass)
+    kind = "exhausted" if token < 0 else ("residual" if rejected else "leaf")
+    return path, log, BonusDraw(b, cur, token, kind, residual_mass, final_coin, token_p)

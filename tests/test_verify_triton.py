@@ -1,0 +1,417 @@
+"""Triton tree verifiers against the reference, field for field.
+
+On a machine without CUDA the kernels run under ``TRITON_INTERPRET=1`` (set here, before
+anything imports the kernels); with a CUDA GPU the same tests run the compiled kernels on it.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import math  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+import ddtree_lab as dl  # noqa: E402
+from ddtree_lab import SamplingParams as SP  # noqa: E402
+from ddtree_lab.verify_backends import PROB_ATOL, PROB_RTOL, select_backend, verify_tree, verify_tree_greedy  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BELOW_ONE = torch.tensor(1.0).nextafter(torch.tensor(0.0)).item()
+PARAM_MIX = [
+    SP(0.0), SP(1.0), SP(0.7, top_k=1), SP(0.8, top_k=8), SP(1.3, top_k=20), SP(1.0, top_p=0.9),
+    SP(0.6, top_p=0.5), SP(1.1, top_k=30, top_p=0.8), SP(1.0, top_k=50, top_p=0.95, min_p=0.05),
+    SP(2.0, min_p=0.2), SP(0.9, top_k=3, top_p=0.3),
+]
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+def _close(a, b):
+    return abs(a - b) <= PROB_ATOL + PROB_RTOL * abs(a)
+
+
+def assert_same(ref, got):
+    """Every field of two VerifyOutputs: exact for tokens / indices / verdicts, probabilities
+    within the stated tolerance."""
+    for f in ("accept_index", "accept_length", "emitted_tokens", "bonus_token", "support_exhausted"):
+        assert torch.equal(getattr(ref, f), getattr(got, f).cpu()), f
+    for b, (dr, dg) in enumerate(zip(ref.decisions, got.decisions)):
+        assert len(dr) == len(dg), f"request {b}: {len(dr)} decisions vs {len(dg)}"
+        for x, y in zip(dr, dg):
+            assert (x.request, x.depth, x.parent, x.node, x.token, x.coin, x.verdict) == \
+                   (y.request, y.depth, y.parent, y.node, y.token, y.coin, y.verdict), (b, x, y)
+            assert _close(x.target_prob, y.target_prob) and _close(x.cumulative_mass, y.cumulative_mass), (b, x, y)
+    for x, y in zip(ref.bonus, got.bonus):
+        assert (x.request, x.node, x.token, x.kind, x.coin) == (y.request, y.node, y.token, y.kind, y.coin), (x, y)
+        assert _close(x.residual_mass, y.residual_mass) and _close(x.token_prob, y.token_prob), (x, y)
+
+
+def near_tie(ref, probs, margin=1e-5):
+    """Whether the reference run had a coin within ``margin`` of a decision boundary."""
+    for log in ref.decisions:
+        if any(d.coin is not None and abs(d.coin - d.cumulative_mass) < margin for d in log):
+            return True
+    for draw in ref.bonus:
+        if draw.kind in ("residual", "leaf"):
+            row = probs[draw.request, draw.node].double().clone()
+            for d in ref.decisions[draw.request]:
+                if d.parent == draw.node:
+                    row[d.token] = 0.0
+            cum = row.cumsum(0)
+            target = draw.coin * float(cum[-1])
+            if (cum - target).abs().min() < margin:
+                return True
+    return False
+
+
+def _random_case(seed, bs, vocab, depth, k, budget, dtype, boost=3.0):
+    g = torch.Generator().manual_seed(seed)
+    ids, lp = dl.draft_topk_from_logits(torch.randn(bs, depth, vocab, generator=g) * 2, k=k)
+    tree = dl.build_tree(ids, lp, torch.randint(0, vocab, (bs,), generator=g), budget)
+    vi = dl.compile_retrieve(tree, 7)
+    logits = torch.randn(bs, vi.num_rows, vocab, generator=g) * 1.5
+    for b in range(bs):  # the target likes the draft a little, so walks go deep
+        for i in range(1, int(tree.num_nodes[b])):
+            if torch.rand(1, generator=g) < 0.7:
+                logits[b, int(tree.parents[b, i]), int(tree.node_token_ids[b, i])] += boost
+    coins = torch.rand(bs, vi.num_rows, generator=g)
+    final = torch.rand(bs, generator=g)
+    edge = torch.rand(bs, vi.num_rows, generator=g)
+    coins[edge < 0.05] = 0.0
+    coins[edge > 0.95] = BELOW_ONE
+    params = [PARAM_MIX[int(i)] for i in torch.randint(0, len(PARAM_MIX), (bs,), generator=g)]
+    return vi, logits.to(dtype), params, coins, final
+
+
+def _on(x):
+    return x.to(DEVICE)
+
+
+def _check_sampled(vi, logits, params, coins, final, ties=None):
+    probs = dl.target_probs(logits, params, vi.num_nodes)
+    ref = dl.verify_sampled(vi, probs, coins, final)
+    got = verify_tree(vi, _on(logits), params, coins, final, backend="triton")
+    assert got.backend in ("triton", "triton-interpret")
+    try:
+        assert_same(ref, got)
+    except AssertionError:
+        if ties is None or not near_tie(ref, probs):
+            raise
+        ties.append(1)
+    return ref, got
+
+
+# ---- differential tests over random trees -------------------------------------------------
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("seed", range(8))
+def test_sampled_kernel_equals_reference_on_random_trees(dtype, seed):
+    vocab = (64, 200, 512, 333)[seed % 4]
+    vi, logits, params, coins, final = _random_case(seed, bs=4, vocab=vocab, depth=1 + seed % 5, k=3,
+                                                    budget=4 + 2 * seed, dtype=dtype)
+    ties = []
+    ref, _ = _check_sampled(vi, logits, params, coins, final, ties)
+    assert len(ties) == 0, "a near-tie (allowed, but should be vanishingly rare at these seeds)"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("seed", range(3))
+def test_sampled_kernel_without_the_survivor_gather(dtype, seed, monkeypatch):
+    # every step as a pass over the full row (the path of top-k rows with many survivors)
+    from ddtree_lab import verify_backends
+
+    monkeypatch.setattr(verify_backends, "COMPACT_CAP", 0)
+    vi, logits, params, coins, final = _random_case(50 + seed, bs=4, vocab=(96, 256, 400)[seed], depth=3, k=3,
+                                                    budget=9, dtype=dtype)
+    _check_sampled(vi, logits, params, coins, final)
+
+
+def test_top_k_ties_overflowing_the_gather_fall_back_to_full_rows():
+    vi = _star([7, 300, 2], 512)
+    logits = torch.randn(1, 4, 512, generator=torch.Generator().manual_seed(9))
+    logits[0, 0, 10:310] = 6.0  # 300 tied survivors of top_k = 5 (> the 256 gathered)
+    for coin in (0.0, 0.4, BELOW_ONE):
+        for params in (SP(1.0, top_k=5), SP(1.0, top_k=5, top_p=0.5), SP(0.7, top_k=5, min_p=0.5)):
+            _check_sampled(vi, logits, params, torch.full((1, 4), coin), torch.tensor([0.3]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_kernel_equals_reference_on_random_trees(dtype, seed):
+    vocab = (64, 256, 500)[seed % 3]
+    vi, logits, _, _, _ = _random_case(100 + seed, bs=4, vocab=vocab, depth=2 + seed % 4, k=3,
+                                       budget=6 + 3 * seed, dtype=dtype, boost=6.0)
+    if seed % 2:  # ties on the argmax: the lowest id wins
+        logits[:, :, 5] = logits.max()
+        logits[:, :, 9] = logits.max()
+    ref = dl.verify_greedy(vi, logits)
+    got = verify_tree_greedy(vi, _on(logits), backend="triton")
+    assert_same(ref, got)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_many_small_trees_in_one_launch(dtype):
+    # 40 requests per launch, both kernels; V = 64 keeps the interpreter quick
+    vi, logits, params, coins, final = _random_case(900, bs=40, vocab=64, depth=4, k=3, budget=10, dtype=dtype)
+    ties = []
+    _check_sampled(vi, logits, params, coins, final, ties)
+    assert not ties
+    assert_same(dl.verify_greedy(vi, logits), verify_tree_greedy(vi, _on(logits), backend="triton"))
+
+
+def test_deep_accepting_walks_in_one_mixed_batch():
+    # a strongly drafted target: long accepted paths, every parameter kind in one launch
+    vi, logits, _, coins, final = _random_case(7, bs=len(PARAM_MIX), vocab=128, depth=7, k=2, budget=40,
+                                               dtype=torch.bfloat16, boost=9.0)
+    ref, got = _check_sampled(vi, logits, PARAM_MIX, coins, final)
+    assert int(ref.accept_length.max()) >= 4
+
+
+# ---- boundary cases -----------------------------------------------------------------------
+
+
+def _chain(tokens, vocab):
+    n = len(tokens) + 1
+    tree = dl.DDTreeBuildResult(
+        node_token_ids=torch.tensor([[0, *tokens]]), parents=torch.tensor([list(range(-1, n - 1))]),
+        depths=torch.arange(n)[None], ranks=torch.tensor([[-1] + [0] * (n - 1)]),
+        node_logws=-torch.arange(n, dtype=torch.float32)[None], num_nodes=torch.tensor([n]))
+    return dl.compile_retrieve(tree, 0)
+
+
+def _star(children, vocab, pad_to=None):
+    """A root whose children carry ``children`` (sibling order = list order)."""
+    n = len(children) + 1
+    rows = pad_to or n
+    tok = torch.full((1, rows), -1)
+    tok[0, :n] = torch.tensor([0, *children])
+    par = torch.full((1, rows), -1)
+    par[0, 1:n] = 0
+    dep = torch.full((1, rows), -1)
+    dep[0, 0], dep[0, 1:n] = 0, 1
+    tree = dl.DDTreeBuildResult(node_token_ids=tok, parents=par, depths=dep, ranks=dep.clone(),
+                                node_logws=-torch.arange(rows, dtype=torch.float32)[None], num_nodes=torch.tensor([n]))
+    return dl.compile_retrieve(tree, 0)
+
+
+@pytest.mark.parametrize("coin", [0.0, 0.5, BELOW_ONE])
+@pytest.mark.parametrize("final", [0.0, 0.5, BELOW_ONE])
+def test_coin_zero_and_just_below_one(coin, final):
+    vi = _chain((1, 2, 3), 16)
+    logits = torch.zeros(1, 4, 16)  # uniform rows: exact probabilities (1/16, or 1/4 with top_k)
+    for params in (SP(1.0), SP(1.0, top_k=4), SP(0.5, top_p=0.5)):
+        _check_sampled(vi, logits, params, torch.full((1, 4), coin), torch.full((1,), final))
+
+
+@pytest.mark.parametrize("coin", [0.0, 0.3, 0.75, BELOW_ONE])
+def test_children_holding_all_of_the_top_k_mass(coin):
+    # four tied survivors, all children: S_4 = 1 exactly, so u < 1 always accepts one of them
+    vi = _star([3, 5, 7, 9], 32)
+    logits = torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(0))
+    logits[0, 0, [3, 5, 7, 9]] = 10.0
+    ref, got = _check_sampled(vi, logits, SP(1.0, top_k=4), torch.full((1, 5), coin), torch.tensor([0.5]))
+    assert got.accept_length.item() == 1
+
+
+@pytest.mark.parametrize("coin", [0.5, BELOW_ONE])
+def test_empty_residual_is_reported_as_exhausted(coin):
+    # twelve tied survivors p = fl(1/12), all children: their float32 sum S_12 = 0.9999999 < 1,
+    # so a coin just below one rejects every child and leaves no mass for the bonus
+    children = list(range(2, 14))
+    vi = _star(children, 40)
+    logits = torch.zeros(1, 13, 40)
+    logits[0, 0, children] = 8.0
+    ref, got = _check_sampled(vi, logits, SP(1.0, top_k=12), torch.full((1, 13), coin), torch.tensor([0.5]))
+    if coin == BELOW_ONE:
+        assert bool(got.support_exhausted[0]) and got.bonus_token.item() == -1 and got.bonus[0].kind == "exhausted"
+        assert got.emitted_tokens[0].tolist() == [-1, -1] and got.tau().item() == 0
+    else:
+        assert got.accept_length.item() == 1
+
+
+def test_top_k_one_rows_beside_sampled_rows():
+    vi, logits, _, coins, final = _random_case(3, bs=4, vocab=96, depth=3, k=3, budget=9, dtype=torch.float32)
+    params = [SP(1.0, top_k=1), SP(1.0), SP(0.0), SP(0.8, top_k=1, top_p=0.5)]
+    ref, got = _check_sampled(vi, logits, params, coins, final)
+    for b in (0, 3):  # a top_k = 1 row is its argmax: the bonus is certain
+        assert got.bonus[b].token_prob == 1.0
+
+
+def test_zero_probability_children_are_never_accepted():
+    vi = _star([1, 2, 3], 40)
+    logits = torch.zeros(1, 4, 40)
+    logits[0, 0, 20:25] = 5.0  # top_k = 5 keeps 20..24; the children 1, 2, 3 have p = 0
+    for coin in (0.0, 0.5, BELOW_ONE):
+        ref, got = _check_sampled(vi, logits, SP(1.0, top_k=5), torch.full((1, 4), coin), torch.tensor([coin]))
+        assert got.accept_length.item() == 0
+        assert [d.target_prob for d in got.decisions[0]] == [0.0, 0.0, 0.0]
+        assert 20 <= got.bonus_token.item() < 25
+
+
+def test_leaf_shallower_than_the_block_and_padding_rows():
+    # depth limit 6, but request 0's walk ends on a depth-1 leaf; request 1 is a single node
+    vi_a = _star([4, 6], 24, pad_to=8)
+    tok = torch.full((1, 8), -1)
+    tok[0, 0] = 2
+    single = dl.DDTreeBuildResult(node_token_ids=tok, parents=torch.full((1, 8), -1), depths=torch.tensor([[0] + [-1] * 7]),
+                                  ranks=torch.full((1, 8), -1), node_logws=torch.zeros(1, 8), num_nodes=torch.tensor([1]))
+    vi_b = dl.compile_retrieve(single, 0)
+    logits = torch.randn(2, 8, 24, generator=torch.Generator().manual_seed(4))
+    logits[0, 0, 4] = 20.0  # node 1 (token 4) is certain, and it is a leaf
+    for i, vi in enumerate((vi_a, vi_b)):
+        for params in (SP(1.0), SP(0.0), SP(1.0, top_k=3, top_p=0.7)):
+            ref, got = _check_sampled(vi, logits[i : i + 1], params, torch.rand(1, 8), torch.rand(1))
+            # request 0 accepts its certain depth-1 leaf; the single node is a leaf itself
+            assert got.bonus[0].kind == "leaf" and got.accept_length.item() == 1 - i
+        ref = dl.verify_greedy(vi, logits[i : i + 1])
+        assert_same(ref, verify_tree_greedy(vi, _on(logits[i : i + 1]), backend="triton"))
+
+
+def test_lossy_thresholds_match_the_reference():
+    vi, logits, params, coins, final = _random_case(5, bs=4, vocab=128, depth=3, k=3, budget=10, dtype=torch.float32)
+    probs = dl.target_probs(logits, params, vi.num_nodes)
+    for ts, ta in ((0.3, 1.0), (1.0, 0.6), (0.5, 0.5)):
+        ref = dl.verify_sampled(vi, probs, coins, final, threshold_single=ts, threshold_acc=ta)
+        got = verify_tree(vi, _on(logits), params, coins, final, backend="triton", threshold_single=ts, threshold_acc=ta)
+        assert_same(ref, got)
+
+
+# ---- backends -----------------------------------------------------------------------------
+
+
+def test_torch_lazy_backend_is_bit_identical_to_the_reference():
+    vi, logits, params, coins, final = _random_case(2, bs=6, vocab=300, depth=4, k=3, budget=12, dtype=torch.bfloat16)
+    ref = verify_tree(vi, logits, params, coins, final, backend="reference")
+    lazy = verify_tree(vi, logits, params, coins, final, backend="torch-lazy")
+    assert (ref.backend, lazy.backend) == ("reference", "torch-lazy")
+    assert [[d.to_dict() for d in log] for log in ref.decisions] == [[d.to_dict() for d in log] for log in lazy.decisions]
+    assert [d.to_dict() for d in ref.bonus] == [d.to_dict() for d in lazy.bonus]
+    assert torch.equal(ref.emitted_tokens, lazy.emitted_tokens)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lazy_row_probs_is_bit_identical_to_target_probs(seed):
+    from ddtree_lab.verify_backends import lazy_row_probs
+
+    g = torch.Generator().manual_seed(seed)
+    for dtype in DTYPES:
+        logits = (torch.randn(6, 300, generator=g) * (1 + seed)).to(dtype)
+        logits[0, :40] = logits[0].max()  # a tie block at the top
+        logits[1, :] = 0.0  # a uniform row
+        for params in PARAM_MIX + [SP(1.0, top_k=5, top_p=0.999999), SP(0.5, top_k=299, top_p=0.7)]:
+            want = dl.target_probs(logits[:, None], params)[:, 0]
+            for r in range(6):
+                got = lazy_row_probs(logits[r].float(), params)
+                assert torch.equal(got, want[r]), (params, r)
+
+
+def test_auto_selects_triton_here_and_records_it():
+    name, why = select_backend("auto", DEVICE)
+    assert name == ("triton" if DEVICE == "cuda" else "triton-interpret"), why
+    vi = _chain((1,), 8)
+    out = verify_tree(vi, _on(torch.zeros(1, 2, 8)), SP(1.0), torch.zeros(1, 2), torch.zeros(1))
+    assert out.backend == name
+    with pytest.raises(ValueError, match="backend must be one of"):
+        select_backend("cuda-magic", "cpu")
+
+
+# ---- invalid input ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, what", [(float("nan"), "NaN"), (float("inf"), r"\+inf")])
+def test_bad_logits_in_a_walked_row_are_named(value, what):
+    vi = _chain((1, 2), 8)
+    logits = torch.zeros(1, 3, 8)
+    logits[0, 0, 1] = 9.0  # the walk reaches node 1
+    logits[0, 1, 4] = value
+    for backend in ("reference", "triton"):
+        with pytest.raises(ValueError, match=f"target logits, request 0, node 1: row has {what}"):
+            verify_tree(vi, _on(logits), SP(1.0), torch.zeros(1, 3), torch.zeros(1), backend=backend)
+    with pytest.raises(ValueError, match=f"request 0, node 1: row has {what}"):
+        verify_tree_greedy(vi, _on(logits), backend="triton")
+    logits[0, 1] = -math.inf
+    with pytest.raises(ValueError, match="node 1: row has every entry -inf"):
+        verify_tree(vi, _on(logits), SP(0.7, top_k=2), torch.zeros(1, 3), torch.zeros(1), backend="triton")
+
+
+def test_unwalked_bad_rows_are_not_read_by_the_lazy_backends():
+    vi = _chain((1, 2), 8)
+    logits = torch.zeros(1, 3, 8)
+    logits[0, 0, 5] = 9.0  # the walk stops at the root
+    logits[0, 2, 0] = float("nan")
+    out = verify_tree(vi, _on(logits), SP(1.0), torch.full((1, 3), BELOW_ONE), torch.zeros(1), backend="triton")
+    assert out.accept_length.item() == 0
+    with pytest.raises(ValueError, match="node 2: row has NaN"):  # the reference reads every row
+        verify_tree(vi, logits, SP(1.0), torch.full((1, 3), BELOW_ONE), torch.zeros(1), backend="reference")
+
+
+def test_bad_coins_buffers_and_cycles_are_named_as_in_the_reference():
+    vi = _chain((1, 2), 8)
+    logits = torch.zeros(1, 3, 8)
+    with pytest.raises(ValueError, match=r"coins, request 0, node 2: 1.0 is not in \[0, 1\)"):
+        verify_tree(vi, _on(logits), SP(1.0), torch.tensor([[0.0, 0.0, 1.0]]), torch.zeros(1), backend="triton")
+    with pytest.raises(ValueError, match="final_coins, request 0"):
+        verify_tree(vi, _on(logits), SP(1.0), torch.zeros(1, 3), torch.tensor([-0.5]), backend="triton")
+    broken = dl.DDTreeVerifyInput(**{**vi.__dict__, "retrieve_next_token": torch.tensor([[1, 7, -1]])})
+    with pytest.raises(ValueError, match="retrieve_next_token, request 0, node 1: 7 is out of range"):
+        verify_tree(broken, _on(logits), SP(1.0), torch.zeros(1, 3), torch.zeros(1), backend="triton")
+    star = _star([1, 2], 8)
+    cyclic = dl.DDTreeVerifyInput(**{**star.__dict__, "retrieve_next_sibling": torch.tensor([[-1, 2, 1]])})
+    for backend in ("reference", "triton"):
+        with pytest.raises(ValueError, match="node 0: sibling chain longer than the tree"):
+            verify_tree(cyclic, _on(torch.zeros(1, 3, 8)), SP(1.0), torch.full((1, 3), BELOW_ONE), torch.zeros(1),
+                        backend=backend)
+    with pytest.raises(ValueError, match="node 0: sibling chain longer than the tree"):
+        verify_tree_greedy(cyclic, _on(torch.full((1, 3, 8), 0.0)), backend="triton")
+    with pytest.raises(TypeError, match="target_logits must have dtype"):
+        verify_tree(vi, _on(logits.double()), SP(1.0), torch.zeros(1, 3), torch.zeros(1), backend="triton")
+
+
+# ---- native compilation -------------------------------------------------------------------
+
+_COMPILE = r"""
+import inspect, triton
+from triton.backends.compiler import GPUTarget
+from ddtree_lab.kernels import tree_verify as tv
+types = dict(logits_ptr=None, stride_b="i64", stride_n="i64", V="i32", N="i32", temp_ptr="*fp32", topk_ptr="*i32",
+             topp_ptr="*fp32", minp_ptr="*fp32", coin_ptr="*fp32", fcoin_ptr="*fp32", thr_ptr="*fp64",
+             path_ptr="*i32", plen_ptr="*i32", dnode_ptr="*i32", dprob_ptr="*fp32", dmass_ptr="*fp32",
+             dcount_ptr="*i32", btok_ptr="*i32", bkind_ptr="*i32", bmass_ptr="*fp64", bprob_ptr="*fp64",
+             err_ptr="*i32", errnode_ptr="*i32", tok_ptr="*i64", nt_ptr="*i64", ns_ptr="*i64", nn_ptr="*i64",
+             sx_ptr="*fp32", si_ptr="*i32")
+for dt, low in (("bf16", 16), ("fp16", 13), ("fp32", 0)):
+    types["logits_ptr"] = "*" + dt
+    for fn, const in ((tv.sampled_verify_kernel, {"LOW": low, "BLOCK": 4096, "KCAP": 256, "COMPACT": True}),
+                      (tv.sampled_verify_kernel, {"LOW": low, "BLOCK": 4096, "KCAP": 16, "COMPACT": False}),
+                      (tv.greedy_verify_kernel, {"BLOCK": 4096})):
+        names = inspect.signature(fn.fn).parameters
+        sig = {k: "constexpr" if k in const else types[k] for k in names}
+        c = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+        assert len(c.asm["cubin"]) > 0
+print("ok")
+"""
+
+
+def test_kernels_compile_to_sm90_cubin_without_a_gpu():
+    """The interpreter is lenient about types; this compiles the real kernels for an H100/H200."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "0"
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(dl.__file__))),
+                                         env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
+    if "ptxas" in res.stderr and "not found" in res.stderr:
+        pytest.skip("no ptxas in this triton install")
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
