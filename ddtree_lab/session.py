@@ -84,6 +84,10 @@ class LiveSession:
             requests never share coins.
         max_depth, top1_spine, min_prob: passed to :func:`ddtree_lab.build_tree`.
         top_m: tokens kept per target row for display (see :mod:`ddtree_lab.trace`).
+        verify_backend: ``"reference"`` (default: :func:`ddtree_lab.verify_sampled` on
+            :func:`ddtree_lab.target_probs`), or ``"torch-lazy"``, ``"triton"``, ``"auto"``
+            through :func:`ddtree_lab.verify_tree` on the raw logits. The backend that ran is
+            recorded in every :class:`StepTrace` (``backend``).
 
     Raises:
         ValueError: block size mismatch, or invalid parameters (naming the request).
@@ -92,7 +96,7 @@ class LiveSession:
     def __init__(self, target, drafter: Drafter, block_size: int | None = None, budget: int | Sequence[int] = 32,
                  sampling: SamplingParams | Sequence[SamplingParams] = SamplingParams(temperature=0.0),
                  seed: int = 0, max_depth: int | None = None, top1_spine: bool = False,
-                 min_prob: float | None = None, top_m: int = 16):
+                 min_prob: float | None = None, top_m: int = 16, verify_backend: str = "reference"):
         if block_size is not None and block_size != drafter.block_size:
             raise ValueError(f"block_size {block_size} != the drafter's block size {drafter.block_size}")
         self.target = target
@@ -105,6 +109,11 @@ class LiveSession:
         self.top1_spine = top1_spine
         self.min_prob = min_prob
         self.top_m = top_m
+        from .verify_backends import BACKENDS
+
+        if verify_backend not in BACKENDS:
+            raise ValueError(f"verify_backend must be one of {BACKENDS}, got {verify_backend!r}")
+        self.verify_backend = verify_backend
         self.requests: list[RequestState] = []
         self.steps: list[StepTrace] = []
 
@@ -178,7 +187,12 @@ class LiveSession:
         params = [r.params for r in active]
         probs = target_probs(logits, params, num_nodes=vi.num_nodes)
         coins, final = draw_coins([r.generator for r in active], n_rows)
-        out = verify_sampled(vi, probs, coins, final)
+        if self.verify_backend == "reference":
+            out = verify_sampled(vi, probs, coins, final)
+        else:
+            from .verify_backends import verify_tree
+
+            out = verify_tree(vi, logits, params, coins, final, backend=self.verify_backend)
         timings["verify"] = time.perf_counter() - t0
         traces = []
         for b, r in enumerate(active):
@@ -277,7 +291,7 @@ class LiveSession:
             "drafter": self.drafter.metadata(),
             "block_size": self.block_size, "budget": self.budget, "max_depth": self.max_depth,
             "top1_spine": self.top1_spine, "min_prob": self.min_prob, "top_m": self.top_m, "seed": self.seed,
-            "verifier": "reference verify_sampled (greedy requests: one-hot rows)",
+            "verifier": f"{self.verify_backend} (greedy requests: one-hot rows); see each step's backend",
             "requests": [{"request": r.request, "request_id": r.request_id, "prompt": r.prompt,
                           "prompt_token_ids": r.prompt_ids, "params": r.params.to_dict(),
                           "generated_token_ids": r.generated, "finish_reason": r.finish_reason}

@@ -298,7 +298,11 @@ def residual_draw(row: torch.Tensor, rejected: Sequence[int], coin: float,
     target = coin * mass
     idx = int(torch.searchsorted(cum, torch.tensor([target], dtype=torch.float64, device=row.device), right=True)[0])
     if idx >= residual.shape[0] or residual[idx] <= 0.0:
-        idx = int(residual.nonzero()[-1])
+        positive = residual.nonzero()
+        if positive.numel() == 0:
+            raise ValueError(f"residual_draw: the row (length {residual.shape[0]}) has no positive residual "
+                             f"although mass = {mass} was given: the stored prefix does not cover this draw")
+        idx = int(positive[-1])
     return idx, mass, float(residual[idx]) / mass
 
 
