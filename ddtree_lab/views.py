@@ -7,7 +7,9 @@ graphviz, :func:`to_text` as an indented plain-text tree (golden tests compare t
 each step's tokens coloured. Views read :class:`ddtree_lab.trace.StepTrace` records only.
 
 Node labels: the token text, then ``d`` depth / ``r`` rank, ``logw`` (node log-weight under
-the drafter) and ``p`` (the target probability of the token in its parent's row). Children
+the drafter) and ``p`` (the target probability of the token in its parent's row: exact for
+sampled requests; for greedy requests, whose verify rows are one-hot, the softmax of the raw
+logits from the stored top-M row, shown as ``p<x`` when the token is outside it). Children
 are drawn left to right in sibling order (descending log-weight). Styles: accepted path
 green and bold, visited-and-rejected siblings red, nodes the walk never reached grey; the
 bonus token is a blue box hanging off the last accepted node.
@@ -50,14 +52,20 @@ class NodeView:
     logw: float
     prob: float | None
     children: list[int] = field(default_factory=list)
+    below: bool = False  # prob is an upper bound (token outside the stored top-M of the row)
+
+    def prob_text(self, digits: int = 3) -> str:
+        if self.prob is None:
+            return ""
+        return f"p{'<' if self.below else '='}{self.prob:.{digits}g}"
 
     def lines(self) -> list[str]:
         head = token_label(self.text)
         if self.status == "root":
             return [head, "anchor (root)"]
         if self.status == "bonus":
-            return [head, f"bonus p={self.prob:.3g}" if self.prob is not None else "bonus"]
-        return [head, f"d{self.depth} r{self.rank} logw={self.logw:.2f}", f"p={self.prob:.3g}"]
+            return [head, f"bonus {self.prob_text()}".rstrip()]
+        return [head, f"d{self.depth} r{self.rank} logw={self.logw:.2f}", self.prob_text()]
 
 
 @dataclass
@@ -81,23 +89,39 @@ def step_view(step: StepTrace, texts: dict[int, str] | RunTrace) -> StepView:
     n = step.num_nodes
     accepted = set(step.accepted_path)
     rejected = {d.node for d in step.decisions if d.verdict == "reject"}
+    greedy = step.params.is_greedy
     nodes = {}
     for i in range(n):
         status = "root" if i == 0 else "accepted" if i in accepted else "rejected" if i in rejected else "unvisited"
         tok = int(step.node_token_ids[i])
+        prob, below = (None, False) if i == 0 else _prob(step, int(step.parents[i]), tok, greedy)
+        if i and not greedy:
+            prob, below = float(step.child_probs[i]), False  # exact for sampled requests
         nodes[i] = NodeView(i, tok, lookup(tok), status, int(step.depths[i]), int(step.ranks[i]),
-                            float(step.node_logws[i]), None if i == 0 else float(step.child_probs[i]))
+                            float(step.node_logws[i]), prob, below=below)
     for i in range(1, n):  # ascending index = sibling order
         nodes[int(step.parents[i])].children.append(i)
     bonus = None
     if step.bonus_token >= 0:
-        bonus = NodeView(-1, step.bonus_token, lookup(step.bonus_token), "bonus", -1, -1, 0.0,
-                         step.bonus.token_prob if step.bonus.kind != "argmax" else None)
+        prob, below = _prob(step, step.bonus.node, step.bonus_token, greedy)
+        if not greedy:
+            prob, below = step.bonus.token_prob, False  # its probability in the residual
+        bonus = NodeView(-1, step.bonus_token, lookup(step.bonus_token), "bonus", -1, -1, 0.0, prob, below=below)
     p = step.params
     mode = "greedy" if p.is_greedy else f"T={p.temperature:g} top_k={p.top_k} top_p={p.top_p:g}"
     title = (f"step {step.step} · request {step.request_id} · {mode} · {n - 1} draft nodes · "
              f"accepted {step.accept_length} + bonus")
     return StepView(title, nodes, bonus, step.bonus.node)
+
+
+def _prob(step: StepTrace, row: int, token: int, greedy: bool) -> tuple[float, bool]:
+    """Display probability of ``token`` in node ``row``'s stored top-M row: ``(p, False)``, or
+    ``(smallest stored p, True)`` as an upper bound when the token is outside the top-M.
+    Greedy steps read it from the softmax of the raw logits (their verify rows are one-hot)."""
+    ids = step.top_token_ids[row].tolist()
+    if token in ids:
+        return float(step.top_probs[row, ids.index(token)]), False
+    return float(step.top_probs[row, -1]), True
 
 
 def _dot_escape(text: str) -> str:
@@ -141,10 +165,10 @@ def to_text(view: StepView) -> str:
 
     def walk(i: int, indent: int) -> None:
         node = view.nodes[i]
-        info = "" if node.status == "root" else f"  d{node.depth} r{node.rank} logw={node.logw:.3f} p={node.prob:.4g}"
+        info = "" if node.status == "root" else f"  d{node.depth} r{node.rank} logw={node.logw:.3f} {node.prob_text(4)}"
         lines.append(f"{'  ' * indent}{marks[node.status]} [{i}] {token_label(node.text)}{info}")
         if view.bonus is not None and i == view.bonus_parent:
-            p = "" if view.bonus.prob is None else f" p={view.bonus.prob:.4g}"
+            p = " " + view.bonus.prob_text(4) if view.bonus.prob is not None else ""
             lines.append(f"{'  ' * (indent + 1)}★ bonus {token_label(view.bonus.text)}{p}")
         for c in node.children:
             walk(c, indent + 1)
