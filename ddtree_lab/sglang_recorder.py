@@ -430,20 +430,10 @@ class SGLangRecorder:
         meta.update(metadata or {})
         return Recording(meta, list(self.steps))
 
-    def to_trace(self):
-        """The hook to the lab's trace format (issue 3): one StepTrace per recorded row.
-
-        Until ``ddtree_lab.trace`` exists this raises NotImplementedError; the parts a
-        StepTrace needs are available per row from :func:`replay_step` (verify input,
-        target rows, coins, SGLang's output as a lab VerifyOutput, the lab's replay).
-        """
-        try:
-            from . import trace  # noqa: F401
-        except ImportError as err:
-            raise NotImplementedError(
-                "ddtree_lab.trace (StepTrace) is not in this checkout; use replay_recording() / save() meanwhile"
-            ) from err
-        raise NotImplementedError("connect SGLangRecorder.to_trace to ddtree_lab.trace.StepTrace (issue 3)")
+    def to_trace(self, metadata: dict | None = None, top_m: int = 16):
+        """The recorded steps as a lab :class:`ddtree_lab.trace.RunTrace` (see
+        :func:`recording_to_trace`)."""
+        return recording_to_trace(self.recording(metadata), top_m=top_m)
 
 
 class _PatchFinder(importlib.abc.MetaPathFinder):
@@ -980,3 +970,79 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(_main())
+
+
+def recording_to_trace(recording: Recording, top_m: int = 16):
+    """Turn an SGLang recording into a lab :class:`ddtree_lab.trace.RunTrace` the views,
+    notebooks, CLI and :func:`ddtree_lab.replay` read.
+
+    One :class:`ddtree_lab.trace.StepTrace` per recorded row, ``step`` = the recorded call,
+    ``request_id`` = SGLang's request id. The output and decision log are the lab's reference
+    verifier on the recorded inputs (greedy rows: one-hot target rows built from SGLang's
+    ``target_predict``, coins 0, exactly as a lab greedy session verifies); SGLang's own output
+    and every difference from it are kept in ``step.extra``. What SGLang does not record is
+    marked, not invented: draft top-k is empty, ``node_logws`` are NaN, ``ranks`` -1, and
+    target rows the kernel never read are zero. Rows that the target-only rule cannot replay
+    (chain rejection sampling with real draft probabilities, block verification) are skipped
+    and listed in the metadata.
+    """
+    from .retrieve import decode_retrieve
+    from .sampling import SamplingParams
+    from .trace import RunTrace, StepTrace
+    from .verify import verify_sampled
+
+    steps, skipped, texts = [], [], {}
+    for k, step in enumerate(recording.steps):
+        for row in range(len(step["rows"])):
+            parts = step_parts(step, row)
+            kind = parts["kind"]
+            if kind == "chain" and (step.get("block_verification") or not _one_hot_chain(step, row)):
+                skipped.append({"call": step["call"], "row": row, "request_id": parts["request_id"],
+                                "why": "not a target-only step (rejection sampling with draft probabilities)"})
+                continue
+            vi = parts["verify_input"]
+            n = int(vi.num_nodes[0])
+            if kind == "greedy":
+                predict = parts["target_predict"].long()
+                vocab = int(max(int(predict.max()), int(vi.node_token_ids.max()))) + 1
+                rows = torch.zeros(1, vi.num_rows, vocab)
+                rows.scatter_(-1, predict[..., None].clamp(min=0), 1.0)
+                coins, final = torch.zeros(1, vi.num_rows), torch.zeros(1)
+                params = SamplingParams(temperature=0.0)
+            else:
+                rows = parts["target_probs"].float()
+                coins, final = parts["coins"].float(), parts["final_coins"].float()
+                sp = parts["sampling"]
+                params = SamplingParams(temperature=float(sp.get("temperature", 1.0)) or 1.0,
+                                        top_k=int(sp.get("top_k", 0)) if int(sp.get("top_k", 0)) > 0 else 0,
+                                        top_p=float(sp.get("top_p", 1.0)))
+            threshold_single, threshold_acc = parts["thresholds"]
+            out = verify_sampled(vi, rows, coins, final, threshold_single=threshold_single,
+                                 threshold_acc=threshold_acc)
+            sgl = parts["sglang_output"]
+            diffs = _row_lines(compare_verify_outputs(out, sgl))
+            parents, depths = decode_retrieve(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes)
+            tokens = vi.node_token_ids[0, :n]
+            child = torch.zeros(n)
+            if n > 1:
+                child[1:] = rows[0, parents[0, 1:n], tokens[1:]]
+            top = rows[0, :n].topk(min(top_m, rows.shape[-1]), -1)
+            bonus = out.bonus[0]
+            prefix = rows[0, bonus.node, : bonus.token + 1].clone() if bonus.token >= 0 else torch.zeros(0)
+            steps.append(StepTrace(
+                step=int(step["call"]), request=row, request_id=str(parts["request_id"]),
+                prefix_len=int(vi.positions[0, 0]), draft_token_ids=torch.zeros(0, 0, dtype=torch.int64),
+                draft_logprobs=torch.zeros(0, 0), node_token_ids=tokens.clone(), parents=parents[0, :n].clone(),
+                depths=depths[0, :n].clone(), ranks=torch.full((n,), -1, dtype=torch.int64),
+                node_logws=torch.full((n,), float("nan")), retrieve_index=torch.arange(n),
+                retrieve_next_token=vi.retrieve_next_token[0, :n].clone(),
+                retrieve_next_sibling=vi.retrieve_next_sibling[0, :n].clone(), positions=vi.positions[0, :n].clone(),
+                params=params, coins=coins[0, :n].clone(), final_coin=float(final[0]), child_probs=child,
+                top_token_ids=top.indices.clone(), top_probs=top.values.clone(), final_row_prefix=prefix,
+                final_mass=float(bonus.residual_mass), output=out, backend="reference",
+                extra={"source": "sglang", "kernel": parts["kernel"], "kind": kind, "rank": parts["rank"],
+                       "call": parts["call"], "sglang_emitted": [t for t in sgl.emitted_tokens[0].tolist() if t >= 0],
+                       "sglang_accept_length": int(sgl.accept_length[0]), "differences": diffs}))
+    meta = {"source": "sglang recording", "recording": recording.metadata, "skipped_rows": skipped,
+            "requests": [], "target": {"name": str(recording.metadata.get("target", "unknown (SGLang)"))}}
+    return RunTrace(metadata=meta, steps=steps, token_texts=texts)

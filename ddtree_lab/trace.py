@@ -99,6 +99,8 @@ class StepTrace:
         output: the recorded :class:`VerifyOutput` of this request (batch of one).
         timings: seconds per stage (``draft``, ``build``, ``retrieve``, ``target``, ``verify``).
         backend: which verifier ran.
+        extra: JSON-able facts from the source (e.g. an SGLang recording: kernel, rank, call,
+            SGLang's own output and any difference from the lab's verifier).
     """
 
     step: int
@@ -127,6 +129,7 @@ class StepTrace:
     output: VerifyOutput
     timings: dict = field(default_factory=dict)
     backend: str = "reference"
+    extra: dict = field(default_factory=dict)
 
     @property
     def num_nodes(self) -> int:
@@ -207,7 +210,7 @@ def _step_json(s: StepTrace) -> dict:
         "support_exhausted": bool(s.output.support_exhausted[0]),
         "decisions": [[d.depth, d.parent, d.node, d.token, d.target_prob, d.cumulative_mass, d.coin, d.verdict]
                       for d in s.decisions],
-        "bonus": s.bonus.to_dict(), "timings": s.timings, "backend": s.backend,
+        "bonus": s.bonus.to_dict(), "timings": s.timings, "backend": s.backend, "extra": s.extra,
     }
 
 
@@ -292,7 +295,8 @@ def _step_from(js: dict, t: dict) -> StepTrace:
     return StepTrace(step=int(js["step"]), request=request, request_id=str(js["request_id"]),
                      prefix_len=int(js["prefix_len"]), params=SamplingParams(**js["params"]),
                      final_coin=float(js["final_coin"]), final_mass=float(js["final_mass"]), output=output,
-                     timings=dict(js.get("timings", {})), backend=str(js.get("backend", "reference")), **fields_)
+                     timings=dict(js.get("timings", {})), backend=str(js.get("backend", "reference")),
+                     extra=dict(js.get("extra", {})), **fields_)
 
 
 # -- replay ---------------------------------------------------------------------------------

@@ -121,7 +121,8 @@ def _prob(step: StepTrace, row: int, token: int, greedy: bool) -> tuple[float, b
     ids = step.top_token_ids[row].tolist()
     if token in ids:
         return float(step.top_probs[row, ids.index(token)]), False
-    return float(step.top_probs[row, -1]), True
+    bound = float(step.top_probs[row, -1])
+    return bound, bound > 0.0  # a zero bound is exact: the token has probability 0
 
 
 def _dot_escape(text: str) -> str:
