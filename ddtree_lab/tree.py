@@ -34,6 +34,7 @@ import heapq
 import math
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 
 from ._checks import check_shape, check_tensor, first_true
@@ -111,25 +112,27 @@ def check_draft_topk(draft_token_ids: torch.Tensor, draft_logprobs: torch.Tensor
     if depth < 1 or k < 1:
         raise ValueError(f"draft top-k must have at least one depth and one column, got shape {(bs, depth, k)}")
 
-    def fail(what: str, where: tuple[int, ...] | None) -> None:
-        if where is not None:
-            raise ValueError(f"draft top-k, request {where[0]}, depth {where[1] + 1}: {what}")
+    # numpy on the host: these arrays are small, and torch's threaded kernels stall on a busy CPU.
+    lp = draft_logprobs.detach().cpu().numpy()
+    ids = draft_token_ids.detach().cpu().numpy()
 
-    fail("draft_logprobs has NaN", first_true(torch.isnan(draft_logprobs).any(-1)))
-    fail("draft_logprobs has +inf", first_true(torch.isposinf(draft_logprobs).any(-1)))
-    fail("draft_logprobs > 0 (log-probabilities must be <= 0)", first_true((draft_logprobs > 0).any(-1)))
-    fail("the best draft log-prob is -inf (the row has no token)", first_true(torch.isneginf(draft_logprobs[..., 0])))
-    if k > 1:
-        unsorted = draft_logprobs[..., 1:] > draft_logprobs[..., :-1]
-        fail("draft_logprobs not sorted in descending order", first_true(unsorted.any(-1)))
-    fail("negative token id", first_true((draft_token_ids < 0).any(-1)))
-    if k > 1:
-        srt = draft_token_ids.sort(dim=-1).values
-        fail("a token id appears twice in the row", first_true((srt[..., 1:] == srt[..., :-1]).any(-1)))
-    mass = draft_logprobs.double().exp().sum(-1)
+    def fail(what: str, bad: np.ndarray) -> None:  # bad: [bs, L-1] bool
+        if bad.any():
+            b, d = np.argwhere(bad)[0]
+            raise ValueError(f"draft top-k, request {b}, depth {d + 1}: {what}")
+
+    fail("draft_logprobs has NaN", np.isnan(lp).any(-1))
+    fail("draft_logprobs has +inf", np.isposinf(lp).any(-1))
+    fail("draft_logprobs > 0 (log-probabilities must be <= 0)", (lp > 0).any(-1))
+    fail("the best draft log-prob is -inf (the row has no token)", np.isneginf(lp[..., 0]))
+    fail("draft_logprobs not sorted in descending order", (lp[..., 1:] > lp[..., :-1]).any(-1))
+    fail("negative token id", (ids < 0).any(-1))
+    srt = np.sort(ids, axis=-1)
+    fail("a token id appears twice in the row", (srt[..., 1:] == srt[..., :-1]).any(-1))
+    mass = np.exp(lp.astype(np.float64)).sum(-1)
     fail(
         f"top-k probability mass exceeds 1 (+{_NORMALISATION_SLACK}): log-probs must be normalised over the vocabulary",
-        first_true(mass > 1.0 + _NORMALISATION_SLACK),
+        mass > 1.0 + _NORMALISATION_SLACK,
     )
 
 
@@ -297,38 +300,191 @@ def build_tree_reference(
     return DDTreeBuildResult(num_nodes=torch.tensor(num_nodes, dtype=torch.int64), **out)
 
 
-def _quota_lower_bound(lp: torch.Tensor, quota: torch.Tensor, spine_depth: torch.Tensor) -> torch.Tensor:
-    """A lower bound on each request's ``quota``-th best non-spine node log-weight.
+# Batched builder (numpy on the host; see build_tree).
 
-    A narrow beam (the ``W`` best nodes of each depth among the children of the previous
-    depth's ``W``) finds real, distinct prefixes with sums formed exactly as the tree forms
-    them. At most ``spine_depth`` of them are spine nodes, so their
-    ``(quota + spine_depth)``-th best value is <= the ``quota``-th best non-spine value of
-    the whole tree: a node strictly below it has ``quota`` better non-spine nodes and is
-    never chosen. ``-inf`` when the beam found too few nodes, ``+inf`` where ``quota == 0``.
+_KEEP_ALL = -np.finfo(np.float64).max  # a floor every finite log-weight passes, -inf fails
+_TILTS = np.geomspace(1 / 16, 16, 17)  # Chernoff tilts tried by _floor_estimate
+_ESTIMATE_MARGIN = 3.5  # in units of 1/tilt below the Chernoff threshold; see _floor_estimate
 
-    Args: ``lp`` ``[bs, D, K]`` float64; ``quota``, ``spine_depth`` ``[bs]`` int64.
+
+def _floor_estimate(lp: np.ndarray, quota: np.ndarray) -> np.ndarray:
+    """Guess a log-weight a little below each request's ``quota``-th best node.
+
+    For a tilt ``s > 0`` the number of nodes with log-weight ``>= t`` is at most
+    ``exp(M(s) - s*t)`` with ``M(s) = log sum_d prod_{i<=d} sum_r exp(s*lp[i, r])``
+    (Chernoff). Setting that to ``quota`` gives a ``t(s)`` at or above the true value; the
+    smallest over the tilts tried is kept. Lowering ``t`` by ``1/s`` multiplies the count by
+    about ``e``, and the bound overcounts by about ``e^3`` on the drafts measured, so the
+    guess is ``t(s) - _ESTIMATE_MARGIN / s``. Only a guess: :func:`build_tree` checks it.
+
+    Args: ``lp`` ``[bs, D, K]`` float64; ``quota`` ``[bs]`` int64 (>= 1).
     Returns ``[bs]`` float64.
     """
     bs, depth, k = lp.shape
-    need = quota + spine_depth
-    top = int(need.max())
-    width = max(1, -(-2 * top // max(depth, 1)))  # ceil(2 * top / depth)
-    found = []
-    beam = lp.new_zeros(bs, 1)
+    lead = lp[:, :, 0]  # finite: every depth has a best token
+    tilted = np.exp(np.multiply.outer(_TILTS, (lp - lead[..., None]).ravel()))
+    per_depth = np.log(tilted.reshape(-1, bs, depth, k).sum(-1)) + np.multiply.outer(_TILTS, lead)
+    cum = np.cumsum(per_depth, axis=2)  # log of the depth-d term, [tilts, bs, D]
+    top = cum.max(2)
+    log_count = top + np.log(np.exp(cum - top[..., None]).sum(2))  # M(s), [tilts, bs]
+    t = (log_count - np.log(quota)) / _TILTS[:, None]
+    best = t.argmin(0)
+    return t[best, np.arange(bs)] - _ESTIMATE_MARGIN / _TILTS[best]
+
+
+@dataclass
+class _Nodes:
+    """Candidate nodes of a batch, flat, depth-major; within a depth in (request, rank tuple) order."""
+
+    logw: np.ndarray  # float64
+    req: np.ndarray  # request index
+    depth: np.ndarray
+    rank: np.ndarray
+    spine: np.ndarray  # bool, part of the top-1 spine
+    parent: np.ndarray  # flat index of the parent, -1 for the root
+    capped: np.ndarray  # [bs] bool, some depth hit the per-depth cap
+
+
+def _kth_best(logw: np.ndarray, req: np.ndarray, rows: np.ndarray, kth: np.ndarray) -> np.ndarray:
+    """Per request, the ``kth[b]``-th largest of its values (``-inf`` where ``rows[b]`` is off).
+
+    ``req`` must be grouped (each request's values contiguous).
+    """
+    take = rows[req]
+    values, owner = logw[take], req[take]
+    counts = np.bincount(owner, minlength=len(rows))[rows]
+    row = np.cumsum(rows) - 1
+    col = np.arange(len(values)) - np.repeat(np.cumsum(counts) - counts, counts)
+    dense = np.full((len(counts), counts.max()), np.inf)
+    dense[row[owner], col] = -values
+    out = np.full(len(rows), -np.inf)
+    out[rows] = -np.sort(dense, axis=1)[np.arange(len(counts)), kth[rows] - 1]
+    return out
+
+
+def _expand(lp: np.ndarray, floor: np.ndarray, quota: np.ndarray, spine_depth: np.ndarray) -> _Nodes:
+    """Every node the trees may take, depth by depth from the root.
+
+    Keeps the spine nodes and each non-spine child ``>= floor[b]`` of a kept node; then, per
+    depth, at most the ``quota[b]`` best non-spine nodes (ties kept: a node below them has
+    ``quota`` better nodes at its own depth, so it and its subtree are never taken).
+    Children are listed parent by parent, rank by rank, which keeps rank-tuple order.
+    Rows are sorted, so a parent whose rank-0 child is below the floor has no child kept.
+
+    Args: ``lp`` ``[bs, D, K]`` float64; ``floor`` ``[bs]`` float64; ``quota``,
+    ``spine_depth`` ``[bs]`` int64.
+    """
+    bs, depth, k = lp.shape
+    by_depth = np.ascontiguousarray(lp.transpose(1, 0, 2))  # [D, bs, K]
+    logw, req = np.zeros(bs), np.arange(bs)
+    spine = np.ones(bs, dtype=bool)  # the root heads the spine
+    capped = np.zeros(bs, dtype=bool)
+    levels = []
     for d in range(depth):
-        cand = (beam[:, :, None] + lp[:, d, None, :]).reshape(bs, -1)
-        beam = torch.topk(cand, min(width, cand.shape[1]), dim=1, sorted=False).values
-        found.append(beam)
-    values = torch.cat(found, dim=1)
-    inf = torch.full((bs,), math.inf, dtype=torch.float64, device=lp.device)
-    top = min(top, values.shape[1])
-    if top == 0:
-        return torch.where(quota > 0, -inf, inf)
-    best = torch.topk(values, top, dim=1).values
-    kth = best.gather(1, (need - 1).clamp(0, top - 1)[:, None])[:, 0]
-    kth = torch.where(need <= top, kth, -inf)
-    return torch.where(quota > 0, kth, inf)
+        rows, floor_req = by_depth[d], floor[req]
+        spine_next = spine & (d < spine_depth[req])  # its rank-0 child is a spine node
+        fertile = np.flatnonzero((logw + rows[:, 0][req] >= floor_req) | spine_next)
+        cand = logw[fertile, None] + np.take(rows, req[fertile], axis=0)  # summed as the heap does
+        keep = cand >= floor_req[fertile, None]
+        keep[:, 0] |= spine_next[fertile]
+        flat = np.flatnonzero(keep)
+        if flat.size == 0:
+            break
+        parent, rank = fertile[flat // k], flat % k
+        logw, req, spine = cand.ravel()[flat], req[parent], spine_next[parent] & (rank == 0)
+        over = np.bincount(req[~spine], minlength=bs) > quota
+        if over.any():
+            kept = spine | (logw >= _kth_best(np.where(spine, -np.inf, logw), req, over, quota)[req])
+            logw, req, spine, parent, rank = logw[kept], req[kept], spine[kept], parent[kept], rank[kept]
+            capped |= over
+        levels.append((logw, req, spine, parent, rank))
+    sizes = [len(level[0]) for level in levels]
+    starts = np.cumsum([0] + sizes)
+    return _Nodes(
+        logw=np.concatenate([np.zeros(0)] + [lv[0] for lv in levels]),
+        req=np.concatenate([np.zeros(0, dtype=np.int64)] + [lv[1] for lv in levels]),
+        spine=np.concatenate([np.zeros(0, dtype=bool)] + [lv[2] for lv in levels]),
+        parent=np.concatenate([np.full(sizes[0] if sizes else 0, -1)] + [lv[3] + s for lv, s in zip(levels[1:], starts)]),
+        rank=np.concatenate([np.zeros(0, dtype=np.int64)] + [lv[4] for lv in levels]),
+        depth=np.repeat(np.arange(1, len(levels) + 1), sizes),
+        capped=capped,
+    )
+
+
+def _tree_order(logw: np.ndarray) -> np.ndarray:
+    """Argsort each row by descending value, equal values in column order.
+
+    A vectorised quicksort, redone stably only when a row has equal finite values.
+    """
+    order = np.argsort(-logw, axis=1)
+    s = np.take_along_axis(logw, order, axis=1)
+    if ((s[:, 1:] == s[:, :-1]) & (s[:, 1:] > -np.inf)).any():
+        order = np.argsort(-logw, axis=1, kind="stable")
+    return order
+
+
+def _assemble(nodes: _Nodes, quota: np.ndarray, tokens: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    """Sort each request's candidates into tree order; keep the spine and the ``quota`` best others.
+
+    Returns the :class:`DDTreeBuildResult` fields (root column included) as numpy arrays.
+    """
+    bs, depth, k = tokens.shape
+    count = len(nodes.logw)
+    per_req = np.bincount(nodes.req, minlength=bs)
+    width = int(per_req.max(initial=0))
+    grouped = np.argsort(nodes.req.astype(np.int32), kind="stable")  # (depth, rank tuple) kept
+    cell = np.empty(count, dtype=np.int64)  # flat [bs, width] cell of each candidate
+    cell[grouped] = np.arange(count) + np.repeat(np.arange(bs) * width - (np.cumsum(per_req) - per_req), per_req)
+    dense = np.full(bs * width, -np.inf)
+    dense[cell] = nodes.logw
+    entry = np.full(bs * width, -1)
+    entry[cell] = np.arange(count)
+    dense, entry = dense.reshape(bs, width), entry.reshape(bs, width)
+    entry = np.take_along_axis(entry, _tree_order(dense), axis=1)  # candidates in tree order
+
+    real = entry >= 0
+    spine = real & nodes.spine[entry]
+    other = real & ~spine
+    chosen = spine | (other & (np.cumsum(other, axis=1) <= quota[:, None]))
+    flat = np.flatnonzero(chosen)
+    e = entry.ravel()[flat]
+    b = nodes.req[e]
+    cell = b * n + np.cumsum(chosen, axis=1).ravel()[flat]  # row 0 is the root
+    row_of = np.zeros(count, dtype=np.int64)
+    row_of[e] = cell - b * n
+    parent = nodes.parent[e]
+
+    out = {name: np.full((bs, n), -1, dtype=np.int64) for name in ("node_token_ids", "parents", "depths", "ranks")}
+    out["node_logws"] = np.full((bs, n), -np.inf, dtype=np.float32)
+    out["depths"][:, 0] = 0
+    out["node_logws"][:, 0] = 0.0
+    out["node_token_ids"].ravel()[cell] = tokens.ravel()[(b * depth + nodes.depth[e] - 1) * k + nodes.rank[e]]
+    out["parents"].ravel()[cell] = np.where(parent < 0, 0, row_of[parent])
+    out["depths"].ravel()[cell] = nodes.depth[e]
+    out["ranks"].ravel()[cell] = nodes.rank[e]
+    out["node_logws"].ravel()[cell] = nodes.logw[e]
+    out["num_nodes"] = 1 + chosen.sum(1)
+    return out
+
+
+def _build(lp, quota, spine_depth, floor, tokens, n):
+    """Estimate floors, expand, check each request, and redo the unproven ones from ``floor``."""
+    first = np.full(len(quota), np.inf)  # quota 0: spine nodes only
+    live = quota > 0
+    if live.any():
+        first[live] = np.maximum(_floor_estimate(lp[live], quota[live]), floor[live])
+    nodes = _expand(lp, first, quota, spine_depth)
+    found = np.bincount(nodes.req[~nodes.spine], minlength=len(quota))
+    # The guess is proven when it found quota nodes (so the quota-th best is >= it).
+    redo = ~((found >= quota) | nodes.capped | (first <= floor))
+    out = _assemble(nodes, quota, tokens, n)
+    if redo.any():
+        again = _assemble(
+            _expand(lp[redo], floor[redo], quota[redo], spine_depth[redo]), quota[redo], tokens[redo], n
+        )
+        for name, value in again.items():
+            out[name][redo] = value
+    return out
 
 
 def build_tree(
@@ -360,7 +516,8 @@ def build_tree(
             below it are pruned (spine nodes excepted), so a tree may hold fewer than B nodes.
 
     Returns:
-        :class:`DDTreeBuildResult`, nodes in tree order (module docstring: order and ties).
+        :class:`DDTreeBuildResult`, nodes in tree order (module docstring: order and ties),
+        on the device of ``draft_token_ids``; the work is done on the host with numpy.
 
     Raises:
         TypeError: wrong dtype (nothing is converted implicitly).
@@ -371,99 +528,16 @@ def build_tree(
     budgets, depth_limit, log_min = _prepare(
         draft_token_ids, draft_logprobs, anchor_token_ids, budget, max_depth, min_prob
     )
-    bs, _, k = draft_token_ids.shape
     device = draft_token_ids.device
-    b_max = max(budgets, default=0)
-    n = 1 + b_max
-    budget_t = torch.tensor(budgets, dtype=torch.int64, device=device)
-    spine_depth = budget_t.clamp(max=depth_limit) if top1_spine else torch.zeros_like(budget_t)
-    if b_max == 0 or depth_limit == 0:
-        out = _empty_result(bs, n, anchor_token_ids)
-        return DDTreeBuildResult(num_nodes=torch.ones(bs, dtype=torch.int64), **out)
-
-    lp = draft_logprobs.to(torch.float64)
-    quota = budget_t - spine_depth  # non-spine draft nodes each tree takes
-    bound = _quota_lower_bound(lp[:, :depth_limit], quota, spine_depth)
-    level_logw, level_cand, level_spine = [], [], []
-    parent_logw = torch.zeros(bs, 1, dtype=torch.float64, device=device)
-    parent_spine = torch.ones(bs, 1, dtype=torch.bool, device=device)  # the root heads the spine
-    for d in range(depth_limit):
-        width = parent_logw.shape[1]
-        # Candidate c = parent * K + rank, parents in lexicographic order: ascending c is
-        # lexicographic rank-tuple order at this depth.
-        cand = (parent_logw[:, :, None] + lp[:, d, None, :]).reshape(bs, width * k)
-        cand_spine = torch.zeros_like(cand, dtype=torch.bool)
-        cand_spine[:, 0] = parent_spine[:, 0] & (d + 1 <= spine_depth)
-        floor = bound[:, None] if log_min is None else bound[:, None].clamp(min=log_min)
-        keep = ((cand >= floor) & (cand > -math.inf)) | cand_spine
-        if int(keep.sum(1).max()) > b_max:
-            # At most one spine node per depth and quota <= b_max - (1 if spine), so a node
-            # below this depth's b_max-th best value is never among the quota best.
-            kth = torch.topk(cand, b_max, dim=1, sorted=False).values.min(dim=1, keepdim=True).values
-            keep &= (cand >= kth) | cand_spine
-        width_new = int(keep.sum(1).max())
-        if width_new == 0:
-            break
-        slot = torch.where(keep, keep.long().cumsum(1) - 1, width_new)  # compact, lex order kept
-        parent_logw = torch.full((bs, width_new + 1), -math.inf, dtype=torch.float64, device=device)
-        parent_logw = parent_logw.scatter_(1, slot, cand)[:, :width_new]
-        cand_index = torch.full((bs, width_new + 1), -1, dtype=torch.int64, device=device)
-        cand_index = cand_index.scatter_(1, slot, torch.arange(width * k, device=device).expand(bs, -1))[:, :width_new]
-        parent_spine = torch.zeros((bs, width_new + 1), dtype=torch.bool, device=device)
-        parent_spine = parent_spine.scatter_(1, slot, cand_spine)[:, :width_new]
-        level_logw.append(parent_logw)
-        level_cand.append(cand_index)
-        level_spine.append(parent_spine)
-
-    depth_count = len(level_logw)
-    if depth_count == 0:  # every depth-1 node pruned
-        out = _empty_result(bs, n, anchor_token_ids)
-        return DDTreeBuildResult(num_nodes=torch.ones(bs, dtype=torch.int64), **out)
-    widths = [t.shape[1] for t in level_logw]
-    offsets = [0]
-    for w in widths[:-1]:
-        offsets.append(offsets[-1] + w)
-    all_logw = torch.cat(level_logw, dim=1)  # [bs, T], entries in (depth, lex) order
-    all_depth = torch.cat([torch.full((w,), d + 1, device=device) for d, w in enumerate(widths)])
-    all_spine = torch.cat(level_spine, dim=1)
-    all_rank = torch.cat([c.clamp(min=0) % k for c in level_cand], dim=1)
-    # Entry index of each entry's parent (-1 for depth 1: the root).
-    all_parent_entry = torch.cat(
-        [torch.full_like(level_cand[0], -1)]
-        + [level_cand[d].clamp(min=0) // k + offsets[d - 1] for d in range(1, depth_count)],
-        dim=1,
-    )
-    all_token = torch.cat(
-        [draft_token_ids[:, d, :].gather(1, level_cand[d].clamp(min=0) % k) for d in range(depth_count)], dim=1
-    )
-
-    order = torch.sort(all_logw, dim=1, descending=True, stable=True).indices  # tree order
-    s_logw = all_logw.gather(1, order)
-    s_depth = all_depth[order]
-    valid = s_logw > -math.inf
-    spine = all_spine.gather(1, order)
-    non_spine = valid & ~spine
-    non_spine_rank = non_spine.long().cumsum(1) - 1
-    selected = spine | (non_spine & (non_spine_rank < quota[:, None]))
-
-    node_index = selected.long().cumsum(1)  # 1-based node index of each selected entry
-    target = torch.where(selected, node_index, torch.full_like(node_index, n))  # n: discard column
-    node_of_entry = torch.full_like(all_logw, -1, dtype=torch.int64)
-    node_of_entry.scatter_(1, order, torch.where(selected, node_index, -1))
-    s_parent_entry = all_parent_entry.gather(1, order)
-    s_parent = torch.where(
-        s_parent_entry < 0,
-        torch.zeros_like(s_parent_entry),
-        node_of_entry.gather(1, s_parent_entry.clamp(min=0)),
-    )
-
-    out = _empty_result(bs, n + 1, anchor_token_ids)
-    out = {key: v.to(device) for key, v in out.items()}
-    out["node_token_ids"].scatter_(1, target, all_token.gather(1, order))
-    out["parents"].scatter_(1, target, s_parent)
-    out["depths"].scatter_(1, target, s_depth)
-    out["ranks"].scatter_(1, target, all_rank.gather(1, order))
-    out["node_logws"].scatter_(1, target, s_logw.float())
-    out = {key: v[:, :n].contiguous() for key, v in out.items()}
-    num_nodes = 1 + selected.sum(1)
-    return DDTreeBuildResult(num_nodes=num_nodes, **out)
+    n = 1 + max(budgets, default=0)
+    budget_np = np.array(budgets, dtype=np.int64).reshape(-1)
+    spine_depth = np.minimum(budget_np, depth_limit) if top1_spine else np.zeros_like(budget_np)
+    quota = budget_np - spine_depth  # non-spine draft nodes each tree takes
+    floor = np.full(len(budgets), _KEEP_ALL if log_min is None else log_min)
+    lp = draft_logprobs[:, :depth_limit].detach().cpu().numpy().astype(np.float64)
+    tokens = draft_token_ids[:, :depth_limit].detach().cpu().numpy()
+    if depth_limit == 0:
+        quota[:] = 0  # the root alone
+    out = _build(lp, quota, spine_depth, floor, tokens, n)
+    out["node_token_ids"][:, 0] = anchor_token_ids.detach().cpu().numpy()
+    return DDTreeBuildResult(**{name: torch.from_numpy(v).to(device) for name, v in out.items()})
