@@ -116,19 +116,19 @@ def check_draft_topk(draft_token_ids: torch.Tensor, draft_logprobs: torch.Tensor
     lp = draft_logprobs.detach().cpu().numpy()
     ids = draft_token_ids.detach().cpu().numpy()
 
-    def fail(what: str, bad: np.ndarray) -> None:  # bad: [bs, L-1] bool
-        if bad.any():
-            b, d = np.argwhere(bad)[0]
+    def fail(what: str, bad: np.ndarray) -> None:  # bad: [bs, L-1] or [bs, L-1, k] bool
+        if bad.any():  # cheap on the whole array; locate only on failure
+            b, d = np.argwhere(bad.reshape(bs, depth, -1).any(-1))[0]
             raise ValueError(f"draft top-k, request {b}, depth {d + 1}: {what}")
 
-    fail("draft_logprobs has NaN", np.isnan(lp).any(-1))
-    fail("draft_logprobs has +inf", np.isposinf(lp).any(-1))
-    fail("draft_logprobs > 0 (log-probabilities must be <= 0)", (lp > 0).any(-1))
+    fail("draft_logprobs has NaN", np.isnan(lp))
+    fail("draft_logprobs has +inf", np.isposinf(lp))
+    fail("draft_logprobs > 0 (log-probabilities must be <= 0)", lp > 0)
     fail("the best draft log-prob is -inf (the row has no token)", np.isneginf(lp[..., 0]))
-    fail("draft_logprobs not sorted in descending order", (lp[..., 1:] > lp[..., :-1]).any(-1))
-    fail("negative token id", (ids < 0).any(-1))
+    fail("draft_logprobs not sorted in descending order", lp[..., 1:] > lp[..., :-1])
+    fail("negative token id", ids < 0)
     srt = np.sort(ids, axis=-1)
-    fail("a token id appears twice in the row", (srt[..., 1:] == srt[..., :-1]).any(-1))
+    fail("a token id appears twice in the row", srt[..., 1:] == srt[..., :-1])
     mass = np.exp(lp.astype(np.float64)).sum(-1)
     fail(
         f"top-k probability mass exceeds 1 (+{_NORMALISATION_SLACK}): log-probs must be normalised over the vocabulary",
@@ -451,7 +451,8 @@ def _tree_order(logw: np.ndarray, req: np.ndarray, bs: int) -> np.ndarray:
     if value_bits > 8:
         top = 2**value_bits - 1
         gap = -logw  # >= 0
-        scale = top / max(float(gap.max(initial=0.0)), 1e-300)
+        span = float(gap.max(initial=0.0))
+        scale = top / span if span > 0 else 0.0
         value = np.minimum(np.floor(gap * scale), top).astype(np.int64)
         key = (((req << value_bits) | value) << index_bits) | np.arange(count)
         order = np.sort(key) & ((1 << index_bits) - 1)
@@ -478,25 +479,34 @@ def _assemble(nodes: _Nodes, quota: np.ndarray, tokens: np.ndarray, n: int) -> d
     per_req = np.bincount(req, minlength=bs)
     start = (np.cumsum(per_req) - per_req)[req]  # where each node's request begins
     spine = nodes.spine[order]
-    chosen = spine | (_segment_rank(~spine, start) < quota[req])
+    if spine.any():
+        chosen = spine | (_segment_rank(~spine, start) < quota[req])
+    else:
+        chosen = np.arange(len(order)) - start < quota[req]
     e, b = order[chosen], req[chosen]
     taken = np.bincount(b, minlength=bs)
     row = 1 + np.arange(len(e)) - (np.cumsum(taken) - taken)[b]  # row 0 is the root
     row_of = np.zeros(len(order), dtype=np.int64)
     row_of[e] = row
-    parent = nodes.parent[e]
-    d = nodes.depth[e]
+    parent, d, rank = nodes.parent[e], nodes.depth[e], nodes.rank[e]
 
-    cell = b * n + row
     out = {name: np.full((bs, n), -1, dtype=np.int64) for name in ("node_token_ids", "parents", "depths", "ranks")}
     out["node_logws"] = np.full((bs, n), -np.inf, dtype=np.float32)
     out["depths"][:, 0] = 0
     out["node_logws"][:, 0] = 0.0
-    out["node_token_ids"].ravel()[cell] = tokens.ravel()[(b * depth + d - 1) * k + nodes.rank[e]]
-    out["parents"].ravel()[cell] = np.where(parent < 0, 0, row_of[parent])
-    out["depths"].ravel()[cell] = d
-    out["ranks"].ravel()[cell] = nodes.rank[e]
-    out["node_logws"].ravel()[cell] = nodes.logw[e]
+    full = bool((taken == n - 1).all())  # then the rows are a plain [bs, n-1] block
+    cell = None if full else b * n + row
+    for name, values in (
+        ("node_token_ids", tokens.ravel()[(b * depth + d - 1) * k + rank]),
+        ("parents", np.where(parent < 0, 0, row_of[parent])),
+        ("depths", d),
+        ("ranks", rank),
+        ("node_logws", nodes.logw[e]),
+    ):
+        if full:
+            out[name][:, 1:] = values.reshape(bs, n - 1)
+        else:
+            out[name].ravel()[cell] = values
     out["num_nodes"] = 1 + taken
     return out
 
