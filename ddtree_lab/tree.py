@@ -475,17 +475,17 @@ def _assemble(nodes: _Nodes, quota: np.ndarray, tokens: np.ndarray, n: int) -> d
     """
     bs, depth, k = tokens.shape
     order = _tree_order(nodes.logw, nodes.req, bs)
-    req = nodes.req[order]
-    per_req = np.bincount(req, minlength=bs)
-    start = (np.cumsum(per_req) - per_req)[req]  # where each node's request begins
+    req = nodes.req[order]  # ascending
+    start = np.searchsorted(req, np.arange(bs))[req]  # where each node's request begins
     spine = nodes.spine[order]
     if spine.any():
         chosen = spine | (_segment_rank(~spine, start) < quota[req])
     else:
         chosen = np.arange(len(order)) - start < quota[req]
     e, b = order[chosen], req[chosen]
-    taken = np.bincount(b, minlength=bs)
-    row = 1 + np.arange(len(e)) - (np.cumsum(taken) - taken)[b]  # row 0 is the root
+    first = np.searchsorted(b, np.arange(bs + 1))
+    taken = np.diff(first)
+    row = 1 + np.arange(len(e)) - first[b]  # row 0 is the root
     row_of = np.zeros(len(order), dtype=np.int64)
     row_of[e] = row
     parent, d, rank = nodes.parent[e], nodes.depth[e], nodes.rank[e]
@@ -529,9 +529,9 @@ def _build(lp, quota, spine_depth, floor, tokens, n):
     for margin in _MARGINS:
         first = np.maximum(threshold[todo] - margin / tilt[todo], floor[todo])
         nodes = _expand(lp[todo], first, quota[todo], spine_depth[todo], cap=margin == math.inf)
-        found = np.bincount(nodes.req[~nodes.spine], minlength=len(todo))
-        proven = (found >= quota[todo]) | nodes.capped | (first <= floor[todo])
         trees = _assemble(nodes, quota[todo], tokens[todo], n)
+        found = trees["num_nodes"] - 1 - spine_depth[todo]  # non-spine nodes taken (all spine nodes are)
+        proven = (found >= quota[todo]) | nodes.capped | (first <= floor[todo])
         if out is None:
             out = trees
         else:
