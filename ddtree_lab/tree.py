@@ -393,19 +393,21 @@ def _expand(lp: np.ndarray, floor: np.ndarray, quota: np.ndarray, spine_depth: n
     """
     bs, depth, k = lp.shape
     by_depth = np.ascontiguousarray(lp.transpose(1, 0, 2))  # [D, bs, K]
+    best = np.ascontiguousarray(by_depth[:, :, 0])  # [D, bs]
     max_spine = int(spine_depth.max(initial=0))
     logw, req = np.zeros(bs), np.arange(bs)
     spine = np.ones(bs, dtype=bool)  # the root heads the spine
     capped = np.zeros(bs, dtype=bool)
     levels = []
     for d in range(depth):
-        rows, floor_req = by_depth[d], floor[req]
-        fertile = logw + rows[:, 0][req] >= floor_req
+        floor_req = floor[req]
+        fertile = logw + best[d][req] >= floor_req
         if d < max_spine:
             spine_next = spine & (d < spine_depth[req])  # its rank-0 child is a spine node
             fertile |= spine_next
         fertile = np.flatnonzero(fertile)
-        cand = logw[fertile, None] + np.take(rows, req[fertile], axis=0)  # summed as the heap does
+        cand = np.take(by_depth[d], req[fertile], axis=0)
+        cand += logw[fertile, None]  # parent + draft log-prob, summed as the heap does
         keep = cand >= floor_req[fertile, None]
         if d < max_spine:
             keep[:, 0] |= spine_next[fertile]
