@@ -11,10 +11,15 @@ Two implementations live here:
 
 * :func:`build_tree_reference` -- that heap, one request at a time with :mod:`heapq`;
   the readable reference and the test oracle.
-* :func:`build_tree` -- the same result for a whole batch with tensor operations. It uses
-  the fact that the top-``B`` set is closed under "parent" and "better sibling": the nodes
-  of depth ``d`` in the answer are among the ``B`` best depth-``d`` children of the ``B``
-  best depth-``d-1`` nodes. One sort per depth keeps those, one final sort merges depths.
+* :func:`build_tree` -- the same result for a whole batch, vectorised with numpy on the
+  host. Every node of the tree has a log-weight at or above ``T``, the ``B``-th best one,
+  and the nodes at or above any floor ``f <= T`` are closed under "parent" (log-probs are
+  ``<= 0``). So, given such an ``f``, one pass from the root keeps, depth by depth, the
+  children of kept nodes that reach ``f``; one sort puts them in tree order and the first
+  ``B`` are the tree. ``f`` is guessed from a Chernoff bound on how many prefixes lie above
+  a log-weight, and is proven when the pass collected ``B`` nodes; otherwise the request is
+  redone with a lower guess, and last with no floor and at most ``B`` nodes kept per depth
+  (a node with ``B`` better nodes at its own depth is never in the tree).
 
 **Order and ties.** Nodes are compared by the key ``(-node_logw, depth, rank tuple)``:
 higher log-weight first; on equal log-weight the shallower node first; at equal depth the
@@ -303,15 +308,16 @@ def build_tree_reference(
 # Batched builder (numpy on the host; see build_tree).
 
 _KEEP_ALL = -np.finfo(np.float64).max  # a floor every finite log-weight passes, -inf fails
-_TILTS = np.geomspace(1 / 16, 16, 9)  # Chernoff tilts tried first by _floor_estimate ...
+_TILTS = np.geomspace(1 / 16, 16, 9)  # Chernoff tilts tried first by _chernoff ...
 _FINE_TILTS = 2.0 ** np.array([-0.5, -0.25, 0.0, 0.25, 0.5])  # ... then these multiples of the best
-# Floors tried, in units of 1/tilt below the Chernoff threshold (see _floor_estimate); the
-# first is tuned to over-collect ~1.5x on the benchmark drafts, inf means no floor but min_prob.
+# Floors tried, in units of 1/tilt below the Chernoff threshold (see _chernoff). The first
+# collects about 1.3-2x the nodes needed on the benchmark drafts and is rarely too high;
+# inf means no floor but min_prob.
 _MARGINS = (3.5, 5.0, math.inf)
 
 
 def _chernoff_threshold(lp: np.ndarray, quota: np.ndarray, tilts: np.ndarray) -> np.ndarray:
-    """``t(s) = (M(s) - log quota) / s`` for each request and tilt ``s`` (see :func:`_floor_estimate`).
+    """``t(s) = (M(s) - log quota) / s`` for each request and tilt ``s`` (see :func:`_chernoff`).
 
     Args: ``lp`` ``[bs, D, K]`` float64; ``quota`` ``[bs]``; ``tilts`` ``[T, bs or 1]``.
     Returns ``[T, bs]``.
@@ -321,7 +327,7 @@ def _chernoff_threshold(lp: np.ndarray, quota: np.ndarray, tilts: np.ndarray) ->
     gaps = (lp - lead).astype(np.float32)[:, :, None]  # <= 0; float32 is plenty for a guess
     tilted = np.exp(gaps * tilts.astype(np.float32)).sum(1)  # [D, T, bs]
     per_depth = np.log(tilted) + lead * tilts
-    prefix_sum = np.tri(len(lp))  # a matmul: numpy's cumsum along axis 0 is slow
+    prefix_sum = np.tri(len(lp))  # a matmul is faster here than cumsum along axis 0
     cum = (prefix_sum @ per_depth.reshape(len(lp), -1)).reshape(per_depth.shape)  # log of the depth-d term
     top = cum.max(0)
     log_count = top + np.log(np.exp(cum - top).sum(0))  # M(s), [T, bs]
@@ -518,18 +524,19 @@ def _build(lp, quota, spine_depth, floor, tokens, n):
 
     A floor is proven when it collected ``quota`` non-spine nodes (so the ``quota``-th best
     is at or above it), when a depth hit the cap (same reason), or when it is ``floor``. A
-    guess ``t(s) - m/s`` collects at most ``quota * e^m`` nodes (the Chernoff bound at ``s``),
-    so only the last pass, from ``floor``, needs the per-depth cap to stay small.
+    guess ``t(s) - m/s`` collects at most about ``quota * e^m`` nodes (the Chernoff bound at
+    ``s``, computed in float32), so only the last pass, from ``floor``, needs the per-depth cap.
     """
     bs = len(quota)
-    threshold, tilt = np.full(bs, np.inf), np.ones(bs)  # quota 0: spine nodes only
+    threshold, tilt = np.full(bs, np.inf), np.ones(bs)
     live = quota > 0
     if live.any():
         threshold[live], tilt[live] = _chernoff(lp[live], quota[live])
     out = None
     todo = np.arange(bs)
     for margin in _MARGINS:
-        first = np.maximum(threshold[todo] - margin / tilt[todo], floor[todo])
+        first = floor[todo] if margin == math.inf else np.maximum(threshold[todo] - margin / tilt[todo], floor[todo])
+        first = np.where(quota[todo] > 0, first, np.inf)  # quota 0: spine nodes only
         nodes = _expand(lp[todo], first, quota[todo], spine_depth[todo], cap=margin == math.inf)
         trees = _assemble(nodes, quota[todo], tokens[todo], n)
         found = trees["num_nodes"] - 1 - spine_depth[todo]  # non-spine nodes taken (all spine nodes are)
@@ -593,7 +600,7 @@ def build_tree(
     quota = budget_np - spine_depth  # non-spine draft nodes each tree takes
     floor = np.full(len(budgets), _KEEP_ALL if log_min is None else log_min)
     lp = draft_logprobs[:, :depth_limit].detach().cpu().numpy().astype(np.float64)
-    tokens = draft_token_ids[:, :depth_limit].detach().cpu().numpy()
+    tokens = np.ascontiguousarray(draft_token_ids[:, :depth_limit].detach().cpu().numpy())
     if depth_limit == 0:
         quota[:] = 0  # the root alone
     out = _build(lp, quota, spine_depth, floor, tokens, n)
