@@ -444,8 +444,8 @@ def _expand(lp: np.ndarray, floor: np.ndarray, quota: np.ndarray, spine_depth: n
     )
 
 
-def _tree_order(logw: np.ndarray, req: np.ndarray, bs: int) -> np.ndarray:
-    """Indices of the nodes, request by request, each request in tree order.
+def _tree_order(logw: np.ndarray, req: np.ndarray, bs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the nodes, request by request, each request in tree order; and their requests.
 
     Tree order is descending ``logw``, then ascending index (``_Nodes`` lists a request's
     nodes by depth, then rank tuple). One vectorised sort of int64 keys
@@ -462,12 +462,13 @@ def _tree_order(logw: np.ndarray, req: np.ndarray, bs: int) -> np.ndarray:
         span = float(gap.max(initial=0.0))
         scale = top / span if span > 0 else 0.0
         value = np.minimum(np.floor(gap * scale), top).astype(np.int64)
-        key = (((req << value_bits) | value) << index_bits) | np.arange(count)
-        order = np.sort(key) & ((1 << index_bits) - 1)
-        w, r = logw[order], req[order]
-        if not ((w[1:] > w[:-1]) & (r[1:] == r[:-1])).any():
-            return order
-    return np.lexsort((np.arange(count), -logw, req))
+        key = np.sort((((req << value_bits) | value) << index_bits) | np.arange(count))
+        order = key & ((1 << index_bits) - 1)
+        shared = np.flatnonzero((key[1:] >> index_bits) == (key[:-1] >> index_bits))
+        if (logw[order[shared]] == logw[order[shared + 1]]).all():  # shared keys: true ties only
+            return order, key >> (value_bits + index_bits)
+    order = np.lexsort((np.arange(count), -logw, req))
+    return order, req[order]
 
 
 def _segment_rank(flags: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -482,8 +483,7 @@ def _assemble(nodes: _Nodes, quota: np.ndarray, tokens: np.ndarray, n: int) -> d
     Returns the :class:`DDTreeBuildResult` fields (root column included) as numpy arrays.
     """
     bs, depth, k = tokens.shape
-    order = _tree_order(nodes.logw, nodes.req, bs)
-    req = nodes.req[order]  # ascending
+    order, req = _tree_order(nodes.logw, nodes.req, bs)  # req ascending
     start = np.searchsorted(req, np.arange(bs))[req]  # where each node's request begins
     spine = nodes.spine[order]
     if spine.any():
@@ -494,7 +494,7 @@ def _assemble(nodes: _Nodes, quota: np.ndarray, tokens: np.ndarray, n: int) -> d
     first = np.searchsorted(b, np.arange(bs + 1))
     taken = np.diff(first)
     row = 1 + np.arange(len(e)) - first[b]  # row 0 is the root
-    row_of = np.zeros(len(order), dtype=np.int64)
+    row_of = np.zeros(len(order) + 1, dtype=np.int64)  # the last slot, parent -1, is the root
     row_of[e] = row
     parent, d, rank = nodes.parent[e], nodes.depth[e], nodes.rank[e]
 
@@ -506,7 +506,7 @@ def _assemble(nodes: _Nodes, quota: np.ndarray, tokens: np.ndarray, n: int) -> d
     cell = None if full else b * n + row
     for name, values in (
         ("node_token_ids", tokens.ravel()[(b * depth + d - 1) * k + rank]),
-        ("parents", np.where(parent < 0, 0, row_of[parent])),
+        ("parents", row_of[parent]),
         ("depths", d),
         ("ranks", rank),
         ("node_logws", nodes.logw[e]),

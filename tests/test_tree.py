@@ -238,5 +238,5 @@ def test_tree_order_is_exact_for_near_ties():
     # order must still be exact: descending value, equal values by index.
     logw = np.array([-3.0, np.nextafter(-3.0, 0), -3.0, np.nextafter(-3.0, -np.inf), -0.5, -1e6, np.nextafter(-0.5, -1)])
     req = np.array([0, 0, 0, 0, 1, 1, 1])
-    order = dl.tree._tree_order(logw, req, 2)
+    order, _ = dl.tree._tree_order(logw, req, 2)
     assert order.tolist() == np.lexsort((np.arange(7), -logw, req)).tolist() == [1, 0, 2, 3, 4, 6, 5]
