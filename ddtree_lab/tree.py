@@ -16,10 +16,11 @@ Two implementations live here:
   and the nodes at or above any floor ``f <= T`` are closed under "parent" (log-probs are
   ``<= 0``). So, given such an ``f``, one pass from the root keeps, depth by depth, the
   children of kept nodes that reach ``f``; one sort puts them in tree order and the first
-  ``B`` are the tree. ``f`` is guessed from a Chernoff bound on how many prefixes lie above
-  a log-weight, and is proven when the pass collected ``B`` nodes; otherwise the request is
-  redone with a lower guess, and last with no floor and at most ``B`` nodes kept per depth
-  (a node with ``B`` better nodes at its own depth is never in the tree).
+  ``B`` are the tree (with ``top1_spine``: the spine, always kept, and the first others).
+  ``f`` is guessed from a Chernoff bound on how many prefixes lie above a log-weight, and
+  is proven when the pass collected ``B`` nodes; otherwise the request is redone with a
+  lower guess, and last with no floor and at most ``B`` nodes kept per depth (a node with
+  ``B`` better nodes at its own depth is never in the tree).
 
 **Order and ties.** Nodes are compared by the key ``(-node_logw, depth, rank tuple)``:
 higher log-weight first; on equal log-weight the shallower node first; at equal depth the
@@ -563,6 +564,9 @@ def build_tree(
     min_prob: float | None = None,
 ) -> DDTreeBuildResult:
     """Build the DDTree draft trees of a whole batch (arXiv 2604.12989, Algorithm 1).
+
+    The same trees as :func:`build_tree_reference`, computed for all requests at once (the
+    module docstring says how).
 
     Args:
         draft_token_ids: ``[bs, L-1, K]`` int64, drafter's top-K tokens per position.
