@@ -386,13 +386,38 @@ def _kth_best(logw: np.ndarray, req: np.ndarray, rows: np.ndarray, kth: np.ndarr
     return out
 
 
+def _segment_rank(flags: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """For each position, how many ``flags`` are set before it within its segment."""
+    before = np.cumsum(flags) - flags
+    return before - before[start]
+
+
+def _best_per_request(logw: np.ndarray, req: np.ndarray, spine: np.ndarray, quota: np.ndarray):
+    """Mask keeping the spine and, per request, the ``quota`` best other nodes of one depth.
+
+    The nodes are grouped by request and in rank-tuple order, so of two equal log-weights
+    the earlier is the better. Returns ``(mask, over)``, ``over[b]``: request ``b`` had more
+    than ``quota[b]`` (the mask is ``None`` when no request had).
+    """
+    bs = len(quota)
+    other = ~spine
+    over = np.bincount(req[other], minlength=bs) > quota
+    if not over.any():
+        return None, over
+    kth = _kth_best(np.where(spine, -np.inf, logw), req, over, quota)[req]  # -inf: not over
+    better, tie = other & (logw > kth), other & (logw == kth)
+    room = quota - np.bincount(req[better], minlength=bs)  # ties that still fit, in order
+    start = np.searchsorted(req, np.arange(bs))[req]
+    return spine | better | (tie & (_segment_rank(tie, start) < room[req])), over
+
+
 def _expand(lp: np.ndarray, floor: np.ndarray, quota: np.ndarray, spine_depth: np.ndarray, cap: bool) -> _Nodes:
     """Every node the trees may take, depth by depth from the root.
 
     Keeps the spine nodes and each non-spine child ``>= floor[b]`` of a kept node; with
-    ``cap``, then at most the ``quota[b]`` best non-spine nodes per depth (ties kept: a node
-    below them has ``quota`` better nodes at its own depth, so it and its subtree are never
-    taken). Children are listed parent by parent, rank by rank, which keeps rank-tuple order.
+    ``cap``, then only the ``quota[b]`` best non-spine nodes of each depth (a node with
+    ``quota`` better nodes at its own depth is never taken, nor is its subtree). Children are
+    listed parent by parent, rank by rank, which keeps rank-tuple order.
     Rows are sorted, so a parent whose rank-0 child is below the floor has no child kept.
 
     Args: ``lp`` ``[bs, D, K]`` float64; ``floor`` ``[bs]`` float64; ``quota``,
@@ -426,9 +451,8 @@ def _expand(lp: np.ndarray, floor: np.ndarray, quota: np.ndarray, spine_depth: n
         logw, req = cand.ravel()[flat], req[parent]
         spine = spine_next[parent] & (rank == 0) if d < max_spine else np.zeros(len(flat), dtype=bool)
         if cap:
-            over = np.bincount(req[~spine], minlength=bs) > quota
+            kept, over = _best_per_request(logw, req, spine, quota)
             if over.any():
-                kept = spine | (logw >= _kth_best(np.where(spine, -np.inf, logw), req, over, quota)[req])
                 logw, req, spine, parent, rank = logw[kept], req[kept], spine[kept], parent[kept], rank[kept]
                 capped |= over
         levels.append((logw, req, spine, parent, rank))
@@ -470,12 +494,6 @@ def _tree_order(logw: np.ndarray, req: np.ndarray, bs: int) -> tuple[np.ndarray,
             return order, key >> (value_bits + index_bits)
     order = np.lexsort((np.arange(count), -logw, req))
     return order, req[order]
-
-
-def _segment_rank(flags: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """For each position, how many ``flags`` are set before it within its segment."""
-    before = np.cumsum(flags) - flags
-    return before - before[start]
 
 
 def _assemble(nodes: _Nodes, quota: np.ndarray, tokens: np.ndarray, n: int) -> dict[str, np.ndarray]:

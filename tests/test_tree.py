@@ -240,3 +240,16 @@ def test_tree_order_is_exact_for_near_ties():
     req = np.array([0, 0, 0, 0, 1, 1, 1])
     order, _ = dl.tree._tree_order(logw, req, 2)
     assert order.tolist() == np.lexsort((np.arange(7), -logw, req)).tolist() == [1, 0, 2, 3, 4, 6, 5]
+
+
+@pytest.mark.parametrize("margins", [(math.inf,), (3.5, 5.0, math.inf)])
+def test_all_equal_drafts_stay_small_and_exact(monkeypatch, margins):
+    # Every prefix of a depth ties (uniform top-8 at 15 depths: 8^15 prefixes); the per-depth
+    # cap must break ties in rank-tuple order instead of keeping them all.
+    monkeypatch.setattr(dl.tree, "_MARGINS", margins)
+    lp = torch.full((2, 15, 8), math.log(1 / 8))
+    ids = torch.arange(8).expand(2, 15, 8).contiguous()
+    anchor = torch.zeros(2, dtype=torch.int64)
+    for budget, spine in ((256, False), (100, True)):
+        fast = dl.build_tree(ids, lp, anchor, budget, top1_spine=spine)
+        assert fast.equals(dl.build_tree_reference(ids, lp, anchor, budget, top1_spine=spine))
