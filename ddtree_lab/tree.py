@@ -11,10 +11,16 @@ Two implementations live here:
 
 * :func:`build_tree_reference` -- that heap, one request at a time with :mod:`heapq`;
   the readable reference and the test oracle.
-* :func:`build_tree` -- the same result for a whole batch with tensor operations. It uses
-  the fact that the top-``B`` set is closed under "parent" and "better sibling": the nodes
-  of depth ``d`` in the answer are among the ``B`` best depth-``d`` children of the ``B``
-  best depth-``d-1`` nodes. One sort per depth keeps those, one final sort merges depths.
+* :func:`build_tree` -- the same result for a whole batch, vectorised with numpy on the
+  host. Every node of the tree has a log-weight at or above ``T``, the ``B``-th best one,
+  and the nodes at or above any floor ``f <= T`` are closed under "parent" (log-probs are
+  ``<= 0``). So, given such an ``f``, one pass from the root keeps, depth by depth, the
+  children of kept nodes that reach ``f``; one sort puts them in tree order and the first
+  ``B`` are the tree (with ``top1_spine``: the spine, always kept, and the first others).
+  ``f`` is guessed from a Chernoff bound on how many prefixes lie above a log-weight, and
+  is proven when the pass collected ``B`` nodes; otherwise the request is redone with a
+  lower guess, and last with no floor and at most ``B`` nodes kept per depth (a node with
+  ``B`` better nodes at its own depth is never in the tree).
 
 **Order and ties.** Nodes are compared by the key ``(-node_logw, depth, rank tuple)``:
 higher log-weight first; on equal log-weight the shallower node first; at equal depth the
@@ -34,6 +40,7 @@ import heapq
 import math
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 
 from ._checks import check_shape, check_tensor, first_true
@@ -111,25 +118,27 @@ def check_draft_topk(draft_token_ids: torch.Tensor, draft_logprobs: torch.Tensor
     if depth < 1 or k < 1:
         raise ValueError(f"draft top-k must have at least one depth and one column, got shape {(bs, depth, k)}")
 
-    def fail(what: str, where: tuple[int, ...] | None) -> None:
-        if where is not None:
-            raise ValueError(f"draft top-k, request {where[0]}, depth {where[1] + 1}: {what}")
+    # numpy on the host: these arrays are small, and torch's threaded kernels stall on a busy CPU.
+    lp = draft_logprobs.detach().cpu().numpy()
+    ids = draft_token_ids.detach().cpu().numpy()
 
-    fail("draft_logprobs has NaN", first_true(torch.isnan(draft_logprobs).any(-1)))
-    fail("draft_logprobs has +inf", first_true(torch.isposinf(draft_logprobs).any(-1)))
-    fail("draft_logprobs > 0 (log-probabilities must be <= 0)", first_true((draft_logprobs > 0).any(-1)))
-    fail("the best draft log-prob is -inf (the row has no token)", first_true(torch.isneginf(draft_logprobs[..., 0])))
-    if k > 1:
-        unsorted = draft_logprobs[..., 1:] > draft_logprobs[..., :-1]
-        fail("draft_logprobs not sorted in descending order", first_true(unsorted.any(-1)))
-    fail("negative token id", first_true((draft_token_ids < 0).any(-1)))
-    if k > 1:
-        srt = draft_token_ids.sort(dim=-1).values
-        fail("a token id appears twice in the row", first_true((srt[..., 1:] == srt[..., :-1]).any(-1)))
-    mass = draft_logprobs.double().exp().sum(-1)
+    def fail(what: str, bad: np.ndarray) -> None:  # bad: [bs, L-1] or [bs, L-1, k] bool
+        if bad.any():  # cheap on the whole array; locate only on failure
+            b, d = np.argwhere(bad.reshape(bs, depth, -1).any(-1))[0]
+            raise ValueError(f"draft top-k, request {b}, depth {d + 1}: {what}")
+
+    fail("draft_logprobs has NaN", np.isnan(lp))
+    fail("draft_logprobs has +inf", np.isposinf(lp))
+    fail("draft_logprobs > 0 (log-probabilities must be <= 0)", lp > 0)
+    fail("the best draft log-prob is -inf (the row has no token)", np.isneginf(lp[..., 0]))
+    fail("draft_logprobs not sorted in descending order", lp[..., 1:] > lp[..., :-1])
+    fail("negative token id", ids < 0)
+    srt = np.sort(ids, axis=-1)
+    fail("a token id appears twice in the row", srt[..., 1:] == srt[..., :-1])
+    mass = np.exp(lp.astype(np.float64)).sum(-1)
     fail(
         f"top-k probability mass exceeds 1 (+{_NORMALISATION_SLACK}): log-probs must be normalised over the vocabulary",
-        first_true(mass > 1.0 + _NORMALISATION_SLACK),
+        mass > 1.0 + _NORMALISATION_SLACK,
     )
 
 
@@ -297,38 +306,269 @@ def build_tree_reference(
     return DDTreeBuildResult(num_nodes=torch.tensor(num_nodes, dtype=torch.int64), **out)
 
 
-def _quota_lower_bound(lp: torch.Tensor, quota: torch.Tensor, spine_depth: torch.Tensor) -> torch.Tensor:
-    """A lower bound on each request's ``quota``-th best non-spine node log-weight.
+# Batched builder (numpy on the host; see build_tree).
 
-    A narrow beam (the ``W`` best nodes of each depth among the children of the previous
-    depth's ``W``) finds real, distinct prefixes with sums formed exactly as the tree forms
-    them. At most ``spine_depth`` of them are spine nodes, so their
-    ``(quota + spine_depth)``-th best value is <= the ``quota``-th best non-spine value of
-    the whole tree: a node strictly below it has ``quota`` better non-spine nodes and is
-    never chosen. ``-inf`` when the beam found too few nodes, ``+inf`` where ``quota == 0``.
+_KEEP_ALL = -np.finfo(np.float64).max  # a floor every finite log-weight passes, -inf fails
+_TILTS = np.geomspace(1 / 16, 16, 9)  # Chernoff tilts tried first by _chernoff ...
+_FINE_TILTS = 2.0 ** np.array([-0.5, -0.25, 0.0, 0.25, 0.5])  # ... then these multiples of the best
+# Floors tried, in units of 1/tilt below the Chernoff threshold (see _chernoff). The first
+# collects about 1.3-2x the nodes needed on the benchmark drafts and is rarely too high;
+# inf means no floor but min_prob.
+_MARGINS = (3.5, 5.0, math.inf)
 
-    Args: ``lp`` ``[bs, D, K]`` float64; ``quota``, ``spine_depth`` ``[bs]`` int64.
-    Returns ``[bs]`` float64.
+
+def _chernoff_threshold(lp: np.ndarray, quota: np.ndarray, tilts: np.ndarray) -> np.ndarray:
+    """``t(s) = (M(s) - log quota) / s`` for each request and tilt ``s`` (see :func:`_chernoff`).
+
+    Args: ``lp`` ``[bs, D, K]`` float64; ``quota`` ``[bs]``; ``tilts`` ``[T, bs or 1]``.
+    Returns ``[T, bs]``.
+    """
+    lp = np.ascontiguousarray(lp.transpose(1, 2, 0))  # [D, K, bs]: reductions run along long rows
+    lead = lp[:, :1]  # finite: every depth has a best token
+    gaps = (lp - lead).astype(np.float32)[:, :, None]  # <= 0; float32 is plenty for a guess
+    tilted = np.exp(gaps * tilts.astype(np.float32)).sum(1)  # [D, T, bs]
+    per_depth = np.log(tilted) + lead * tilts
+    prefix_sum = np.tri(len(lp))  # a matmul is faster here than cumsum along axis 0
+    cum = (prefix_sum @ per_depth.reshape(len(lp), -1)).reshape(per_depth.shape)  # log of the depth-d term
+    top = cum.max(0)
+    log_count = top + np.log(np.exp(cum - top).sum(0))  # M(s), [T, bs]
+    return (log_count - np.log(quota)) / tilts
+
+
+def _chernoff(lp: np.ndarray, quota: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per request, a log-weight at or above its ``quota``-th best node, and a tilt.
+
+    For a tilt ``s > 0`` the number of nodes with log-weight ``>= t`` is at most
+    ``exp(M(s) - s*t)`` with ``M(s) = log sum_d prod_{i<=d} sum_r exp(s*lp[i, r])``
+    (Chernoff). Setting that to ``quota`` gives ``t(s)``; the smallest over a coarse then a
+    finer set of tilts is kept. Lowering ``t`` by ``1/s`` multiplies the count by about ``e``,
+    and the bound overcounts by about ``e^3`` on the drafts measured, so ``t - 3.5/s`` is a
+    good guess for a floor (see ``_MARGINS``). Only a guess: :func:`_build` checks it.
+
+    Args: ``lp`` ``[bs, D, K]`` float64; ``quota`` ``[bs]`` int64 (>= 1).
+    Returns ``(t, s)``, each ``[bs]`` float64.
+    """
+    coarse = _chernoff_threshold(lp, quota, _TILTS[:, None])
+    tilts = _FINE_TILTS[:, None] * _TILTS[coarse.argmin(0)]
+    fine = _chernoff_threshold(lp, quota, tilts)
+    best = fine.argmin(0)
+    cols = np.arange(len(best))
+    return fine[best, cols], tilts[best, cols]
+
+
+@dataclass
+class _Nodes:
+    """Candidate nodes of a batch, flat, depth-major; within a depth in (request, rank tuple) order."""
+
+    logw: np.ndarray  # float64
+    req: np.ndarray  # request index
+    depth: np.ndarray
+    rank: np.ndarray
+    spine: np.ndarray  # bool, part of the top-1 spine
+    parent: np.ndarray  # flat index of the parent, -1 for the root
+    capped: np.ndarray  # [bs] bool, some depth hit the per-depth cap
+
+
+def _kth_best(logw: np.ndarray, req: np.ndarray, rows: np.ndarray, kth: np.ndarray) -> np.ndarray:
+    """Per request, the ``kth[b]``-th largest of its values (``-inf`` where ``rows[b]`` is off).
+
+    ``req`` must be grouped (each request's values contiguous).
+    """
+    take = rows[req]
+    values, owner = logw[take], req[take]
+    counts = np.bincount(owner, minlength=len(rows))[rows]
+    row = np.cumsum(rows) - 1
+    col = np.arange(len(values)) - np.repeat(np.cumsum(counts) - counts, counts)
+    dense = np.full((len(counts), counts.max()), np.inf)
+    dense[row[owner], col] = -values
+    out = np.full(len(rows), -np.inf)
+    out[rows] = -np.sort(dense, axis=1)[np.arange(len(counts)), kth[rows] - 1]
+    return out
+
+
+def _segment_rank(flags: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """For each position, how many ``flags`` are set before it within its segment."""
+    before = np.cumsum(flags) - flags
+    return before - before[start]
+
+
+def _best_per_request(logw: np.ndarray, req: np.ndarray, spine: np.ndarray, quota: np.ndarray):
+    """Mask keeping the spine and, per request, the ``quota`` best other nodes of one depth.
+
+    The nodes are grouped by request and in rank-tuple order, so of two equal log-weights
+    the earlier is the better. Returns ``(mask, over)``, ``over[b]``: request ``b`` had more
+    than ``quota[b]`` (the mask is ``None`` when no request had).
+    """
+    bs = len(quota)
+    other = ~spine
+    over = np.bincount(req[other], minlength=bs) > quota
+    if not over.any():
+        return None, over
+    kth = _kth_best(np.where(spine, -np.inf, logw), req, over, quota)[req]  # -inf: not over
+    better, tie = other & (logw > kth), other & (logw == kth)
+    room = quota - np.bincount(req[better], minlength=bs)  # ties that still fit, in order
+    start = np.searchsorted(req, np.arange(bs))[req]
+    return spine | better | (tie & (_segment_rank(tie, start) < room[req])), over
+
+
+def _expand(lp: np.ndarray, floor: np.ndarray, quota: np.ndarray, spine_depth: np.ndarray, cap: bool) -> _Nodes:
+    """Every node the trees may take, depth by depth from the root.
+
+    Keeps the spine nodes and each non-spine child ``>= floor[b]`` of a kept node; with
+    ``cap``, then only the ``quota[b]`` best non-spine nodes of each depth (a node with
+    ``quota`` better nodes at its own depth is never taken, nor is its subtree). Children are
+    listed parent by parent, rank by rank, which keeps rank-tuple order.
+    Rows are sorted, so a parent whose rank-0 child is below the floor has no child kept.
+
+    Args: ``lp`` ``[bs, D, K]`` float64; ``floor`` ``[bs]`` float64; ``quota``,
+    ``spine_depth`` ``[bs]`` int64.
     """
     bs, depth, k = lp.shape
-    need = quota + spine_depth
-    top = int(need.max())
-    width = max(1, -(-2 * top // max(depth, 1)))  # ceil(2 * top / depth)
-    found = []
-    beam = lp.new_zeros(bs, 1)
+    by_depth = np.ascontiguousarray(lp.transpose(1, 0, 2))  # [D, bs, K]
+    best = np.ascontiguousarray(by_depth[:, :, 0])  # [D, bs]
+    max_spine = int(spine_depth.max(initial=0))
+    logw, req = np.zeros(bs), np.arange(bs)
+    spine = np.ones(bs, dtype=bool)  # the root heads the spine
+    capped = np.zeros(bs, dtype=bool)
+    levels = []
     for d in range(depth):
-        cand = (beam[:, :, None] + lp[:, d, None, :]).reshape(bs, -1)
-        beam = torch.topk(cand, min(width, cand.shape[1]), dim=1, sorted=False).values
-        found.append(beam)
-    values = torch.cat(found, dim=1)
-    inf = torch.full((bs,), math.inf, dtype=torch.float64, device=lp.device)
-    top = min(top, values.shape[1])
-    if top == 0:
-        return torch.where(quota > 0, -inf, inf)
-    best = torch.topk(values, top, dim=1).values
-    kth = best.gather(1, (need - 1).clamp(0, top - 1)[:, None])[:, 0]
-    kth = torch.where(need <= top, kth, -inf)
-    return torch.where(quota > 0, kth, inf)
+        floor_req = floor[req]
+        fertile = logw + best[d][req] >= floor_req
+        if d < max_spine:
+            spine_next = spine & (d < spine_depth[req])  # its rank-0 child is a spine node
+            fertile |= spine_next
+        fertile = np.flatnonzero(fertile)
+        cand = np.take(by_depth[d], req[fertile], axis=0)
+        cand += logw[fertile, None]  # parent + draft log-prob, summed as the heap does
+        keep = cand >= floor_req[fertile, None]
+        if d < max_spine:
+            keep[:, 0] |= spine_next[fertile]
+        flat = np.flatnonzero(keep)
+        if flat.size == 0:
+            break
+        parent = flat // k
+        parent, rank = fertile[parent], flat - parent * k
+        logw, req = cand.ravel()[flat], req[parent]
+        spine = spine_next[parent] & (rank == 0) if d < max_spine else np.zeros(len(flat), dtype=bool)
+        if cap:
+            kept, over = _best_per_request(logw, req, spine, quota)
+            if over.any():
+                logw, req, spine, parent, rank = logw[kept], req[kept], spine[kept], parent[kept], rank[kept]
+                capped |= over
+        levels.append((logw, req, spine, parent, rank))
+    sizes = [len(level[0]) for level in levels]
+    starts = np.cumsum([0] + sizes)
+    return _Nodes(
+        logw=np.concatenate([np.zeros(0)] + [lv[0] for lv in levels]),
+        req=np.concatenate([np.zeros(0, dtype=np.int64)] + [lv[1] for lv in levels]),
+        spine=np.concatenate([np.zeros(0, dtype=bool)] + [lv[2] for lv in levels]),
+        parent=np.concatenate([np.full(sizes[0] if sizes else 0, -1)] + [lv[3] + s for lv, s in zip(levels[1:], starts)]),
+        rank=np.concatenate([np.zeros(0, dtype=np.int64)] + [lv[4] for lv in levels]),
+        depth=np.repeat(np.arange(1, len(levels) + 1), sizes),
+        capped=capped,
+    )
+
+
+def _tree_order(logw: np.ndarray, req: np.ndarray, bs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the nodes, request by request, each request in tree order; and their requests.
+
+    Tree order is descending ``logw``, then ascending index (``_Nodes`` lists a request's
+    nodes by depth, then rank tuple). One vectorised sort of int64 keys
+    ``(request, quantised -logw, index)``, much faster than an argsort; quantising never swaps
+    two values, so the order is exact unless two different values of a request share a key,
+    and then a stable lexsort is used instead.
+    """
+    count = len(logw)
+    index_bits = max(count - 1, 1).bit_length()
+    value_bits = min(62 - index_bits - max(bs - 1, 1).bit_length(), 52)
+    if value_bits > 8:
+        top = 2**value_bits - 1
+        gap = -logw  # >= 0
+        span = float(gap.max(initial=0.0))
+        scale = top / span if span > 0 else 0.0
+        value = np.minimum(np.floor(gap * scale), top).astype(np.int64)
+        key = np.sort((((req << value_bits) | value) << index_bits) | np.arange(count))
+        order = key & ((1 << index_bits) - 1)
+        shared = np.flatnonzero((key[1:] >> index_bits) == (key[:-1] >> index_bits))
+        if (logw[order[shared]] == logw[order[shared + 1]]).all():  # shared keys: true ties only
+            return order, key >> (value_bits + index_bits)
+    order = np.lexsort((np.arange(count), -logw, req))
+    return order, req[order]
+
+
+def _assemble(nodes: _Nodes, quota: np.ndarray, tokens: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    """Sort each request's candidates into tree order; keep the spine and the ``quota`` best others.
+
+    Returns the :class:`DDTreeBuildResult` fields (root column included) as numpy arrays.
+    """
+    bs, depth, k = tokens.shape
+    order, req = _tree_order(nodes.logw, nodes.req, bs)  # req ascending
+    start = np.searchsorted(req, np.arange(bs))[req]  # where each node's request begins
+    spine = nodes.spine[order]
+    if spine.any():
+        chosen = spine | (_segment_rank(~spine, start) < quota[req])
+    else:
+        chosen = np.arange(len(order)) - start < quota[req]
+    e, b = order[chosen], req[chosen]
+    first = np.searchsorted(b, np.arange(bs + 1))
+    taken = np.diff(first)
+    row = 1 + np.arange(len(e)) - first[b]  # row 0 is the root
+    row_of = np.zeros(len(order) + 1, dtype=np.int64)  # the last slot, parent -1, is the root
+    row_of[e] = row
+    parent, d, rank = nodes.parent[e], nodes.depth[e], nodes.rank[e]
+
+    out = {name: np.full((bs, n), -1, dtype=np.int64) for name in ("node_token_ids", "parents", "depths", "ranks")}
+    out["node_logws"] = np.full((bs, n), -np.inf, dtype=np.float32)
+    out["depths"][:, 0] = 0
+    out["node_logws"][:, 0] = 0.0
+    full = bool((taken == n - 1).all())  # then the rows are a plain [bs, n-1] block
+    cell = None if full else b * n + row
+    for name, values in (
+        ("node_token_ids", tokens.ravel()[(b * depth + d - 1) * k + rank]),
+        ("parents", row_of[parent]),
+        ("depths", d),
+        ("ranks", rank),
+        ("node_logws", nodes.logw[e]),
+    ):
+        if full:
+            out[name][:, 1:] = values.reshape(bs, n - 1)
+        else:
+            out[name].ravel()[cell] = values
+    out["num_nodes"] = 1 + taken
+    return out
+
+
+def _build(lp, quota, spine_depth, floor, tokens, n):
+    """Guess floors, expand, keep the requests whose guess is proven, retry the others lower.
+
+    A floor is proven when it collected ``quota`` non-spine nodes (so the ``quota``-th best
+    is at or above it), when a depth hit the cap (same reason), or when it is ``floor``. A
+    guess ``t(s) - m/s`` collects at most about ``quota * e^m`` nodes (the Chernoff bound at
+    ``s``, computed in float32), so only the last pass, from ``floor``, needs the per-depth cap.
+    """
+    bs = len(quota)
+    threshold, tilt = np.full(bs, np.inf), np.ones(bs)
+    live = quota > 0
+    if live.any():
+        threshold[live], tilt[live] = _chernoff(lp[live], quota[live])
+    out = None
+    todo = np.arange(bs)
+    for margin in _MARGINS:
+        first = floor[todo] if margin == math.inf else np.maximum(threshold[todo] - margin / tilt[todo], floor[todo])
+        first = np.where(quota[todo] > 0, first, np.inf)  # quota 0: spine nodes only
+        nodes = _expand(lp[todo], first, quota[todo], spine_depth[todo], cap=margin == math.inf)
+        trees = _assemble(nodes, quota[todo], tokens[todo], n)
+        found = trees["num_nodes"] - 1 - spine_depth[todo]  # non-spine nodes taken (all spine nodes are)
+        proven = (found >= quota[todo]) | nodes.capped | (first <= floor[todo])
+        if out is None:
+            out = trees
+        else:
+            for name, value in trees.items():
+                out[name][todo[proven]] = value[proven]
+        todo = todo[~proven]
+        if not todo.size:
+            return out
+    raise AssertionError("the last floor is always proven")
 
 
 def build_tree(
@@ -342,6 +582,9 @@ def build_tree(
     min_prob: float | None = None,
 ) -> DDTreeBuildResult:
     """Build the DDTree draft trees of a whole batch (arXiv 2604.12989, Algorithm 1).
+
+    The same trees as :func:`build_tree_reference`, computed for all requests at once (the
+    module docstring says how).
 
     Args:
         draft_token_ids: ``[bs, L-1, K]`` int64, drafter's top-K tokens per position.
@@ -360,7 +603,8 @@ def build_tree(
             below it are pruned (spine nodes excepted), so a tree may hold fewer than B nodes.
 
     Returns:
-        :class:`DDTreeBuildResult`, nodes in tree order (module docstring: order and ties).
+        :class:`DDTreeBuildResult`, nodes in tree order (module docstring: order and ties),
+        on the device of ``draft_token_ids``; the work is done on the host with numpy.
 
     Raises:
         TypeError: wrong dtype (nothing is converted implicitly).
@@ -371,99 +615,16 @@ def build_tree(
     budgets, depth_limit, log_min = _prepare(
         draft_token_ids, draft_logprobs, anchor_token_ids, budget, max_depth, min_prob
     )
-    bs, _, k = draft_token_ids.shape
     device = draft_token_ids.device
-    b_max = max(budgets, default=0)
-    n = 1 + b_max
-    budget_t = torch.tensor(budgets, dtype=torch.int64, device=device)
-    spine_depth = budget_t.clamp(max=depth_limit) if top1_spine else torch.zeros_like(budget_t)
-    if b_max == 0 or depth_limit == 0:
-        out = _empty_result(bs, n, anchor_token_ids)
-        return DDTreeBuildResult(num_nodes=torch.ones(bs, dtype=torch.int64), **out)
-
-    lp = draft_logprobs.to(torch.float64)
-    quota = budget_t - spine_depth  # non-spine draft nodes each tree takes
-    bound = _quota_lower_bound(lp[:, :depth_limit], quota, spine_depth)
-    level_logw, level_cand, level_spine = [], [], []
-    parent_logw = torch.zeros(bs, 1, dtype=torch.float64, device=device)
-    parent_spine = torch.ones(bs, 1, dtype=torch.bool, device=device)  # the root heads the spine
-    for d in range(depth_limit):
-        width = parent_logw.shape[1]
-        # Candidate c = parent * K + rank, parents in lexicographic order: ascending c is
-        # lexicographic rank-tuple order at this depth.
-        cand = (parent_logw[:, :, None] + lp[:, d, None, :]).reshape(bs, width * k)
-        cand_spine = torch.zeros_like(cand, dtype=torch.bool)
-        cand_spine[:, 0] = parent_spine[:, 0] & (d + 1 <= spine_depth)
-        floor = bound[:, None] if log_min is None else bound[:, None].clamp(min=log_min)
-        keep = ((cand >= floor) & (cand > -math.inf)) | cand_spine
-        if int(keep.sum(1).max()) > b_max:
-            # At most one spine node per depth and quota <= b_max - (1 if spine), so a node
-            # below this depth's b_max-th best value is never among the quota best.
-            kth = torch.topk(cand, b_max, dim=1, sorted=False).values.min(dim=1, keepdim=True).values
-            keep &= (cand >= kth) | cand_spine
-        width_new = int(keep.sum(1).max())
-        if width_new == 0:
-            break
-        slot = torch.where(keep, keep.long().cumsum(1) - 1, width_new)  # compact, lex order kept
-        parent_logw = torch.full((bs, width_new + 1), -math.inf, dtype=torch.float64, device=device)
-        parent_logw = parent_logw.scatter_(1, slot, cand)[:, :width_new]
-        cand_index = torch.full((bs, width_new + 1), -1, dtype=torch.int64, device=device)
-        cand_index = cand_index.scatter_(1, slot, torch.arange(width * k, device=device).expand(bs, -1))[:, :width_new]
-        parent_spine = torch.zeros((bs, width_new + 1), dtype=torch.bool, device=device)
-        parent_spine = parent_spine.scatter_(1, slot, cand_spine)[:, :width_new]
-        level_logw.append(parent_logw)
-        level_cand.append(cand_index)
-        level_spine.append(parent_spine)
-
-    depth_count = len(level_logw)
-    if depth_count == 0:  # every depth-1 node pruned
-        out = _empty_result(bs, n, anchor_token_ids)
-        return DDTreeBuildResult(num_nodes=torch.ones(bs, dtype=torch.int64), **out)
-    widths = [t.shape[1] for t in level_logw]
-    offsets = [0]
-    for w in widths[:-1]:
-        offsets.append(offsets[-1] + w)
-    all_logw = torch.cat(level_logw, dim=1)  # [bs, T], entries in (depth, lex) order
-    all_depth = torch.cat([torch.full((w,), d + 1, device=device) for d, w in enumerate(widths)])
-    all_spine = torch.cat(level_spine, dim=1)
-    all_rank = torch.cat([c.clamp(min=0) % k for c in level_cand], dim=1)
-    # Entry index of each entry's parent (-1 for depth 1: the root).
-    all_parent_entry = torch.cat(
-        [torch.full_like(level_cand[0], -1)]
-        + [level_cand[d].clamp(min=0) // k + offsets[d - 1] for d in range(1, depth_count)],
-        dim=1,
-    )
-    all_token = torch.cat(
-        [draft_token_ids[:, d, :].gather(1, level_cand[d].clamp(min=0) % k) for d in range(depth_count)], dim=1
-    )
-
-    order = torch.sort(all_logw, dim=1, descending=True, stable=True).indices  # tree order
-    s_logw = all_logw.gather(1, order)
-    s_depth = all_depth[order]
-    valid = s_logw > -math.inf
-    spine = all_spine.gather(1, order)
-    non_spine = valid & ~spine
-    non_spine_rank = non_spine.long().cumsum(1) - 1
-    selected = spine | (non_spine & (non_spine_rank < quota[:, None]))
-
-    node_index = selected.long().cumsum(1)  # 1-based node index of each selected entry
-    target = torch.where(selected, node_index, torch.full_like(node_index, n))  # n: discard column
-    node_of_entry = torch.full_like(all_logw, -1, dtype=torch.int64)
-    node_of_entry.scatter_(1, order, torch.where(selected, node_index, -1))
-    s_parent_entry = all_parent_entry.gather(1, order)
-    s_parent = torch.where(
-        s_parent_entry < 0,
-        torch.zeros_like(s_parent_entry),
-        node_of_entry.gather(1, s_parent_entry.clamp(min=0)),
-    )
-
-    out = _empty_result(bs, n + 1, anchor_token_ids)
-    out = {key: v.to(device) for key, v in out.items()}
-    out["node_token_ids"].scatter_(1, target, all_token.gather(1, order))
-    out["parents"].scatter_(1, target, s_parent)
-    out["depths"].scatter_(1, target, s_depth)
-    out["ranks"].scatter_(1, target, all_rank.gather(1, order))
-    out["node_logws"].scatter_(1, target, s_logw.float())
-    out = {key: v[:, :n].contiguous() for key, v in out.items()}
-    num_nodes = 1 + selected.sum(1)
-    return DDTreeBuildResult(num_nodes=num_nodes, **out)
+    n = 1 + max(budgets, default=0)
+    budget_np = np.array(budgets, dtype=np.int64).reshape(-1)
+    spine_depth = np.minimum(budget_np, depth_limit) if top1_spine else np.zeros_like(budget_np)
+    quota = budget_np - spine_depth  # non-spine draft nodes each tree takes
+    floor = np.full(len(budgets), _KEEP_ALL if log_min is None else log_min)
+    lp = draft_logprobs[:, :depth_limit].detach().cpu().numpy().astype(np.float64)
+    tokens = np.ascontiguousarray(draft_token_ids[:, :depth_limit].detach().cpu().numpy())
+    if depth_limit == 0:
+        quota[:] = 0  # the root alone
+    out = _build(lp, quota, spine_depth, floor, tokens, n)
+    out["node_token_ids"][:, 0] = anchor_token_ids.detach().cpu().numpy()
+    return DDTreeBuildResult(**{name: torch.from_numpy(v).to(device) for name, v in out.items()})

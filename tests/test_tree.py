@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -191,3 +192,64 @@ def test_draft_topk_from_logits_defaults_and_ties():
     torch.testing.assert_close(lp, torch.log_softmax(logits, -1)[..., [1, 2]])
     with pytest.raises(ValueError, match="needs k or budget"):
         dl.draft_topk_from_logits(logits)
+
+
+def _engine_case(seed, bs=6, k=8, depth=15):
+    """Draft top-k at engine-like shapes: sharpness, ties and zero-probability tokens vary."""
+    g = torch.Generator().manual_seed(seed)
+    kind = seed % 4
+    if kind == 0:  # integer logits: many exact ties between prefixes
+        logits = torch.randint(0, 4, (bs, depth, 200), generator=g).float()
+    else:
+        scale = (0.5, 3.0, 12.0)[kind - 1]
+        logits = torch.randn(bs, depth, 200, generator=g) * scale
+    if seed % 3 == 0:  # some tokens impossible (-inf log-prob) in the top-k
+        logits[:, :, 3:] = -math.inf
+    ids, lp = _topk(logits, k)
+    budgets = [int(v) for v in torch.randint(0, 300, (bs,), generator=g)]
+    return ids, lp, budgets
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("spine, min_prob", [(False, None), (True, None), (False, 1e-4), (True, 1e-3)])
+def test_batched_equals_heap_at_engine_shapes(seed, spine, min_prob):
+    ids, lp, budgets = _engine_case(seed)
+    anchor = torch.arange(len(budgets))
+    max_depth = (None, 15, 7)[seed % 3]
+    fast = dl.build_tree(ids, lp, anchor, budgets, max_depth, top1_spine=spine, min_prob=min_prob)
+    heap = dl.build_tree_reference(ids, lp, anchor, budgets, max_depth, top1_spine=spine, min_prob=min_prob)
+    assert fast.equals(heap)
+
+
+@pytest.mark.parametrize("margins", [(-4.0, 0.0, math.inf), (math.inf,), (9.0, math.inf)])
+def test_every_floor_pass_gives_the_same_tree(monkeypatch, margins):
+    # Guesses far too high (retried), the capped exhaustive pass alone, and a loose guess.
+    monkeypatch.setattr(dl.tree, "_MARGINS", margins)
+    for seed in range(4):
+        ids, lp, budgets = _engine_case(seed, bs=4)
+        anchor = torch.zeros(4, dtype=torch.int64)
+        for spine in (False, True):
+            fast = dl.build_tree(ids, lp, anchor, budgets, top1_spine=spine)
+            assert fast.equals(dl.build_tree_reference(ids, lp, anchor, budgets, top1_spine=spine))
+
+
+def test_tree_order_is_exact_for_near_ties():
+    # Values an ulp apart share a quantised key (the -1e6 makes the quantum coarse); the
+    # order must still be exact: descending value, equal values by index.
+    logw = np.array([-3.0, np.nextafter(-3.0, 0), -3.0, np.nextafter(-3.0, -np.inf), -0.5, -1e6, np.nextafter(-0.5, -1)])
+    req = np.array([0, 0, 0, 0, 1, 1, 1])
+    order, _ = dl.tree._tree_order(logw, req, 2)
+    assert order.tolist() == np.lexsort((np.arange(7), -logw, req)).tolist() == [1, 0, 2, 3, 4, 6, 5]
+
+
+@pytest.mark.parametrize("margins", [(math.inf,), (3.5, 5.0, math.inf)])
+def test_all_equal_drafts_stay_small_and_exact(monkeypatch, margins):
+    # Every prefix of a depth ties (uniform top-8 at 15 depths: 8^15 prefixes); the per-depth
+    # cap must break ties in rank-tuple order instead of keeping them all.
+    monkeypatch.setattr(dl.tree, "_MARGINS", margins)
+    lp = torch.full((2, 15, 8), math.log(1 / 8))
+    ids = torch.arange(8).expand(2, 15, 8).contiguous()
+    anchor = torch.zeros(2, dtype=torch.int64)
+    for budget, spine in ((256, False), (100, True)):
+        fast = dl.build_tree(ids, lp, anchor, budget, top1_spine=spine)
+        assert fast.equals(dl.build_tree_reference(ids, lp, anchor, budget, top1_spine=spine))
