@@ -872,18 +872,37 @@ def sglang_build_tree(
 
 
 def lab_verifiers() -> dict[str, tuple[Callable, Callable]]:
-    """The lab's verify backends present in this checkout: ``{name: (greedy, sampled)}``.
+    """The lab's verify backends usable here: ``{name: (greedy, sampled)}`` with the
+    reference signatures ``greedy(vi, logits)`` and ``sampled(vi, probs, coins, final_coins,
+    threshold_single=, threshold_acc=)``.
 
-    Always ``"reference"`` (:func:`verify_greedy`, :func:`verify_sampled`). A Triton backend
-    (issue 4) is picked up when ``ddtree_lab.kernels`` exports ``verify_greedy_triton`` and
-    ``verify_sampled_triton`` with the reference signatures; the differential tests are
-    parametrised over this dict.
+    Always ``"reference"`` (:func:`verify_greedy`, :func:`verify_sampled`) and
+    ``"torch-lazy"``; ``"triton"`` where :func:`ddtree_lab.verify_backends.select_backend`
+    says the kernels can run (CUDA, or imported under ``TRITON_INTERPRET=1``). The lazy and
+    Triton backends verify from logits, so their ``sampled`` adapter passes ``log(probs)``
+    with temperature 1 (no top-k / top-p): the kernel recomputes the same distribution up to
+    float32 rounding of the softmax. The differential tests are parametrised over this dict.
     """
-    backends = {"reference": (verify_greedy, verify_sampled)}
+    from .sampling import SamplingParams
+    from .verify_backends import select_backend, verify_tree, verify_tree_greedy
+
+    def adapters(backend: str) -> tuple[Callable, Callable]:
+        def greedy(vi, logits):
+            return verify_tree_greedy(vi, logits, backend=backend)
+
+        def sampled(vi, probs, coins, final_coins, threshold_single=1.0, threshold_acc=1.0):
+            return verify_tree(vi, probs.log(), SamplingParams(temperature=1.0), coins, final_coins,
+                               backend=backend, threshold_single=threshold_single, threshold_acc=threshold_acc)
+
+        return greedy, sampled
+
+    backends = {"reference": (verify_greedy, verify_sampled), "torch-lazy": adapters("torch-lazy")}
     try:
-        from . import kernels
-    except Exception:  # noqa: BLE001
+        select_backend("triton", "cpu" if not torch.cuda.is_available() else "cuda")
+    except (RuntimeError, ImportError):
         return backends
+    backends["triton"] = adapters("triton")
+    return backends
     greedy = getattr(kernels, "verify_greedy_triton", None)
     sampled = getattr(kernels, "verify_sampled_triton", None)
     if greedy is not None and sampled is not None:

@@ -6,25 +6,34 @@ it): ``spec_tree.verify_tree_greedy_triton`` (greedy tree verify),
 ``reject_sampling.chain_speculative_sampling_triton`` (chain rejection sampler; with one-hot
 draft probabilities it is the target-only rule on a chain). SGLang's sampled *tree* verifier
 ``tree_speculative_sampling_target_only`` is CUDA only: its test needs a GPU
-(tests/GPU_ONLY.md). Every lab backend in ``lab_verifiers()`` is tested (the Triton one
-appears when issue 4 lands).
+(tests/GPU_ONLY.md). Every lab backend in ``lab_verifiers()`` is tested: reference,
+torch-lazy and Triton (under the interpreter on a CPU, natively on a GPU).
 
 Differences by design are named by the tests that show them:
 ``test_by_design_empty_residual_*`` and ``test_by_design_sglang_stops_at_num_speculative_tokens``.
 """
 
+import os
 from pathlib import Path
 
-import pytest
 import torch
 
-import ddtree_lab as dl
-from ddtree_lab import sglang_bridge as sb
-from ddtree_lab.sglang_bridge import TreeMaskMode
+if not torch.cuda.is_available():  # the lab's Triton kernels too, before anything imports them
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import ddtree_lab as dl  # noqa: E402
+from ddtree_lab import sglang_bridge as sb  # noqa: E402
+from ddtree_lab.sglang_bridge import TreeMaskMode  # noqa: E402
 
 REASON = sb.sglang_unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"sglang's kernels cannot be imported here: {REASON}")
 BACKENDS = sorted(sb.lab_verifiers())
+
+
+def test_every_lab_backend_is_compared():
+    assert {"reference", "torch-lazy", "triton"} <= set(BACKENDS)
 
 
 def _tree(seed, bs, vocab, depth, k, budget):
