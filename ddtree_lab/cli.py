@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     p_replay.add_argument("trace")
     p_render = sub.add_parser("render", help="draw one step's tree")
     p_render.add_argument("trace")
-    p_render.add_argument("--step", type=int, required=True, help="index into the trace's steps (0-based)")
+    p_render.add_argument("--step", type=int, required=True,
+                          help="record index (0-based; one record per request per step, in the order `info` counts)")
     p_render.add_argument("--format", choices=["svg", "dot", "text"], default="svg")
     p_render.add_argument("--out", help="output file (default: standard output)")
     args = ap.parse_args(argv)
@@ -41,12 +42,15 @@ def main(argv: list[str] | None = None) -> int:
             print(row)
         return 0
     if args.command == "replay":
-        try:
-            for step in run.steps:
+        for k, step in enumerate(run.steps):
+            try:
                 replay(step)
-        except ReplayMismatch as exc:
-            print(f"ddtree-lab: replay differs: {exc}", file=sys.stderr)
-            return 1
+            except ReplayMismatch as exc:
+                print(f"ddtree-lab: record {k}: replay differs: {exc}", file=sys.stderr)
+                return 1
+            except ValueError as exc:  # stored inputs the verifier rejects (e.g. a coin outside [0, 1))
+                print(f"ddtree-lab: record {k} (step {step.step}, request {step.request}): {exc}", file=sys.stderr)
+                return 1
         print(f"{len(run.steps)} steps replayed bit for bit")
         return 0
     if not 0 <= args.step < len(run.steps):
@@ -60,8 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         text = to_text(step_view(step, run))
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        try:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            print(f"ddtree-lab: cannot write {args.out}: {exc}", file=sys.stderr)
+            return 2
     else:
         sys.stdout.write(text)
     return 0

@@ -67,6 +67,9 @@ class SamplingParams:
             return f"top_k must be an int, got {self.top_k!r}"
         if self.temperature < 0 or math.isinf(self.temperature):
             return f"temperature must be finite and >= 0, got {self.temperature}"
+        if 0.0 < self.temperature and (self.temperature < 1e-6):
+            return (f"temperature {self.temperature} is too small to divide logits by in float32 "
+                    "(use 0 for greedy, or >= 1e-6)")
         if not 0.0 < self.top_p <= 1.0:
             return f"top_p must be in (0, 1], got {self.top_p}"
         if vocab_size is not None and self.top_k > vocab_size:
@@ -78,6 +81,8 @@ class SamplingParams:
                 return f"min_p must be in [0, 1], got {self.min_p}"
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             return f"seed must be an int or None, got {self.seed!r}"
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            return f"seed must be in [0, 2**63), got {self.seed}"
         return None
 
     def to_dict(self) -> dict:

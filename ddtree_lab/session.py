@@ -121,18 +121,24 @@ class LiveSession:
 
     def start(self, prompts: str | Sequence[str], chat: bool = True, request_ids: Sequence[str] | None = None) -> None:
         """Prefill each prompt and emit its first token (the first anchor)."""
+        if prompts is None or not isinstance(prompts, (str, list, tuple)):
+            raise TypeError(f"prompts must be a string or a list of strings, got {type(prompts).__name__}")
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompts:
             raise ValueError("no prompts given")
+        for b, prompt in enumerate(prompts):
+            if not isinstance(prompt, str) or not prompt:
+                raise ValueError(f"request {b}: prompt must be a non-empty string, got {prompt!r}")
+        if request_ids is not None and len(request_ids) != len(prompts):
+            raise ValueError(f"request_ids has {len(request_ids)} entries for {len(prompts)} prompts")
         params = normalize_params(self.sampling, len(prompts), self.target.vocab_size)
         shared = isinstance(self.sampling, SamplingParams)
         params = [dataclasses.replace(p, seed=self.seed * 1000 + b) if p.seed is None
                   else dataclasses.replace(p, seed=p.seed + b) if shared else p
                   for b, p in enumerate(params)]
-        budgets = [self.budget] * len(prompts) if isinstance(self.budget, int) else list(self.budget)
-        if len(budgets) != len(prompts):
-            raise ValueError(f"budget has {len(budgets)} entries for {len(prompts)} prompts")
-        self._budgets = budgets
+        from .tree import _budgets
+
+        self._budgets = _budgets(self.budget, len(prompts))  # validated before any prefill
         gens = make_generators(params, device="cpu")
         self.requests, self.steps = [], []
         for b, (prompt, p, g) in enumerate(zip(prompts, params, gens)):
@@ -248,8 +254,8 @@ class LiveSession:
     def generate(self, prompts: str | Sequence[str], max_new_tokens: int = 64, chat: bool = True,
                  request_ids: Sequence[str] | None = None) -> Iterator[StepTrace]:
         """Start the prompts and yield each request's :class:`StepTrace` as steps complete."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         self.start(prompts, chat=chat, request_ids=request_ids)
         for r in self.requests:
             if len(r.generated) >= max_new_tokens and not r.finished:
@@ -266,6 +272,8 @@ class LiveSession:
 
     def text(self, request: int = 0) -> str:
         """The generated text of a request so far."""
+        if not 0 <= request < len(self.requests):
+            raise IndexError(f"request {request} does not exist: the session has {len(self.requests)} requests")
         return self.target.decode(self.requests[request].generated)
 
     def trace(self) -> RunTrace:

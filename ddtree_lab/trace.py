@@ -262,8 +262,10 @@ def load_trace(path: str | Path) -> RunTrace:
         raise TraceFormatError(f"{path}: format {doc.get('format')!r} is not {FORMAT!r}")
     if doc.get("version") != VERSION:
         raise TraceFormatError(f"{path}: trace version {doc.get('version')!r}; this ddtree-lab reads version {VERSION}")
+    if not isinstance(doc.get("steps"), list) or not isinstance(doc.get("metadata", {}), dict):
+        raise TraceFormatError(f"{path}: 'steps' must be a list and 'metadata' an object")
     steps = []
-    for k, js in enumerate(doc.get("steps", [])):
+    for k, js in enumerate(doc["steps"]):
         got = {}
         for name, dtype in _TENSOR_FIELDS.items():
             key = f"{k}.{name}"
@@ -273,10 +275,19 @@ def load_trace(path: str | Path) -> RunTrace:
                 raise TraceFormatError(f"{path}: step {k}: field {name!r} has dtype {tensors[key].dtype}, expected {dtype}")
             got[name] = tensors[key]
         try:
-            steps.append(_step_from(js, got))
+            step = _step_from(js, got)
         except (KeyError, TypeError, ValueError) as exc:
             raise TraceFormatError(f"{path}: step {k}: bad field ({exc!r})") from exc
-    texts = {int(k): v for k, v in doc.get("token_texts", {}).items()}
+        why = step.params.problem()
+        if why is not None:
+            raise TraceFormatError(f"{path}: step {k}: params: {why}")
+        if step.step < 0 or step.request < 0:
+            raise TraceFormatError(f"{path}: step {k}: negative step or request number")
+        steps.append(step)
+    try:
+        texts = {int(k): str(v) for k, v in doc.get("token_texts", {}).items()}
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise TraceFormatError(f"{path}: token_texts must map token ids to strings ({exc})") from exc
     return RunTrace(metadata=doc.get("metadata", {}), steps=steps, token_texts=texts)
 
 
@@ -329,7 +340,14 @@ def replay(step: StepTrace, vocab_size: int | None = None, check: bool = True) -
     """
     vocab = vocab_size or int(max(step.node_token_ids.max(), step.final_row_prefix.shape[0] - 1,
                                   step.top_token_ids.max() if step.top_token_ids.numel() else 0)) + 1
+    from .retrieve import find_retrieve_problem
+
     vi, rows = step.verify_input(), _replay_rows(step, vocab)
+    if check:
+        problem = find_retrieve_problem(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes,
+                                        retrieve_index=vi.retrieve_index, depths=vi.depths)
+        if problem is not None:
+            raise ReplayMismatch(f"step {step.step}, request {step.request}: recorded buffers are broken: {problem}")
     coins, final = step.coins[None], torch.tensor([step.final_coin], dtype=torch.float32)
     if check:  # the walk first: a different walk ends on a row whose bonus prefix is not stored
         walk = verify_sampled(vi, rows, coins, final)

@@ -170,33 +170,44 @@ def draft_topk_from_logits(
         k = min(int(budget), vocab)
     if not 1 <= k <= vocab:
         raise ValueError(f"k must be in [1, V={vocab}], got {k}")
-    where = first_true(torch.isnan(draft_logits).any(-1))
-    if where is not None:
-        raise ValueError(f"draft_logits, request {where[0]}, depth {where[1] + 1}: NaN")
+    for what, bad in (("NaN", torch.isnan(draft_logits).any(-1)), ("+inf", torch.isposinf(draft_logits).any(-1)),
+                      ("every entry -inf", torch.isneginf(draft_logits).all(-1))):
+        where = first_true(bad)
+        if where is not None:
+            raise ValueError(f"draft_logits, request {where[0]}, depth {where[1] + 1}: {what}")
     logprobs = torch.log_softmax(draft_logits.float(), dim=-1)
     # Stable sort: equal log-probs keep ascending token id (torch.topk gives no such promise).
     values, indices = torch.sort(logprobs, dim=-1, descending=True, stable=True)
     return indices[..., :k].contiguous(), values[..., :k].contiguous()
 
 
+MAX_BUDGET = 1 << 16  # far above engine budgets (DDTree: 256-512); guards against runaway inputs
+
+
 def _budgets(budget: int | torch.Tensor | list[int], bs: int) -> list[int]:
-    if isinstance(budget, bool):
-        raise TypeError("budget must be an int or one int per request, got bool")
-    if isinstance(budget, int):
-        values = [budget] * bs
-    elif isinstance(budget, torch.Tensor):
+    import operator
+
+    def as_int(v, where: str) -> int:
+        if isinstance(v, bool):
+            raise TypeError(f"{where} must be an int, got bool")
+        try:
+            return operator.index(v)  # int, numpy integers; not float or str
+        except TypeError:
+            raise TypeError(f"{where} must be an int, got {type(v).__name__} {v!r}") from None
+
+    if isinstance(budget, torch.Tensor):
         if budget.dtype not in (torch.int32, torch.int64) or budget.dim() != 1:
             raise TypeError(f"budget tensor must be 1-D int32/int64, got {budget.dtype} shape {tuple(budget.shape)}")
         values = [int(v) for v in budget.tolist()]
+    elif isinstance(budget, (list, tuple)):
+        values = [as_int(v, f"budget of request {b}") for b, v in enumerate(budget)]
     else:
-        values = list(budget)
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            raise TypeError(f"budget must be an int or a sequence of ints, got {budget!r}")
+        values = [as_int(budget, "budget")] * bs
     if len(values) != bs:
         raise ValueError(f"budget has {len(values)} entries for a batch of {bs} requests")
     for b, v in enumerate(values):
-        if v < 0:
-            raise ValueError(f"request {b}: budget must be >= 0, got {v}")
+        if not 0 <= v <= MAX_BUDGET:
+            raise ValueError(f"request {b}: budget must be in [0, {MAX_BUDGET}], got {v}")
     return values
 
 
@@ -608,7 +619,7 @@ def build_tree(
 
     Raises:
         TypeError: wrong dtype (nothing is converted implicitly).
-        ValueError: bad shape, budget < 0, max_depth out of range, min_prob outside (0, 1],
+        ValueError: bad shape, budget outside [0, 65536], max_depth out of range, min_prob outside (0, 1],
             or a draft row that is NaN, unsorted, unnormalised or has a repeated token
             (the message names request and depth).
     """

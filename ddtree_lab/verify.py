@@ -164,6 +164,11 @@ def _check_verify_input(vi: DDTreeVerifyInput, rows: torch.Tensor, name: str) ->
     if rows.dim() != 3 or tuple(rows.shape[:2]) != (bs, n):
         raise ValueError(f"{name} must have shape [bs={bs}, N={n}, V], got {tuple(rows.shape)}")
     vocab = rows.shape[2]
+    check_shape("num_nodes", vi.num_nodes, (bs,))
+    bad_count = (vi.num_nodes < 1) | (vi.num_nodes > n)
+    if bad_count.any():
+        b = int(bad_count.nonzero()[0])
+        raise ValueError(f"num_nodes, request {b}: {int(vi.num_nodes[b])} is outside [1, N={n}]")
     for fname in ("retrieve_next_token", "retrieve_next_sibling"):
         buf = getattr(vi, fname)
         check_shape(fname, buf, (bs, n))
@@ -260,6 +265,8 @@ def verify_greedy(verify_input: DDTreeVerifyInput, target_logits: torch.Tensor) 
                 break
             cur = nxt
             path.append(cur)
+            if len(path) > n:
+                raise ValueError(f"request {b}, node {cur}: the walk revisits nodes (a cycle in retrieve_next_token)")
         paths.append(path)
         bonus_tokens.append(argmax[b][cur])
         exhausted.append(False)
@@ -417,6 +424,8 @@ def _walk_sampled(b, count, row_of, nt, ns, tokens, coin_row, final_coin, thresh
             break
         cur = nxt
         path.append(cur)
+        if len(path) > count:
+            raise ValueError(f"request {b}, node {cur}: the walk revisits nodes (a cycle in retrieve_next_token)")
     token, residual_mass, token_p = residual_draw(row, rejected, final_coin, final_mass)
     kind = "exhausted" if token < 0 else ("residual" if rejected else "leaf")
     return path, log, BonusDraw(b, cur, token, kind, residual_mass, final_coin, token_p)

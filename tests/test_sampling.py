@@ -93,3 +93,10 @@ def test_rows_sum_to_one_in_a_mixed_batch():
     scaled = logits[1].float() / 0.7
     kth = scaled.topk(10, -1).values[:, -1:]
     assert torch.equal(p[1] > 0, scaled >= kth)
+
+
+def test_tiny_temperature_and_huge_seed_are_rejected():
+    with pytest.raises(ValueError, match="request 0: temperature 1e-40 is too small"):
+        dl.target_probs(torch.zeros(1, 1, 4), SP(temperature=1e-40))
+    with pytest.raises(ValueError, match=r"request 0: seed must be in \[0, 2\*\*63\)"):
+        dl.normalize_params(SP(seed=2**70), 1)

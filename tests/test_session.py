@@ -73,7 +73,7 @@ def test_session_rejects_bad_input(target, drafter):
             ["a", "b"], max_new_tokens=4)
     with pytest.raises(ValueError, match="block_size 8 != the drafter's block size 16"):
         dl.LiveSession(target, drafter, block_size=8)
-    with pytest.raises(ValueError, match="prompt must be a non-empty string"):
+    with pytest.raises(ValueError, match="request 0: prompt must be a non-empty string"):
         dl.LiveSession(target, drafter).run([""], max_new_tokens=4)
-    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1"):
         dl.LiveSession(target, drafter).run("hi", max_new_tokens=0)

@@ -78,3 +78,21 @@ def test_bad_files_fail_with_clear_errors(tmp_path):
     with pytest.raises(dl.TraceFormatError, match="step 3: tensor field 'coins' is missing"):
         dl.load_trace(broken)
     assert len(run.steps) > 3
+
+
+def test_a_trace_with_invalid_params_or_broken_buffers_is_refused(tmp_path):
+    from safetensors import safe_open
+
+    with safe_open(str(GREEDY), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        doc = json.loads(f.metadata()["ddtree_lab"])
+    doc["steps"][2]["params"]["temperature"] = -1
+    bad = tmp_path / "bad_params.safetensors"
+    save_file(tensors, str(bad), metadata={"ddtree_lab": json.dumps(doc)})
+    with pytest.raises(dl.TraceFormatError, match="step 2: params: temperature must be finite and >= 0"):
+        dl.load_trace(bad)
+    run = dl.load_trace(GREEDY)
+    step = next(s for s in run.steps if s.num_nodes > 2)
+    step.retrieve_next_token[1] = 0  # points back at the root
+    with pytest.raises(dl.ReplayMismatch, match="recorded buffers are broken"):
+        dl.replay(step)

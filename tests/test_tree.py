@@ -173,7 +173,7 @@ def test_bad_draft_topk_is_named(mutate, message):
 def test_bad_budget_depth_and_anchor():
     ids, lp = _topk(torch.randn(2, 3, 10), 3)
     anchor = torch.tensor([0, 0])
-    with pytest.raises(ValueError, match="request 1: budget must be >= 0"):
+    with pytest.raises(ValueError, match=r"request 1: budget must be in \[0, 65536\]"):
         dl.build_tree(ids, lp, anchor, [3, -1])
     with pytest.raises(ValueError, match="budget has 3 entries"):
         dl.build_tree(ids, lp, anchor, [3, 3, 3])
@@ -253,3 +253,22 @@ def test_all_equal_drafts_stay_small_and_exact(monkeypatch, margins):
     for budget, spine in ((256, False), (100, True)):
         fast = dl.build_tree(ids, lp, anchor, budget, top1_spine=spine)
         assert fast.equals(dl.build_tree_reference(ids, lp, anchor, budget, top1_spine=spine))
+
+
+def test_budget_types_and_bad_draft_logits_are_named():
+    import numpy as np
+
+    ids, lp = _topk(torch.randn(2, 3, 10), 3)
+    anchor = torch.tensor([0, 0])
+    assert dl.build_tree(ids, lp, anchor, np.int64(4)).equals(dl.build_tree(ids, lp, anchor, 4))
+    with pytest.raises(TypeError, match="budget must be an int, got float"):
+        dl.build_tree(ids, lp, anchor, 8.0)
+    with pytest.raises(ValueError, match=r"request 0: budget must be in \[0, 65536\]"):
+        dl.build_tree(ids, lp, anchor, 10**7)
+    logits = torch.randn(2, 3, 10)
+    logits[1, 2, 4] = float("inf")
+    with pytest.raises(ValueError, match=r"draft_logits, request 1, depth 3: \+inf"):
+        dl.draft_topk_from_logits(logits, k=3)
+    logits[1, 2] = -float("inf")
+    with pytest.raises(ValueError, match="draft_logits, request 1, depth 3: every entry -inf"):
+        dl.draft_topk_from_logits(logits, k=3)

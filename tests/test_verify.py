@@ -245,3 +245,23 @@ def test_bad_verify_input_is_named(edit, message):
     args = edit(vi, probs.clone(), torch.zeros(1, 3), torch.zeros(1))
     with pytest.raises((ValueError, TypeError), match=message):
         dl.verify_sampled(*args)
+
+
+def test_a_cycle_through_retrieve_next_token_is_an_error_not_a_hang():
+    vi = _single_chain((1, 2))
+    nt = vi.retrieve_next_token.clone()
+    nt[0, 2] = 2  # node 2's first child is itself
+    import dataclasses
+
+    bad = dataclasses.replace(vi, retrieve_next_token=nt)
+    probs = torch.zeros(1, 3, 4)
+    probs[0, :, 2] = 1.0
+    probs[0, 0, 1] = 1.0
+    probs[0, 0, 2] = 0.0
+    logits = probs.log().clamp(min=-50)
+    with pytest.raises(ValueError, match="a cycle in retrieve_next_token"):
+        dl.verify_sampled(bad, probs, torch.zeros(1, 3), torch.zeros(1))
+    with pytest.raises(ValueError, match="a cycle in retrieve_next_token"):
+        dl.verify_greedy(bad, logits)
+    with pytest.raises(ValueError, match="num_nodes, request 0: 4 is outside"):
+        dl.verify_sampled(dataclasses.replace(vi, num_nodes=torch.tensor([4])), probs, torch.zeros(1, 3), torch.zeros(1))
