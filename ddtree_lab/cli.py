@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
                           help="record index (0-based; one record per request per step, in the order `info` counts)")
     p_render.add_argument("--format", choices=["svg", "dot", "text"], default="svg")
     p_render.add_argument("--out", help="output file (default: standard output)")
+    p_render.add_argument("--collapse", action="store_true", help="draw each parent's unvisited children as one node")
     args = ap.parse_args(argv)
     try:
         run = load_trace(args.trace)
@@ -58,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     step = run.steps[args.step]
     if args.format == "svg":
-        text = step_svg(step, run)
+        text = step_svg(step, run, args.collapse)
     elif args.format == "dot":
-        text = to_dot(step_view(step, run))
+        text = to_dot(step_view(step, run, args.collapse))
     else:
-        text = to_text(step_view(step, run))
+        text = to_text(step_view(step, run, args.collapse))
     if args.out:
         try:
             with open(args.out, "w", encoding="utf-8") as f:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import html
 
 from .trace import RunTrace
-from .views import committed_html, step_svg, step_view, to_text
+from .views import committed_html, step_svg, step_view, to_text, token_label
 
-__all__ = ["load_default", "show_step", "show_steps", "show_text", "step_browser", "summary", "summary_html"]
+__all__ = ["load_default", "show_step", "show_steps", "show_text", "step_browser", "decisions_html", "summary",
+           "summary_html", "step_text"]
 
 
 def load_default(device: str = "cpu"):
@@ -31,19 +32,19 @@ def _display(obj) -> None:
     display(obj)
 
 
-def show_step(run: RunTrace, step_index: int) -> None:
-    """Display one recorded step's tree (SVG) in a notebook."""
+def show_step(run: RunTrace, step_index: int, collapse_unvisited: bool = True) -> None:
+    """Display one recorded step's tree (SVG) in a notebook (unvisited subtrees collapsed)."""
     from IPython.display import SVG
 
-    _display(SVG(step_svg(run.steps[step_index], run)))
+    _display(SVG(step_svg(run.steps[step_index], run, collapse_unvisited)))
 
 
-def show_steps(run: RunTrace, request: int = 0, limit: int | None = None) -> None:
+def show_steps(run: RunTrace, request: int = 0, limit: int | None = None, collapse_unvisited: bool = True) -> None:
     """Display the trees of a request's steps, in order (the first ``limit`` when given)."""
     from IPython.display import SVG
 
     for s in run.for_request(request)[:limit]:
-        _display(SVG(step_svg(s, run)))
+        _display(SVG(step_svg(s, run, collapse_unvisited)))
 
 
 def show_text(run: RunTrace, request: int = 0) -> None:
@@ -66,20 +67,41 @@ def step_browser(run: RunTrace, request: int = 0):
 
     def draw(change=None) -> None:
         s = steps[slider.value]
-        picture.value = step_svg(s, run)
-        rows = "".join(
-            f"<tr><td>{d.depth}</td><td>{d.node}</td><td>{html.escape(repr(run.text(d.token)))}</td>"
-            f"<td>{d.target_prob:.4g}</td><td>{d.cumulative_mass:.4g}</td>"
-            f"<td>{'' if d.coin is None else f'{d.coin:.4g}'}</td><td>{d.verdict}</td></tr>"
-            for d in s.decisions)
-        b = s.bonus
-        log.value = (f"<table><tr><th>depth</th><th>node</th><th>token</th><th>p</th><th>S_k</th><th>coin</th>"
-                     f"<th>verdict</th></tr>{rows}</table><p>bonus {html.escape(repr(run.text(b.token)))} "
-                     f"({b.kind}, residual mass {b.residual_mass:.4g}, coin {b.coin})</p>")
+        picture.value = step_svg(s, run, collapse_unvisited=True)
+        log.value = decisions_html(run, s)
 
     slider.observe(draw, names="value")
     draw()
     return widgets.VBox([slider, picture, log])
+
+
+def decisions_html(run: RunTrace, step) -> str:
+    """A step's decision log as an HTML table. Sampled steps: ``p`` and ``S_k`` as the verifier
+    compared them against the coin. Greedy steps: the verifier compares tokens with the
+    argmax (no coin); ``p`` is the softmax of the raw logits, as in the tree picture."""
+    view = step_view(step, run)
+    greedy = step.params.is_greedy
+    rows = []
+    for d in step.decisions:
+        token = html.escape(token_label(run.text(d.token)))
+        if greedy:
+            node = view.nodes.get(d.node)
+            rows.append(f"<tr><td>{d.depth}</td><td>{d.node}</td><td>{token}</td>"
+                        f"<td>{node.prob_text(4) if node else ''}</td><td>{d.verdict}</td></tr>")
+        else:
+            rows.append(f"<tr><td>{d.depth}</td><td>{d.node}</td><td>{token}</td><td>{d.target_prob:.4g}</td>"
+                        f"<td>{d.cumulative_mass:.4g}</td><td>{d.coin:.4g}</td><td>{d.verdict}</td></tr>")
+    head = ("<tr><th>depth</th><th>node</th><th>token</th><th>p (softmax)</th><th>verdict (= argmax?)</th></tr>"
+            if greedy else "<tr><th>depth</th><th>node</th><th>token</th><th>p</th><th>S_k</th><th>coin</th>"
+            "<th>verdict</th></tr>")
+    b = step.bonus
+    token = html.escape(token_label(run.text(b.token))) if b.token >= 0 else "(none: support exhausted)"
+    if greedy:
+        tail = f"<p>bonus {token}: the argmax at node {b.node}</p>"
+    else:
+        tail = (f"<p>bonus {token} drawn at node {b.node} ({b.kind}) from residual mass "
+                f"{b.residual_mass:.4g} with coin {b.coin:.4g}</p>")
+    return f"<table>{head}{''.join(rows)}</table>{tail}"
 
 
 def summary(run: RunTrace) -> list[dict]:

@@ -30,6 +30,8 @@ STATUS_STYLE = {
     "rejected": {"color": "#b3261e", "fillcolor": "#fbe3e1", "penwidth": "1.5"},
     "unvisited": {"color": "#9e9e9e", "fillcolor": "#f5f5f5", "penwidth": "1", "fontcolor": "#616161"},
     "bonus": {"color": "#1565c0", "fillcolor": "#e3f0ff", "penwidth": "2", "shape": "box"},
+    "collapsed": {"color": "#bdbdbd", "fillcolor": "#fafafa", "penwidth": "1", "fontcolor": "#757575",
+                  "shape": "note"},
 }
 
 
@@ -60,6 +62,8 @@ class NodeView:
         return f"p{'<' if self.below else '='}{self.prob:.{digits}g}"
 
     def lines(self) -> list[str]:
+        if self.status == "collapsed":
+            return [self.text, f"best: logw={self.logw:.2f}"]
         head = token_label(self.text)
         if self.status == "root":
             return [head, "anchor (root)"]
@@ -78,12 +82,14 @@ class StepView:
     bonus_parent: int
 
 
-def step_view(step: StepTrace, texts: dict[int, str] | RunTrace) -> StepView:
+def step_view(step: StepTrace, texts: dict[int, str] | RunTrace, collapse_unvisited: bool = False) -> StepView:
     """Lower a recorded step to its :class:`StepView`.
 
     Args:
         step: the recorded step.
         texts: token id -> text (a :class:`RunTrace` works too).
+        collapse_unvisited: draw the children the walk never reached, with their subtrees,
+            as one grey node per parent (``+N unvisited``) -- keeps wide trees readable.
     """
     lookup = texts.text if isinstance(texts, RunTrace) else (lambda t: texts.get(int(t), f"<{int(t)}>"))
     n = step.num_nodes
@@ -101,6 +107,8 @@ def step_view(step: StepTrace, texts: dict[int, str] | RunTrace) -> StepView:
                             float(step.node_logws[i]), prob, below=below)
     for i in range(1, n):  # ascending index = sibling order
         nodes[int(step.parents[i])].children.append(i)
+    if collapse_unvisited:
+        _collapse(nodes)
     bonus = None
     if step.bonus_token >= 0:
         prob, below = _prob(step, step.bonus.node, step.bonus_token, greedy)
@@ -114,6 +122,32 @@ def step_view(step: StepTrace, texts: dict[int, str] | RunTrace) -> StepView:
     return StepView(title, nodes, bonus, step.bonus.node)
 
 
+def _collapse(nodes: dict[int, NodeView]) -> None:
+    """Replace each parent's unvisited children (and their subtrees) by one summary node."""
+    def subtree(i: int) -> list[int]:
+        out = [i]
+        for c in nodes[i].children:
+            out += subtree(c)
+        return out
+
+    next_id = -2
+    for i in list(nodes):
+        node = nodes.get(i)
+        if node is None:
+            continue
+        hidden = [c for c in node.children if nodes[c].status == "unvisited"]
+        if not hidden:
+            continue
+        count = sum(len(subtree(c)) for c in hidden)
+        best = nodes[hidden[0]]
+        for c in hidden:
+            for j in subtree(c):
+                nodes.pop(j, None)
+        node.children = [c for c in node.children if c not in hidden] + [next_id]
+        nodes[next_id] = NodeView(next_id, -1, f"+{count} unvisited", "collapsed", best.depth, best.rank, best.logw, None)
+        next_id -= 1
+
+
 def _prob(step: StepTrace, row: int, token: int, greedy: bool) -> tuple[float, bool]:
     """Display probability of ``token`` in node ``row``'s stored top-M row: ``(p, False)``, or
     ``(smallest stored p, True)`` as an upper bound when the token is outside the top-M.
@@ -125,20 +159,25 @@ def _prob(step: StepTrace, row: int, token: int, greedy: bool) -> tuple[float, b
     return bound, bound > 0.0  # a zero bound is exact: the token has probability 0
 
 
+def _dot_id(i: int) -> str:
+    return f"n{i}" if i >= 0 else f"c{-i}"  # collapsed summary nodes have negative ids
+
+
 def _dot_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def to_dot(view: StepView) -> str:
     """The DOT source of a step view (deterministic: golden tests compare it)."""
-    out = ["digraph step {", '  graph [rankdir=TB, ordering=out, nodesep=0.15, ranksep=0.3, fontname="Helvetica",',
+    out = ["digraph step {", '  graph [rankdir=TB, ordering=out, nodesep=0.08, ranksep=0.3, fontname="Helvetica",',
            f'         label="{_dot_escape(view.title)}", labelloc=t, fontsize=12];',
-           '  node [shape=ellipse, style=filled, fontname="Helvetica", fontsize=10];', '  edge [arrowsize=0.6];']
+           '  node [shape=ellipse, style=filled, fontname="Helvetica", fontsize=9, margin="0.05,0.03"];',
+           '  edge [arrowsize=0.6];']
     for i, node in view.nodes.items():
         style = STATUS_STYLE[node.status]
         attrs = ", ".join(f'{k}="{v}"' for k, v in style.items())
         label = "\\n".join(_dot_escape(line) for line in node.lines())
-        out.append(f'  n{i} [label="{label}", {attrs}];')
+        out.append(f'  {_dot_id(i)} [label="{label}", {attrs}];')
     for i, node in view.nodes.items():
         for c in node.children:
             child = view.nodes[c]
@@ -148,7 +187,7 @@ def to_dot(view: StepView) -> str:
                 edge = ' [color="#b3261e", style=dashed]'
             else:
                 edge = ' [color="#bdbdbd"]'
-            out.append(f"  n{i} -> n{c}{edge};")
+            out.append(f"  {_dot_id(i)} -> {_dot_id(c)}{edge};")
     if view.bonus is not None:
         style = STATUS_STYLE["bonus"]
         attrs = ", ".join(f'{k}="{v}"' for k, v in style.items())
@@ -161,11 +200,14 @@ def to_dot(view: StepView) -> str:
 
 def to_text(view: StepView) -> str:
     """An indented plain-text rendering: one line per node, children in sibling order."""
-    marks = {"root": "◆", "accepted": "✔", "rejected": "✘", "unvisited": "·"}
+    marks = {"root": "◆", "accepted": "✔", "rejected": "✘", "unvisited": "·", "collapsed": "…"}
     lines = [view.title]
 
     def walk(i: int, indent: int) -> None:
         node = view.nodes[i]
+        if node.status == "collapsed":
+            lines.append(f"{'  ' * indent}… {node.text} (best logw={node.logw:.3f})")
+            return
         info = "" if node.status == "root" else f"  d{node.depth} r{node.rank} logw={node.logw:.3f} {node.prob_text(4)}"
         lines.append(f"{'  ' * indent}{marks[node.status]} [{i}] {token_label(node.text)}{info}")
         if view.bonus is not None and i == view.bonus_parent:
@@ -178,7 +220,7 @@ def to_text(view: StepView) -> str:
     return "\n".join(lines) + "\n"
 
 
-def step_svg(step: StepTrace, texts: dict[int, str] | RunTrace) -> str:
+def step_svg(step: StepTrace, texts: dict[int, str] | RunTrace, collapse_unvisited: bool = False) -> str:
     """The step's tree laid out by graphviz ``dot`` as an SVG string.
 
     Raises:
@@ -186,7 +228,7 @@ def step_svg(step: StepTrace, texts: dict[int, str] | RunTrace) -> str:
     """
     import graphviz
 
-    source = graphviz.Source(to_dot(step_view(step, texts)))
+    source = graphviz.Source(to_dot(step_view(step, texts, collapse_unvisited)))
     try:
         return source.pipe(format="svg").decode("utf-8")
     except graphviz.ExecutableNotFound as exc:

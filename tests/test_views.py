@@ -57,3 +57,15 @@ def test_svg_and_committed_html_render():
 
 def test_token_labels_make_whitespace_visible():
     assert views.token_label(" a\n") == "'␣a⏎'"
+
+
+def test_collapsed_view_keeps_every_visited_node_and_counts_the_rest():
+    run = dl.load_trace(TRACE)
+    for step in run.steps[:20]:
+        full = views.step_view(step, run)
+        small = views.step_view(step, run, collapse_unvisited=True)
+        visited = {i for i, n in full.nodes.items() if n.status != "unvisited"}
+        assert visited == {i for i in small.nodes if i >= 0}
+        hidden = sum(int(n.text.split()[0][1:]) for i, n in small.nodes.items() if i < 0)
+        assert hidden == len(full.nodes) - len(visited)
+        assert "c2" not in views.to_dot(small) or "-> c2" in views.to_dot(small)
