@@ -1,6 +1,7 @@
 """ddtree-lab: a bench for DDTree speculative decoding.
 
-The public surface, stage by stage (DESIGN.md, "Data flow"):
+The public surface, stage by stage (draft -> tree -> buffers -> target -> verify -> trace;
+terms in the README, "Terms"):
 
 * draft top-k -> tree: :func:`draft_topk_from_logits`, :func:`build_tree`
   (:func:`build_tree_reference` is the per-request heap), :class:`DDTreeBuildResult`;

@@ -47,6 +47,8 @@ fi
 SGLANG_VERSION=0.5.23
 if ! "$VPY" -c "import sglang" 2>/dev/null; then
   echo "[setup] installing sglang==$SGLANG_VERSION (--no-deps) and the packages its kernel modules import"
+  echo "[setup] (pip's resolver will list sglang requirements it does not install, e.g. another torch:"
+  echo "[setup]  expected with --no-deps; only its Triton kernel modules are used here)"
   "$VPY" -m pip install -q --no-deps "sglang==$SGLANG_VERSION"
   "$VPY" -m pip install -q -e ".[sglang-cpu]"
 fi
