@@ -27,7 +27,7 @@ import torch
 from .drafter import DraftContext, Drafter
 from .retrieve import compile_retrieve
 from .sampling import SamplingParams, normalize_params, target_probs
-from .trace import RunTrace, StepTrace
+from .trace import RunTrace, StepTrace, row_records
 from .tree import build_tree, draft_topk_from_logits
 from .verify import VerifyOutput, draw_coins, make_generators, residual_draw, verify_sampled
 
@@ -191,6 +191,8 @@ class LiveSession:
         timings["target"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         params = [r.params for r in active]
+        # Full rows are needed for the record (child probabilities, top-M, the bonus prefix),
+        # whichever backend verifies; the lazy / Triton backends still verify from the logits.
         probs = target_probs(logits, params, num_nodes=vi.num_nodes)
         coins, final = draw_coins([r.generator for r in active], n_rows)
         if self.verify_backend == "reference":
@@ -211,13 +213,9 @@ class LiveSession:
         n = int(tree.num_nodes[b])
         parents = tree.parents[b, :n]
         tokens = tree.node_token_ids[b, :n]
-        child_probs = torch.zeros(n)
-        if n > 1:
-            child_probs[1:] = probs[b, parents[1:], tokens[1:]]
         display = torch.softmax(logits[b, :n], -1) if r.params.is_greedy else probs[b, :n]
-        top = display.topk(min(self.top_m, display.shape[-1]), -1)
         bonus = out.bonus[b]
-        prefix = probs[b, bonus.node, : bonus.token + 1].clone() if bonus.token >= 0 else torch.zeros(0)
+        records = row_records(parents, tokens, probs[b, :n], display, bonus, self.top_m)
         local = vi.request(b)
         return StepTrace(
             step=step_no, request=r.request, request_id=r.request_id, prefix_len=r.prefix_len,
@@ -226,8 +224,7 @@ class LiveSession:
             node_logws=tree.node_logws[b, :n].clone(), retrieve_index=local.retrieve_index[0, :n].clone(),
             retrieve_next_token=local.retrieve_next_token[0, :n].clone(),
             retrieve_next_sibling=local.retrieve_next_sibling[0, :n].clone(), positions=vi.positions[b, :n].clone(),
-            params=r.params, coins=coins[b, :n].clone(), final_coin=float(final[b]), child_probs=child_probs,
-            top_token_ids=top.indices.clone(), top_probs=top.values.float().clone(), final_row_prefix=prefix,
+            params=r.params, coins=coins[b, :n].clone(), final_coin=float(final[b]), **records,
             final_mass=float(bonus.residual_mass), output=_request_output(out, b), timings=dict(timings),
             backend=out.backend)
 

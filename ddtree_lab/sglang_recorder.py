@@ -995,7 +995,7 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
     """
     from .retrieve import decode_retrieve
     from .sampling import SamplingParams
-    from .trace import RunTrace, StepTrace
+    from .trace import RunTrace, StepTrace, row_records
     from .verify import verify_sampled
 
     steps, skipped, texts = [], [], {}
@@ -1030,12 +1030,8 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
             diffs = _row_lines(compare_verify_outputs(out, sgl))
             parents, depths = decode_retrieve(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes)
             tokens = vi.node_token_ids[0, :n]
-            child = torch.zeros(n)
-            if n > 1:
-                child[1:] = rows[0, parents[0, 1:n], tokens[1:]]
-            top = rows[0, :n].topk(min(top_m, rows.shape[-1]), -1)
             bonus = out.bonus[0]
-            prefix = rows[0, bonus.node, : bonus.token + 1].clone() if bonus.token >= 0 else torch.zeros(0)
+            records = row_records(parents[0, :n], tokens, rows[0, :n], rows[0, :n], bonus, top_m)
             steps.append(StepTrace(
                 step=int(step["call"]), request=row, request_id=str(parts["request_id"]),
                 prefix_len=int(vi.positions[0, 0]), draft_token_ids=torch.zeros(0, 0, dtype=torch.int64),
@@ -1044,8 +1040,7 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
                 node_logws=torch.full((n,), float("nan")), retrieve_index=torch.arange(n),
                 retrieve_next_token=vi.retrieve_next_token[0, :n].clone(),
                 retrieve_next_sibling=vi.retrieve_next_sibling[0, :n].clone(), positions=vi.positions[0, :n].clone(),
-                params=params, coins=coins[0, :n].clone(), final_coin=float(final[0]), child_probs=child,
-                top_token_ids=top.indices.clone(), top_probs=top.values.clone(), final_row_prefix=prefix,
+                params=params, coins=coins[0, :n].clone(), final_coin=float(final[0]), **records,
                 final_mass=float(bonus.residual_mass), output=out, backend="reference",
                 extra={"source": "sglang", "kernel": parts["kernel"], "kind": kind, "rank": parts["rank"],
                        "call": parts["call"], "sglang_emitted": [t for t in sgl.emitted_tokens[0].tolist() if t >= 0],

@@ -41,7 +41,7 @@ from .sampling import SamplingParams
 from .verify import BonusDraw, Decision, VerifyOutput, verify_sampled
 from .retrieve import DDTreeVerifyInput, tree_attention_mask
 
-__all__ = ["StepTrace", "RunTrace", "save_trace", "load_trace", "replay", "ReplayMismatch", "TraceFormatError"]
+__all__ = ["StepTrace", "RunTrace", "row_records", "save_trace", "load_trace", "replay", "ReplayMismatch", "TraceFormatError"]
 
 FORMAT = "ddtree-lab-trace"
 VERSION = 1
@@ -197,6 +197,31 @@ class RunTrace:
 
     def text(self, token_id: int) -> str:
         return self.token_texts.get(int(token_id), f"<{int(token_id)}>")
+
+
+def row_records(parents: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor, display: torch.Tensor,
+                bonus: BonusDraw, top_m: int) -> dict[str, torch.Tensor]:
+    """The target-row fields of a :class:`StepTrace` for one request (module docstring).
+
+    Args:
+        parents, tokens: ``[n]`` int64 of the request's tree.
+        rows: ``[n, V]`` float32, the rows the verifier compared against.
+        display: ``[n, V]`` rows shown in views (``rows`` for sampled requests; greedy: the
+            softmax of the raw logits).
+        bonus: the request's :class:`BonusDraw`.
+        top_m: tokens kept per display row.
+
+    Returns:
+        ``child_probs``, ``top_token_ids``, ``top_probs``, ``final_row_prefix``.
+    """
+    n = tokens.shape[0]
+    child = torch.zeros(n)
+    if n > 1:
+        child[1:] = rows[parents[1:], tokens[1:]]
+    top = display.topk(min(top_m, display.shape[-1]), -1)
+    prefix = rows[bonus.node, : bonus.token + 1].clone() if bonus.token >= 0 else torch.zeros(0)
+    return {"child_probs": child, "top_token_ids": top.indices.clone(), "top_probs": top.values.float().clone(),
+            "final_row_prefix": prefix}
 
 
 # -- save / load ----------------------------------------------------------------------------

@@ -355,9 +355,6 @@ def verify_sampled(
     bs, n = verify_input.node_token_ids.shape
     _check_coins(coins, final_coins, bs, n)
     _check_thresholds(threshold_single, threshold_acc)
-    nt, ns = verify_input.retrieve_next_token.tolist(), verify_input.retrieve_next_sibling.tolist()
-    tokens = verify_input.node_token_ids.tolist()
-    coin_rows, final = coins.tolist(), final_coins.tolist()
     bad_rows = (torch.isnan(target_probs).any(-1) | (target_probs < 0).any(-1)).tolist()
 
     def row_of(b: int, i: int) -> torch.Tensor:
@@ -365,9 +362,21 @@ def verify_sampled(
             raise ValueError(f"target_probs, request {b}, node {i}: row has NaN or negative entries")
         return target_probs[b, i]
 
+    return walk_sampled_batch(verify_input, row_of, coins, final_coins, threshold_single, threshold_acc,
+                              final_masses, "reference")
+
+
+def walk_sampled_batch(vi, row_of, coins, final_coins, threshold_single, threshold_acc, final_masses,
+                       backend: str) -> VerifyOutput:
+    """The sampled walk of every request of a batch; ``row_of(b, i)`` gives node ``i``'s float32
+    row of request ``b`` and is called only for rows the walk reaches (the reference reads a
+    full tensor, the lazy backend computes rows on demand)."""
+    nt, ns = vi.retrieve_next_token.tolist(), vi.retrieve_next_sibling.tolist()
+    tokens = vi.node_token_ids.tolist()
+    coin_rows, final = coins.tolist(), final_coins.tolist()
     paths, bonus_tokens, exhausted, decisions, bonus = [], [], [], [], []
-    for b in range(bs):
-        path, log, draw = _walk_sampled(b, int(verify_input.num_nodes[b]), lambda i, b=b: row_of(b, i), nt[b], ns[b],
+    for b in range(vi.batch_size):
+        path, log, draw = _walk_sampled(b, int(vi.num_nodes[b]), lambda i, b=b: row_of(b, i), nt[b], ns[b],
                                         tokens[b], coin_rows[b], final[b], threshold_single, threshold_acc,
                                         None if final_masses is None else final_masses[b])
         paths.append(path)
@@ -375,7 +384,7 @@ def verify_sampled(
         exhausted.append(draw.token < 0)
         decisions.append(log)
         bonus.append(draw)
-    return _finish(verify_input, paths, bonus_tokens, exhausted, decisions, bonus, "reference")
+    return _finish(vi, paths, bonus_tokens, exhausted, decisions, bonus, backend)
 
 
 def _check_coins(coins: torch.Tensor, final_coins: torch.Tensor, bs: int, n: int) -> None:

@@ -47,7 +47,7 @@ from .verify import (
     _check_thresholds,
     _check_verify_input,
     _finish,
-    _walk_sampled,
+    walk_sampled_batch,
     verify_greedy,
     verify_sampled,
 )
@@ -334,9 +334,6 @@ def greedy_launcher(verify_input, target_logits):
 
 def _verify_lazy(vi, logits, items, coins, final_coins, threshold_single, threshold_acc) -> VerifyOutput:
     """The reference walk; each row's distribution computed only when the walk reaches it."""
-    nt, ns = vi.retrieve_next_token.tolist(), vi.retrieve_next_sibling.tolist()
-    tokens = vi.node_token_ids.tolist()
-    coin_rows, final = coins.tolist(), final_coins.tolist()
 
     def row_of(b: int, i: int) -> torch.Tensor:
         row = logits[b, i].float()
@@ -345,16 +342,7 @@ def _verify_lazy(vi, logits, items, coins, final_coins, threshold_single, thresh
             raise ValueError(f"target logits, request {b}, node {i}: row has {what}")
         return lazy_row_probs(row, items[b])
 
-    paths, bonus_tokens, exhausted, decisions, bonus = [], [], [], [], []
-    for b in range(vi.batch_size):
-        path, log, draw = _walk_sampled(b, int(vi.num_nodes[b]), lambda i, b=b: row_of(b, i), nt[b], ns[b],
-                                        tokens[b], coin_rows[b], final[b], threshold_single, threshold_acc)
-        paths.append(path)
-        bonus_tokens.append(draw.token)
-        exhausted.append(draw.token < 0)
-        decisions.append(log)
-        bonus.append(draw)
-    return _finish(vi, paths, bonus_tokens, exhausted, decisions, bonus, "torch-lazy")
+    return walk_sampled_batch(vi, row_of, coins, final_coins, threshold_single, threshold_acc, None, "torch-lazy")
 
 
 def lazy_row_probs(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
