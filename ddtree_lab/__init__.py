@@ -11,7 +11,7 @@ terms in the README, "Terms"):
 * verification: :func:`verify_greedy`, :func:`verify_sampled`, :class:`VerifyOutput`,
   :func:`draw_coins`, :func:`make_generators`;
 * live decoding and traces: :class:`LiveSession` (``ddtree_lab.models`` holds the target
-  adapter, ``ddtree_lab.drafter`` the drafters), :class:`StepTrace`, :class:`RunTrace`,
+  adapter, ``ddtree_lab.models`` also the drafters), :class:`StepTrace`, :class:`RunTrace`,
   :func:`save_trace`, :func:`load_trace`, :func:`replay`;
 * views: ``ddtree_lab.views`` (DOT/SVG/text/HTML) and ``ddtree_lab.lab`` (notebook calls);
 * SGLang interop (modules :mod:`ddtree_lab.sglang_bridge`, :mod:`ddtree_lab.sglang_recorder`;

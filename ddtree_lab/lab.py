@@ -19,7 +19,7 @@ def load_default(device: str = "cpu"):
     """The embedded default target (SmolLM2-135M-Instruct, fp32) and its ridge drafter (L=16)."""
     import torch
 
-    from .drafter import RidgeDrafter
+    from .models import RidgeDrafter
     from .models import load_default_target
 
     target = load_default_target(dtype=torch.float32, device=device)

@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .drafter import DraftContext, Drafter
+from .models.drafter import DraftContext, Drafter
 from .retrieve import compile_retrieve
 from .sampling import SamplingParams, normalize_params, target_probs
 from .trace import RunTrace, StepTrace, row_records
@@ -74,7 +74,7 @@ class LiveSession:
 
     Args:
         target: a :class:`ddtree_lab.models.TargetModel`.
-        drafter: a :class:`ddtree_lab.drafter.Drafter` (its ``block_size`` is L).
+        drafter: a :class:`ddtree_lab.models.Drafter` (its ``block_size`` is L).
         block_size: L; must equal the drafter's (default: the drafter's).
         budget: B, draft nodes per tree (an int, or one per request).
         sampling: one :class:`SamplingParams` for every request or one per request.

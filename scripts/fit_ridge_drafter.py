@@ -19,7 +19,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from ddtree_lab.drafter import RidgeDrafter, default_drafter_path, fit_ridge_heads
+from ddtree_lab.models import RidgeDrafter, default_drafter_path, fit_ridge_heads
 from ddtree_lab.models import cache_dir, load_default_target
 
 PROMPTS = [

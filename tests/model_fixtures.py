@@ -13,6 +13,6 @@ def target():
 
 @pytest.fixture(scope="session")
 def drafter(target):
-    from ddtree_lab.drafter import RidgeDrafter
+    from ddtree_lab.models import RidgeDrafter
 
     return RidgeDrafter.load(target)

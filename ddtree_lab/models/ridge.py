@@ -17,49 +17,18 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["DraftContext", "Drafter", "RidgeDrafter", "fit_ridge_heads", "default_drafter_path"]
+from .drafter import DraftContext
 
-
-@dataclass
-class DraftContext:
-    """What a drafter may read for one step of a batch.
-
-    Attributes:
-        committed_ids: per request, every committed token id (prompt included, anchor last).
-        anchor_token_ids: ``[bs]`` int64, the last committed token (the tree root).
-        target_hidden: ``[bs, H]`` float32, the target's last-layer (post-norm) hidden state
-            at the position before the anchor (the one whose logits produced the anchor).
-    """
-
-    committed_ids: list[list[int]]
-    anchor_token_ids: torch.Tensor
-    target_hidden: torch.Tensor
-
-
-@runtime_checkable
-class Drafter(Protocol):
-    """A block drafter: ``block_size`` L, one pass per step."""
-
-    name: str
-    block_size: int
-
-    def draft_logits(self, context: DraftContext) -> torch.Tensor:
-        """Draft logits ``[bs, L-1, V]`` float32 for positions 1..L-1 after the anchor."""
-        ...
-
-    def metadata(self) -> dict:
-        ...
+__all__ = ["RidgeDrafter", "fit_ridge_heads", "default_drafter_path"]
 
 
 def default_drafter_path() -> Path:
     """The ridge drafter fitted for the embedded default target, shipped in ``fixtures/``."""
-    return Path(__file__).resolve().parent.parent / "fixtures" / "drafters" / "smollm2_ridge_b16.safetensors"
+    return Path(__file__).resolve().parents[2] / "fixtures" / "drafters" / "smollm2_ridge_b16.safetensors"
 
 
 class RidgeDrafter:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .retrieve import DDTreeVerifyInput
+from ..retrieve import DDTreeVerifyInput
 
 __all__ = ["TargetModel", "TreeForward", "load_default_target", "default_target_gguf", "cache_dir"]
 
