@@ -6,10 +6,14 @@ terms in the README, "Terms"):
 * draft top-k -> tree: :func:`draft_topk_from_logits`, :func:`build_tree`
   (:func:`build_tree_reference` is the per-request heap), :class:`DDTreeBuildResult`;
 * tree -> verify buffers: :func:`compile_retrieve`, :class:`DDTreeVerifyInput`,
-  :func:`encode_retrieve`, :func:`decode_retrieve`, :func:`check_retrieve`;
+  :func:`encode_retrieve`, :func:`decode_retrieve`, :func:`check_retrieve`; the validator
+  (doctor) :func:`find_retrieve_problems` / :class:`RetrieveProblem` and
+  :func:`check_verify_buffers` (run by every verifier unless ``validate=False``);
 * target logits -> target distribution: :class:`SamplingParams`, :func:`target_probs`;
 * verification: :func:`verify_greedy`, :func:`verify_sampled`, :class:`VerifyOutput`,
-  :func:`draw_coins`, :func:`make_generators`;
+  :func:`draw_coins`, :func:`make_generators`; the one walk as events (:class:`WalkEvent`,
+  :func:`events_of`), what-if analyses (:func:`walk_request`, :func:`acceptance_probabilities`,
+  :class:`UndrawnBonus`), :func:`is_lossy`;
 * live decoding and traces: :class:`LiveSession` (``ddtree_lab.models`` holds the target
   adapter, ``ddtree_lab.models`` also the drafters), :class:`StepTrace`, :class:`RunTrace`,
   :func:`save_trace`, :func:`load_trace`, :func:`replay`;
@@ -25,11 +29,14 @@ terms in the README, "Terms"):
 
 from .retrieve import DDTreeVerifyInput as DDTreeVerifyInput
 from .retrieve import RetrieveError as RetrieveError
+from .retrieve import RetrieveProblem as RetrieveProblem
 from .retrieve import check_retrieve as check_retrieve
+from .retrieve import check_verify_buffers as check_verify_buffers
 from .retrieve import compile_retrieve as compile_retrieve
 from .retrieve import decode_retrieve as decode_retrieve
 from .retrieve import encode_retrieve as encode_retrieve
 from .retrieve import find_retrieve_problem as find_retrieve_problem
+from .retrieve import find_retrieve_problems as find_retrieve_problems
 from .retrieve import tree_attention_mask as tree_attention_mask
 from .sampling import SamplingParams as SamplingParams
 from .sampling import greedy_params as greedy_params
@@ -58,7 +65,13 @@ from .trace import replay as replay
 from .trace import save_trace as save_trace
 from .verify import BonusDraw as BonusDraw
 from .verify import Decision as Decision
+from .verify import UndrawnBonus as UndrawnBonus
 from .verify import VerifyOutput as VerifyOutput
+from .verify import WalkEvent as WalkEvent
+from .verify import acceptance_probabilities as acceptance_probabilities
+from .verify import events_of as events_of
+from .verify import is_lossy as is_lossy
+from .verify import walk_request as walk_request
 from .verify import draw_coins as draw_coins
 from .verify import make_generators as make_generators
 from .verify import verify_greedy as verify_greedy

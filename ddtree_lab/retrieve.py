@@ -20,6 +20,7 @@ ascending index order *are* children in descending log-weight order.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Sequence
 
 import torch
 
@@ -34,17 +35,56 @@ __all__ = [
     "decode_retrieve",
     "tree_attention_mask",
     "find_retrieve_problem",
+    "find_retrieve_problems",
+    "RetrieveProblem",
     "check_retrieve",
+    "check_verify_buffers",
 ]
 
 
 class RetrieveError(ValueError):
-    """A broken retrieve-buffer invariant; ``request`` and ``node`` say where."""
+    """A broken retrieve-buffer invariant; ``request`` and ``node`` say where (``problem``: the
+    :class:`RetrieveProblem` when it came from :func:`find_retrieve_problems`)."""
 
-    def __init__(self, message: str, request: int, node: int):
+    def __init__(self, message: str, request: int, node: int, problem: "RetrieveProblem | None" = None):
         super().__init__(f"request {request}, node {node}: {message}")
         self.request = request
         self.node = node
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class RetrieveProblem:
+    """One broken invariant of verify buffers (:func:`find_retrieve_problems`).
+
+    Attributes:
+        request, node: where (local node index; for a sibling cycle, the parent whose chain loops).
+        field: the buffer at fault (``retrieve_next_token``, ``retrieve_next_sibling``,
+            ``retrieve_index``, ``depths``, ``positions``, ``tree_mask``, ``node_logws``,
+            ``node_token_ids``, ``num_nodes``).
+        kind: ``range``, ``cycle``, ``reached_twice``, ``unreachable``, ``root_sibling``,
+            ``index``, ``depth``, ``position``, ``sibling_order``, ``duplicate_token``,
+            ``mask_missing_ancestor``, ``mask_non_ancestor``, ``num_nodes``.
+        message: one line, without the ``request .., node ..:`` prefix.
+        nodes: the nodes involved (a cycle's nodes in link order, the mask's wrong columns, ...).
+    """
+
+    request: int
+    node: int
+    field: str
+    kind: str
+    message: str
+    nodes: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        return f"request {self.request}, node {self.node}: {self.message}"
+
+    def error(self) -> RetrieveError:
+        return RetrieveError(self.message, self.request, self.node, self)
+
+    def to_dict(self) -> dict:
+        return {"request": self.request, "node": self.node, "field": self.field, "kind": self.kind,
+                "message": self.message, "nodes": list(self.nodes)}
 
 
 @dataclass(frozen=True)
@@ -201,6 +241,211 @@ def compile_retrieve(tree: DDTreeBuildResult, prefix_len: int | torch.Tensor) ->
     )
 
 
+def _rows(x, bs, n, name):
+    if x is None:
+        return None
+    if tuple(x.shape) != (bs, n):
+        raise ValueError(f"{name} must have shape {(bs, n)}, got {tuple(x.shape)}")
+    return x.tolist()
+
+
+def find_retrieve_problems(
+    verify_input: "DDTreeVerifyInput | torch.Tensor",
+    retrieve_next_sibling: torch.Tensor | None = None,
+    num_nodes: torch.Tensor | None = None,
+    *,
+    node_logws: torch.Tensor | None = None,
+    retrieve_index: torch.Tensor | None = None,
+    depths: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    tree_mask: torch.Tensor | None = None,
+    node_token_ids: torch.Tensor | None = None,
+    limit: int | None = None,
+) -> list[RetrieveProblem]:
+    """Every broken invariant of a batch of verify buffers (the doctor's check), in order.
+
+    Per request: ``num_nodes`` in ``[1, N]``; link values ``-1`` or a valid node (a bad link
+    is reported and not followed); ``retrieve_index[b, i] == b * N + i``; the root has no
+    next sibling; then one walk over the links from the root, each node entered once:
+    a sibling chain that loops (named at the parent, with the cycle's nodes: SGLang's sibling
+    walks have no hop bound, so such a chain hangs its kernel), a first-child or sibling link
+    back to an ancestor (a cycle through ``retrieve_next_token``, its nodes named), a node
+    reached twice (e.g. both a child and a sibling of other nodes), a depth that is not the
+    parent's + 1, siblings out of ``node_logws`` order, a repeated token among siblings, then
+    nodes not reachable from the root, positions not ``positions[root] + depth`` and tree-mask
+    rows that miss an ancestor or see a non-ancestor (real rows; columns past ``num_nodes``
+    must be False). Padding rows are not checked. Algorithm: O(N) per request, plus one
+    vectorised comparison of the ``[N, N]`` mask.
+
+    Args:
+        verify_input: a :class:`DDTreeVerifyInput` (every field checked), or the
+            ``retrieve_next_token [bs, N]`` integer tensor of raw buffers (then give
+            ``retrieve_next_sibling`` and whichever optional fields you have).
+        retrieve_next_sibling, num_nodes: raw buffers (``num_nodes`` default ``N``).
+        node_logws: ``[bs, N]`` for the sibling-order check (not part of the verify input).
+        retrieve_index, depths, positions, tree_mask, node_token_ids: raw optional fields.
+        limit: stop after this many problems (``None``: all).
+
+    Returns:
+        the :class:`RetrieveProblem` s, possibly empty.
+
+    Raises:
+        ValueError: a given field with the wrong shape.
+    """
+    if isinstance(verify_input, DDTreeVerifyInput):
+        vi = verify_input
+        nt_t, ns_t, num_nodes = vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes
+        retrieve_index, depths, positions = vi.retrieve_index, vi.depths, vi.positions
+        tree_mask, node_token_ids = vi.tree_mask, vi.node_token_ids
+    else:
+        if retrieve_next_sibling is None:
+            raise TypeError("find_retrieve_problems needs a DDTreeVerifyInput, or retrieve_next_token and "
+                            "retrieve_next_sibling tensors")
+        nt_t, ns_t = verify_input, retrieve_next_sibling
+    bs, n = nt_t.shape
+    nt, ns = nt_t.tolist(), _rows(ns_t, bs, n, "retrieve_next_sibling")
+    counts = [n] * bs if num_nodes is None else [int(v) for v in num_nodes.tolist()]
+    ri = _rows(retrieve_index, bs, n, "retrieve_index")
+    lw = _rows(node_logws, bs, n, "node_logws")
+    dp = _rows(depths, bs, n, "depths")
+    ps = _rows(positions, bs, n, "positions")
+    tk = _rows(node_token_ids, bs, n, "node_token_ids")
+    if tree_mask is not None and tuple(tree_mask.shape) != (bs, n, n):
+        raise ValueError(f"tree_mask must have shape {(bs, n, n)}, got {tuple(tree_mask.shape)}")
+    problems: list[RetrieveProblem] = []
+
+    def add(*args) -> bool:
+        problems.append(RetrieveProblem(*args))
+        return limit is not None and len(problems) >= limit
+
+    mask_parents = [[-1] * n for _ in range(bs)]
+    mask_rows = [[False] * n for _ in range(bs)]
+    good: dict[tuple, tuple[list[int], list[bool]]] = {}  # requests already found sound, by content
+    for b in range(bs):
+        count = counts[b]
+        if not 1 <= count <= n:
+            if add(b, 0, "num_nodes", "num_nodes", f"num_nodes {count} outside [1, {n}]"):
+                return problems
+            continue
+        key = (count, tuple(nt[b][:count]), tuple(ns[b][:count]),
+               *(None if x is None else tuple(x[b][:count]) for x in (dp, tk, lw)),
+               None if ps is None else tuple(v - ps[b][0] for v in ps[b][:count]))
+        if key in good and (ri is None or ri[b][:count] == list(range(b * n, b * n + count))):
+            mask_parents[b][:count], mask_rows[b][:count] = good[key]
+            continue
+        before = len(problems)
+        links = {"retrieve_next_token": [-1] * count, "retrieve_next_sibling": [-1] * count}
+        for i in range(count):
+            for name, buf in (("retrieve_next_token", nt), ("retrieve_next_sibling", ns)):
+                v = buf[b][i]
+                if v == -1 or 0 <= v < count:
+                    links[name][i] = v
+                elif add(b, i, name, "range", f"{name} = {v} is out of range (valid: -1 or 0..{count - 1})"):
+                    return problems
+            if ri is not None and ri[b][i] != b * n + i:
+                if add(b, i, "retrieve_index", "index", f"retrieve_index = {ri[b][i]}, expected {b * n + i}"):
+                    return problems
+        first, nxt = links["retrieve_next_token"], links["retrieve_next_sibling"]
+        if nxt[0] != -1:
+            if add(b, 0, "retrieve_next_sibling", "root_sibling", f"the root has a next sibling ({nxt[0]})", (nxt[0],)):
+                return problems
+        if dp is not None and dp[b][0] != 0:
+            if add(b, 0, "depths", "depth", f"the root's depth is {dp[b][0]}, not 0"):
+                return problems
+        parent_of = [-1] * count
+        depth_of = [0] + [-1] * (count - 1)
+        seen = [False] * count
+        seen[0] = True
+        stack = [0]
+        while stack:
+            parent = stack.pop()
+            chain, prev, child, via = [], None, first[parent], "retrieve_next_token"
+            tokens_here = {}
+            while child != -1:
+                link_owner = parent if prev is None else prev
+                if child in chain:
+                    loop = chain[chain.index(child):] + [child]
+                    if add(b, parent, "retrieve_next_sibling", "cycle",
+                           "sibling chain longer than the tree (a cycle in retrieve_next_sibling: "
+                           + " -> ".join(map(str, loop)) + ")", tuple(loop[:-1])):
+                        return problems
+                    break
+                if seen[child]:
+                    anc, a = [], parent
+                    while a != -1 and a != child:
+                        anc.append(a)
+                        a = parent_of[a]
+                    if a == child:  # a link back to an ancestor (or to itself)
+                        loop = [child] + anc[::-1] + [child]
+                        msg = (f"reached twice (again as a child of node {parent}, through {via} of node "
+                               f"{link_owner}): a cycle in retrieve_next_token: " + " -> ".join(map(str, loop)))
+                        if add(b, child, via, "cycle", msg, tuple(loop[:-1])):
+                            return problems
+                    else:
+                        first_parent = parent_of[child]
+                        msg = (f"reached twice: a child of node {parent} (through {via} of node {link_owner}) and "
+                               + ("the root" if child == 0 else f"already of node {first_parent}")
+                               + " (a shared node: the walk would verify it twice)")
+                        if add(b, child, via, "reached_twice", msg, (parent, first_parent)):
+                            return problems
+                    break
+                seen[child] = True
+                parent_of[child] = parent
+                depth_of[child] = depth_of[parent] + 1
+                chain.append(child)
+                if dp is not None and dp[b][child] != depth_of[child]:
+                    if add(b, child, "depths", "depth",
+                           f"depth {dp[b][child]} is not parent depth {depth_of[parent]} + 1 (parent node {parent})"):
+                        return problems
+                if lw is not None and prev is not None and lw[b][child] > lw[b][prev]:
+                    if add(b, child, "node_logws", "sibling_order",
+                           f"sibling chain out of log-weight order: node_logw {lw[b][child]:.6g} follows sibling "
+                           f"{prev} with {lw[b][prev]:.6g}", (prev,)):
+                        return problems
+                if tk is not None:
+                    t = tk[b][child]
+                    if t in tokens_here:
+                        if add(b, child, "node_token_ids", "duplicate_token",
+                               f"token {t} repeats sibling {tokens_here[t]}'s token (children of node {parent}): "
+                               "the target-only rule is no longer lossless", (tokens_here[t],)):
+                            return problems
+                    else:
+                        tokens_here[t] = child
+                stack.append(child)
+                prev, child, via = child, nxt[child], "retrieve_next_sibling"
+        for i in range(count):
+            if not seen[i]:
+                if add(b, i, "retrieve_next_token", "unreachable", "not reachable from the root"):
+                    return problems
+        if ps is not None:
+            for i in range(1, count):
+                if seen[i] and ps[b][i] != ps[b][0] + depth_of[i]:
+                    if add(b, i, "positions", "position",
+                           f"position {ps[b][i]} is not the root's position {ps[b][0]} + depth {depth_of[i]}"):
+                        return problems
+        mask_parents[b][:count] = parent_of
+        mask_rows[b][:count] = seen
+        if len(problems) == before:
+            good[key] = (parent_of, seen)
+    if tree_mask is not None:
+        mask_rows = torch.tensor(mask_rows, dtype=torch.bool)
+        want = tree_attention_mask(torch.tensor(mask_parents, dtype=torch.int64), torch.tensor([min(max(c, 0), n) for c in counts]))
+        real_col = torch.arange(n)[None, :] < torch.tensor(counts)[:, None]
+        want &= real_col[:, None, :]
+        have = tree_mask.bool().cpu()
+        diff = (have != want) & mask_rows[:, :, None]
+        for b, i in diff.any(-1).nonzero().tolist():
+            missing = (want[b, i] & ~have[b, i]).nonzero().flatten().tolist()
+            extra = (have[b, i] & ~want[b, i]).nonzero().flatten().tolist()
+            if missing and add(b, i, "tree_mask", "mask_missing_ancestor",
+                               f"tree mask row misses ancestor-or-self node(s) {missing}", tuple(missing)):
+                return problems
+            if extra and add(b, i, "tree_mask", "mask_non_ancestor",
+                             f"tree mask row sees node(s) {extra}, not ancestors", tuple(extra)):
+                return problems
+    return problems
+
+
 def find_retrieve_problem(
     retrieve_next_token: torch.Tensor,
     retrieve_next_sibling: torch.Tensor,
@@ -212,72 +457,17 @@ def find_retrieve_problem(
 ) -> RetrieveError | None:
     """The first broken invariant of a batch of retrieve buffers, or None.
 
-    Checked per request, in this order: buffer values in range (``-1`` or a valid node);
-    ``retrieve_index[b, i] == b * N + i`` for valid nodes (when given); the walk from the root
-    reaches no node twice (this also catches cycles and a root listed as a child); every
-    valid node is reachable; along each sibling chain ``node_logws`` do not increase (when
-    given); a child's depth is its parent's depth + 1 (when given).
-
-    Args:
-        retrieve_next_token, retrieve_next_sibling: ``[bs, N]`` integer.
-        num_nodes: ``[bs]``; default ``N`` for every request.
-        retrieve_index, node_logws, depths: optional ``[bs, N]`` for the extra checks.
-
-    Returns:
-        a :class:`RetrieveError` naming request and node, or None.
+    The first of :func:`find_retrieve_problems` over the given fields, as a
+    :class:`RetrieveError` naming request and node.
     """
-    bs, n = retrieve_next_token.shape
-    counts = [n] * bs if num_nodes is None else [int(v) for v in num_nodes.tolist()]
-    nt, ns = retrieve_next_token.tolist(), retrieve_next_sibling.tolist()
-    ri = retrieve_index.tolist() if retrieve_index is not None else None
-    lw = node_logws.tolist() if node_logws is not None else None
-    dp = depths.tolist() if depths is not None else None
-    for b in range(bs):
-        count = counts[b]
-        if not 1 <= count <= n:
-            return RetrieveError(f"num_nodes {count} outside [1, {n}]", b, 0)
-        for i in range(count):
-            for name, buf in (("retrieve_next_token", nt), ("retrieve_next_sibling", ns)):
-                v = buf[b][i]
-                if not (v == -1 or 0 <= v < count):
-                    return RetrieveError(f"{name} = {v} is out of range (valid: -1 or 0..{count - 1})", b, i)
-            if ri is not None and ri[b][i] != b * n + i:
-                return RetrieveError(f"retrieve_index = {ri[b][i]}, expected {b * n + i}", b, i)
-        if ns[b][0] != -1:
-            return RetrieveError(f"the root has a next sibling ({ns[b][0]})", b, 0)
-        seen = [False] * count
-        seen[0] = True
-        stack = [0]
-        while stack:
-            parent = stack.pop()
-            prev = None
-            child = nt[b][parent]
-            while child != -1:
-                if seen[child]:
-                    return RetrieveError(f"reached twice (again as a child of node {parent}): a cycle or a shared child", b, child)
-                seen[child] = True
-                if dp is not None and dp[b][child] != dp[b][parent] + 1:
-                    return RetrieveError(
-                        f"depth {dp[b][child]} is not parent depth {dp[b][parent]} + 1 (parent node {parent})", b, child
-                    )
-                if lw is not None and prev is not None and lw[b][child] > lw[b][prev]:
-                    return RetrieveError(
-                        f"sibling chain out of log-weight order: node_logw {lw[b][child]:.6g} follows sibling "
-                        f"{prev} with {lw[b][prev]:.6g}",
-                        b,
-                        child,
-                    )
-                stack.append(child)
-                prev = child
-                child = ns[b][child]
-        for i in range(count):
-            if not seen[i]:
-                return RetrieveError("not reachable from the root", b, i)
-    return None
+    found = find_retrieve_problems(retrieve_next_token, retrieve_next_sibling, num_nodes, retrieve_index=retrieve_index,
+                                   node_logws=node_logws, depths=depths, limit=1)
+    return found[0].error() if found else None
 
 
 def check_retrieve(verify_input: DDTreeVerifyInput, node_logws: torch.Tensor | None = None) -> None:
-    """Raise :class:`RetrieveError` at the first broken invariant of ``verify_input``."""
+    """Raise :class:`RetrieveError` at the first broken invariant of ``verify_input``
+    (links, index, depths and, with ``node_logws``, sibling order)."""
     problem = find_retrieve_problem(
         verify_input.retrieve_next_token,
         verify_input.retrieve_next_sibling,
@@ -288,6 +478,19 @@ def check_retrieve(verify_input: DDTreeVerifyInput, node_logws: torch.Tensor | N
     )
     if problem is not None:
         raise problem
+
+
+def check_verify_buffers(verify_input: DDTreeVerifyInput) -> None:
+    """What every verifier backend runs before walking (``validate=True``, the default).
+
+    Raises:
+        RetrieveError: the first problem :func:`find_retrieve_problems` finds in
+            ``verify_input`` (every field: links, index, depths, positions, tree mask, sibling
+            tokens), naming request and node.
+    """
+    found = find_retrieve_problems(verify_input, limit=1)
+    if found:
+        raise found[0].error()
 
 
 def decode_retrieve(

@@ -1,8 +1,14 @@
 """Sampling parameters and the target-side transforms (temperature, top-k, top-p, min-p).
 
-Order (DESIGN.md; SGLang's verify path and vLLM's sampler use the same):
+Order (DESIGN.md; SGLang's verify path and vLLM's sampler use the same), the default
+``order="top_k_then_top_p"``:
 ``logits / temperature -> top-k -> renormalise -> top-p over the survivors -> renormalise
--> optional min-p -> renormalise``.
+-> optional min-p -> renormalise``. The other order, ``order="top_p_then_top_k"`` (top-p on
+the whole tempered distribution, then top-k among its survivors, renormalise, min-p), is
+available on request, never silently: on ``[0.4, 0.3, 0.2, 0.1]`` with ``top_k=2``,
+``top_p=0.5`` the default keeps one token (``[0.57, 0.43]`` after top-k, and 0.57 reaches 0.5)
+and the other order keeps two. Plain sampling (a session's first token) and every verifier use
+the request's ``order`` through :func:`target_probs`.
 
 Boundary and tie rules (the same rules the Triton verifiers implement):
 
@@ -30,7 +36,10 @@ import torch
 
 from ._checks import check_tensor
 
-__all__ = ["SamplingParams", "normalize_params", "target_probs", "greedy_params"]
+__all__ = ["SamplingParams", "normalize_params", "target_probs", "greedy_params", "ORDERS"]
+
+#: The filtering orders :class:`SamplingParams` knows; the first is the default.
+ORDERS = ("top_k_then_top_p", "top_p_then_top_k")
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,15 @@ class SamplingParams:
         top_k: ``<= 0`` means off; else ``1..V``.
         top_p: in ``(0, 1]``; 1.0 means off.
         min_p: ``None`` or 0 means off; else in ``(0, 1]``.
-        seed: seeds the request's coin generator (``None``: drawn from torch's global RNG).
+        seed: seeds the request's coin generator (``None``: drawn from torch's global RNG);
+            an int in ``[0, 2**63)``.
+        order: ``"top_k_then_top_p"`` (default, SGLang / vLLM) or ``"top_p_then_top_k"``
+            (module docstring).
+
+    Raises:
+        ValueError: at construction, for a value of the wrong type or outside the ranges above
+            (the message names the argument); ``top_k`` against the vocabulary is checked by
+            :func:`normalize_params`.
     """
 
     temperature: float = 1.0
@@ -50,13 +67,35 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float | None = None
     seed: int | None = None
+    order: str = ORDERS[0]
+
+    def __post_init__(self):
+        why = self.problem()
+        if why is not None:
+            raise ValueError(f"SamplingParams: {why}")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "SamplingParams":
+        """The inverse of :meth:`to_dict`; a dict without ``order`` (trace format v1) gets the
+        default order.
+
+        Raises:
+            TypeError: not a dict; ValueError: an unknown key or an invalid value (named).
+        """
+        if not isinstance(d, dict):
+            raise TypeError(f"sampling parameters must be a dict, got {type(d).__name__}")
+        known = {"temperature", "top_k", "top_p", "min_p", "seed", "order"}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown sampling parameter(s) {unknown} (known: {sorted(known)})")
+        return cls(**d)
+
     def problem(self, vocab_size: int | None = None) -> str | None:
-        """What is wrong with these parameters, or None."""
+        """What is wrong with these parameters, or None (the argument named)."""
         for name in ("temperature", "top_p"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -83,11 +122,14 @@ class SamplingParams:
             return f"seed must be an int or None, got {self.seed!r}"
         if self.seed is not None and not 0 <= self.seed < 2**63:
             return f"seed must be in [0, 2**63), got {self.seed}"
+        if not isinstance(self.order, str) or self.order not in ORDERS:
+            return f"order must be one of {ORDERS}, got {self.order!r}"
         return None
 
     def to_dict(self) -> dict:
+        """JSON-able dict (:meth:`from_dict` reads it back)."""
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
-                "min_p": self.min_p, "seed": self.seed}
+                "min_p": self.min_p, "seed": self.seed, "order": self.order}
 
 
 def greedy_params() -> SamplingParams:
@@ -156,6 +198,37 @@ def _top_p_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return probs >= cut
 
 
+def filtered_probs(rows: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """``[..., V]`` float32 logits -> probabilities under ``p`` (module docstring: order, tie
+    rules); rows already checked. Greedy rows are one-hot at the argmax."""
+    if p.is_greedy:
+        return torch.zeros_like(rows).scatter_(-1, rows.argmax(-1, keepdim=True), 1.0)
+    vocab = rows.shape[-1]
+    # IEEE float32 division by float32(T) on every device (CUDA turns division by a
+    # Python scalar into multiplication by its reciprocal, which can move a top-k tie)
+    scaled = rows / torch.full_like(rows[..., :1], p.temperature)
+    top_k = 0 < p.top_k < vocab
+    if p.order == "top_k_then_top_p":
+        if top_k:
+            scaled = scaled.masked_fill(~_top_k_mask(scaled, p.top_k), -math.inf)
+        probs = torch.softmax(scaled, dim=-1)
+        if p.top_p < 1.0:
+            probs = probs * _top_p_mask(probs, p.top_p)
+            probs = probs / probs.sum(-1, keepdim=True)
+    else:  # top-p on the whole tempered distribution, then top-k among its survivors
+        probs = torch.softmax(scaled, dim=-1)
+        keep = _top_p_mask(probs, p.top_p) if p.top_p < 1.0 else torch.ones_like(probs, dtype=torch.bool)
+        if top_k:
+            keep &= _top_k_mask(scaled, p.top_k)
+        if p.top_p < 1.0 or top_k:
+            probs = probs * keep
+            probs = probs / probs.sum(-1, keepdim=True)
+    if p.min_p:
+        probs = probs * (probs >= p.min_p * probs.max(-1, keepdim=True).values)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
 def target_probs(
     logits: torch.Tensor,
     params: SamplingParams | Sequence[SamplingParams],
@@ -170,8 +243,8 @@ def target_probs(
             checked and come back all zero.
 
     Returns:
-        ``[bs, N, V]`` float32 probabilities, transforms applied in the module's order;
-        greedy rows one-hot at the argmax.
+        ``[bs, N, V]`` float32 probabilities, transforms applied in each request's ``order``
+        (module docstring); greedy rows one-hot at the argmax.
 
     Raises:
         ValueError: a row with NaN, +inf or all -inf (naming request and node), or invalid
@@ -183,23 +256,7 @@ def target_probs(
     check_logits_rows(logits, num_nodes)
     out = torch.zeros(bs, n, vocab, dtype=torch.float32, device=logits.device)
     for b, p in enumerate(items):
-        rows = logits[b].float()
-        if p.is_greedy:
-            out[b].scatter_(-1, rows.argmax(-1, keepdim=True), 1.0)
-        else:
-            # IEEE float32 division by float32(T) on every device (CUDA turns division by a
-            # Python scalar into multiplication by its reciprocal, which can move a top-k tie)
-            scaled = rows / torch.full_like(rows[..., :1], p.temperature)
-            if 0 < p.top_k < vocab:
-                scaled = scaled.masked_fill(~_top_k_mask(scaled, p.top_k), -math.inf)
-            probs = torch.softmax(scaled, dim=-1)
-            if p.top_p < 1.0:
-                probs = probs * _top_p_mask(probs, p.top_p)
-                probs = probs / probs.sum(-1, keepdim=True)
-            if p.min_p:
-                probs = probs * (probs >= p.min_p * probs.max(-1, keepdim=True).values)
-                probs = probs / probs.sum(-1, keepdim=True)
-            out[b] = probs
+        out[b] = filtered_probs(logits[b].float(), p)
     if num_nodes is not None:
         pad = torch.arange(n, device=logits.device)[None, :] >= num_nodes[:, None]
         out[pad] = 0.0

@@ -644,6 +644,14 @@ def step_parts(step: dict, row: int) -> dict:
 
 
 def _explain(step: dict, lab: VerifyOutput, sgl: VerifyOutput, vocab: int | None) -> str:
+    for d in lab.decisions[0]:
+        siblings = [s.target_prob for s in lab.decisions[0] if s.parent == d.parent]
+        if d.verdict == "accept" and d.cumulative_mass == 1.0 and d.coin is not None and d.coin >= sum(siblings):
+            # the lab's exact-arithmetic step (ddtree_lab.verify, "Floating-point edge")
+            return (f"node {d.parent}'s children hold its whole row and the coin {d.coin:.8g} lies above their "
+                    f"float32 sum: the lab takes node {d.node} (exact arithmetic: S = 1 > u), SGLang rejects on "
+                    f"the float sum and emits {int(sgl.bonus_token[0])} (by design); the row past it was not recorded, so "
+                    "the lab reports support_exhausted there")
     if lab.support_exhausted.any() and vocab is not None:
         b = int(sgl.bonus_token[0])
         same_path = torch.equal(lab.accept_length, sgl.accept_length)

@@ -300,6 +300,10 @@ def load_trace(path: str | Path) -> RunTrace:
                 raise TraceFormatError(f"{path}: step {k}: field {name!r} has dtype {tensors[key].dtype}, expected {dtype}")
             got[name] = tensors[key]
         try:
+            SamplingParams.from_dict(js["params"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TraceFormatError(f"{path}: step {k}: params: {str(exc).removeprefix('SamplingParams: ')}") from exc
+        try:
             step = _step_from(js, got)
         except (KeyError, TypeError, ValueError) as exc:
             raise TraceFormatError(f"{path}: step {k}: bad field ({exc!r})") from exc
@@ -329,7 +333,7 @@ def _step_from(js: dict, t: dict) -> StepTrace:
         bonus=[BonusDraw(**bonus)], backend=str(js.get("backend", "reference")))
     fields_ = {name: t[name] for name in _TENSOR_FIELDS if name not in ("accept_index", "emitted_tokens")}
     return StepTrace(step=int(js["step"]), request=request, request_id=str(js["request_id"]),
-                     prefix_len=int(js["prefix_len"]), params=SamplingParams(**js["params"]),
+                     prefix_len=int(js["prefix_len"]), params=SamplingParams.from_dict(js["params"]),
                      final_coin=float(js["final_coin"]), final_mass=float(js["final_mass"]), output=output,
                      timings=dict(js.get("timings", {})), backend=str(js.get("backend", "reference")),
                      extra=dict(js.get("extra", {})), **fields_)

@@ -25,27 +25,54 @@ design, the final draw here never returns a zero-probability token, and an empty
 is an explicit outcome (``support_exhausted``, bonus ``-1``); SGLang's draw starts from
 token ``V - 1`` and returns it when float mass rounds below the coin or nothing is left.
 
+**The one walk.** :func:`walk` is the only statement of the walk: a generator of
+:class:`WalkEvent` s (``"consider"`` a child, ``"move"`` to an accepted child, ``"bonus"``).
+What differs between verifiers is the *rule* judging one node's children and drawing the
+bonus: greedy (argmax), sampled (the rule above, over full rows or rows computed on demand),
+the expansion of the Triton kernels' compact output (the kernel's own verdicts), and the
+what-if walk over a trace's child probabilities (:func:`walk_request`).
+:func:`events_of` rebuilds the same events from a recorded decision log.
+
+**Floating-point edge.** ``S_k`` is a float32 sum, so when a node's children hold all of its
+row's mass (every other token has probability 0: exact arithmetic gives ``S_K = 1 > u``), a
+coin between the float32 ``S_K`` and 1 would reject every child and leave an empty residual.
+The walk follows exact arithmetic: it then takes the last child with positive probability and
+logs its ``cumulative_mass`` as ``1.0`` (the exact sum). ``support_exhausted`` is reserved for
+a row with no positive mass (and, with ``threshold_acc > 1``, a lossy rule rejecting ``S = 1``).
+
 The lossy thresholds ``threshold_single`` / ``threshold_acc`` (SGLang's names) exist for
 experiments: accept when ``u < S_k / threshold_acc`` or ``p_c(t_k) >= threshold_single``.
-Anything but ``1.0`` breaks exactness.
+Every finite value ``>= 0`` is accepted, as SGLang does: its kernel tests use ``0`` for both,
+and its CUDA rule ``coin <= prob_acc / threshold_acc`` turns ``threshold_acc = 0`` into
+``+inf`` for any positive ``S_k`` (accept the first child with mass); ``threshold_single = 0``
+accepts the first child with ``p > 0``. Anything but ``threshold_single >= 1`` and
+``threshold_acc == 1`` breaks exactness: :attr:`VerifyOutput.lossy` says so.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Sequence
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from ._checks import check_shape, check_tensor
-from .retrieve import DDTreeVerifyInput
+from .retrieve import DDTreeVerifyInput, check_verify_buffers
 from .sampling import SamplingParams, check_logits_rows, normalize_params
 
 __all__ = [
     "Decision",
     "BonusDraw",
+    "UndrawnBonus",
+    "WalkEvent",
     "VerifyOutput",
+    "walk",
+    "events_of",
+    "walk_request",
+    "acceptance_probabilities",
+    "is_lossy",
     "verify_greedy",
     "verify_sampled",
     "draw_coins",
@@ -100,6 +127,53 @@ class BonusDraw:
         return dict(self.__dict__)
 
 
+@dataclass(frozen=True)
+class UndrawnBonus:
+    """The bonus draw a what-if walk reached but could not make (the row is not available).
+
+    ``kind``: ``"residual"`` (after rejected children) or ``"leaf"``; ``residual_mass``: the
+    mass left for the draw, ``1 - sum`` of the rejected children's probabilities (float64, from
+    the stored child probabilities only). ``token`` is ``-1``: nothing was drawn.
+    """
+
+    request: int
+    node: int
+    kind: str
+    residual_mass: float
+    coin: float | None
+    token: int = -1
+
+    def describe(self) -> str:
+        coin = "" if self.coin is None else f" with coin {self.coin:.6g}"
+        return (f"would draw from the {'residual' if self.kind == 'residual' else 'row'} at node {self.node} "
+                f"with mass {self.residual_mass:.6g}{coin}")
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class WalkEvent:
+    """One event of the walk (DESIGN.md, "The walk").
+
+    ``kind``: ``"consider"`` (child ``node`` was judged; ``decision`` is its
+    :class:`Decision`), ``"move"`` (the walk moved to ``node``, the accepted child) or
+    ``"bonus"`` (the final draw at ``node``; ``bonus`` is the :class:`BonusDraw`, or an
+    :class:`UndrawnBonus` from :func:`walk_request` without rows).
+    """
+
+    kind: str
+    request: int
+    node: int
+    decision: Decision | None = None
+    bonus: "BonusDraw | UndrawnBonus | None" = None
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "request": self.request, "node": self.node,
+                "decision": None if self.decision is None else self.decision.to_dict(),
+                "bonus": None if self.bonus is None else self.bonus.to_dict()}
+
+
 @dataclass
 class VerifyOutput:
     """Result of verifying a batch (DESIGN.md, "Sampled verify").
@@ -115,6 +189,8 @@ class VerifyOutput:
         decisions: per request, the visited siblings in walk order.
         bonus: per request, the :class:`BonusDraw`.
         backend: which implementation produced this (``"reference"``, ``"triton"``, ...).
+        thresholds: ``(threshold_single, threshold_acc)`` the rule ran with.
+        lossy: whether those thresholds break exactness (:func:`is_lossy`).
     """
 
     accept_index: torch.Tensor
@@ -125,10 +201,22 @@ class VerifyOutput:
     decisions: list[list[Decision]] = field(default_factory=list)
     bonus: list[BonusDraw] = field(default_factory=list)
     backend: str = "reference"
+    thresholds: tuple[float, float] = (1.0, 1.0)
+    lossy: bool = False
 
     def tau(self) -> torch.Tensor:
         """Accept length τ per request: accepted draft tokens + 1 (the bonus), ``[bs]``."""
         return self.accept_length + (~self.support_exhausted).long()
+
+    def events(self, request: int) -> list[WalkEvent]:
+        """The walk events of ``request`` (:func:`events_of` of its decision log and bonus)."""
+        return events_of(self.decisions[request], self.bonus[request] if self.bonus else None)
+
+
+def is_lossy(threshold_single: float = 1.0, threshold_acc: float = 1.0) -> bool:
+    """Whether the thresholds change the target-only rule (any ``threshold_single < 1`` or
+    ``threshold_acc != 1``): the emitted law is then no longer the target's."""
+    return threshold_single < 1.0 or threshold_acc != 1.0
 
 
 def make_generators(params: Sequence[SamplingParams], device: torch.device | str = "cpu") -> list[torch.Generator]:
@@ -188,91 +276,260 @@ def _max_path(vi: DDTreeVerifyInput) -> int:
     return int(vi.depths.max()) + 1 if vi.depths.numel() else 1
 
 
-def _children(next_token: list[int], next_sibling: list[int], node: int, limit: int):
+# -- the one walk ---------------------------------------------------------------------------
+
+
+def _children(request: int, next_token, next_sibling, node: int, limit: int) -> list[int]:
+    """Node ``node``'s children in sibling order (at most ``limit`` hops: a defence for
+    ``validate=False``; validated buffers never get near it)."""
+    out = []
     child = next_token[node]
-    steps = 0
     while child != -1:
-        steps += 1
-        if steps > limit:
-            raise ValueError(f"node {node}: sibling chain longer than the tree (a cycle in retrieve_next_sibling)")
-        yield child
+        if len(out) >= limit:
+            raise ValueError(f"request {request}, node {node}: sibling chain longer than the tree "
+                             "(a cycle in retrieve_next_sibling)")
+        out.append(child)
         child = next_sibling[child]
+    return out
 
 
-def _finish(vi, paths, bonus_tokens, exhausted, decisions, bonus, backend) -> VerifyOutput:
+def walk(request: int, num_nodes: int, next_token: Sequence[int], next_sibling: Sequence[int],
+         rule) -> Iterator[WalkEvent]:
+    """The walk of one request (module docstring): the only place that states it.
+
+    From the root, the rule judges the current node's children in sibling order
+    (``rule.decide(node, depth, children) -> list[Decision]``: the visited siblings, the last
+    one accepted or all rejected); on an accept the walk moves to that child; otherwise (or at
+    a leaf) ``rule.bonus(node, children, rejected_nodes)`` makes the final draw.
+
+    Args:
+        request: the request index written into every event.
+        num_nodes: the request's node count (bounds the walk).
+        next_token, next_sibling: the request's ``retrieve_next_token`` / ``retrieve_next_sibling``
+            as Python lists (local indices, ``-1`` for none).
+        rule: greedy, sampled, kernel-expansion or what-if rule (this module's ``_*Rule``).
+
+    Yields:
+        :class:`WalkEvent` s in order: ``consider`` per judged child, ``move`` per accepted
+        child, one final ``bonus``.
+
+    Raises:
+        ValueError: a cycle (request and node named), or a rule whose verdicts do not follow
+            the children in order.
+    """
+    cur, depth, visited = 0, 1, 1
+    while True:
+        children = _children(request, next_token, next_sibling, cur, num_nodes)
+        decisions = rule.decide(cur, depth, children) if children else []
+        for k, d in enumerate(decisions):
+            if k >= len(children) or d.node != children[k] or (d.verdict == "accept" and k != len(decisions) - 1):
+                raise ValueError(f"request {request}, node {cur}: decision {k} ({d.node}, {d.verdict}) does not "
+                                 f"follow the children {children} in sibling order")
+            yield WalkEvent("consider", request, d.node, decision=d)
+        if decisions and decisions[-1].verdict == "accept":
+            cur = decisions[-1].node
+            visited += 1
+            if visited > num_nodes:
+                raise ValueError(f"request {request}, node {cur}: the walk revisits nodes "
+                                 "(a cycle in retrieve_next_token)")
+            depth += 1
+            yield WalkEvent("move", request, cur)
+            continue
+        yield WalkEvent("bonus", request, cur, bonus=rule.bonus(cur, children, [d.node for d in decisions]))
+        return
+
+
+def _collect(events) -> tuple[list[int], list[Decision], "BonusDraw | UndrawnBonus | None"]:
+    """``(path, decisions, bonus)`` of one request's events."""
+    path, log, bonus = [0], [], None
+    for e in events:
+        if e.kind == "consider":
+            log.append(e.decision)
+        elif e.kind == "move":
+            path.append(e.node)
+        else:
+            bonus = e.bonus
+    return path, log, bonus
+
+
+def events_of(decisions: Sequence[Decision], bonus: "BonusDraw | UndrawnBonus | None" = None) -> list[WalkEvent]:
+    """The walk events of one request rebuilt from its recorded decision log and bonus draw.
+
+    Equal to ``list(walk(...))`` of the run that recorded them; a stepper's cursor ``k``
+    means "``events[:k]`` have happened".
+
+    Args:
+        decisions: the request's :class:`Decision` s in walk order (``VerifyOutput.decisions[b]``,
+            ``StepTrace.decisions``).
+        bonus: its :class:`BonusDraw` (``None``: no bonus event).
+    """
+    events = []
+    for d in decisions:
+        events.append(WalkEvent("consider", d.request, d.node, decision=d))
+        if d.verdict == "accept":
+            events.append(WalkEvent("move", d.request, d.node))
+    if bonus is not None:
+        events.append(WalkEvent("bonus", bonus.request, bonus.node, bonus=bonus))
+    return events
+
+
+def _accepts(p: float, mass: float, u: float, threshold_single: float, threshold_acc: float) -> bool:
+    """The target-only accept test: ``p > 0`` and (``u < S / threshold_acc`` or
+    ``p >= threshold_single``); ``S / 0`` is ``+inf`` for ``S > 0`` (SGLang's IEEE division)."""
+    if not p > 0.0:
+        return False
+    acc = mass > 0.0 if threshold_acc == 0.0 else u < mass / threshold_acc
+    return acc or p >= threshold_single
+
+
+class _GreedyRule:
+    """Accept the child whose token is the row's argmax; the bonus is that argmax."""
+
+    def __init__(self, request, tokens, argmax, probs):
+        self.request, self.tokens, self.argmax, self.probs = request, tokens, argmax, probs
+
+    def decide(self, node, depth, children):
+        want, mass, out = self.argmax[node], 0.0, []
+        for child in children:
+            p = float(self.probs[node, self.tokens[child]])
+            mass += p
+            ok = self.tokens[child] == want
+            out.append(Decision(self.request, depth, node, child, self.tokens[child], p, mass, None,
+                                "accept" if ok else "reject"))
+            if ok:
+                break
+        return out
+
+    def bonus(self, node, children, rejected):
+        t = self.argmax[node]
+        return BonusDraw(self.request, node, t, "argmax", 1.0, None, float(self.probs[node, t]))
+
+
+class _SampledRule:
+    """The target-only rule over float32 rows ``row_of(i)`` (read only where the walk goes)."""
+
+    def __init__(self, request, tokens, row_of, coins, final_coin, threshold_single, threshold_acc,
+                 final_mass=None, residual_empty=None):
+        self.request, self.tokens, self.row_of = request, tokens, row_of
+        self.coins, self.final_coin, self.final_mass = coins, final_coin, final_mass
+        self.ts, self.ta = threshold_single, threshold_acc
+        self.residual_empty = residual_empty or self._residual_empty
+        self._row = (None, None)
+        self._residual_cache = (None, None)
+
+    def row(self, node):
+        if self._row[0] != node:
+            self._row = (node, self.row_of(node))
+        return self._row[1]
+
+    def child_probs(self, node, children):
+        return self.row(node)[[self.tokens[c] for c in children]].tolist()
+
+    def residual(self, node, rejected_tokens):
+        """Cached :func:`_residual` of node ``node``'s row (the FP-edge test and the bonus
+        draw share it)."""
+        key = (node, tuple(rejected_tokens))
+        if self._residual_cache[0] != key:
+            self._residual_cache = (key, _residual(self.row(node), rejected_tokens))
+        return self._residual_cache[1]
+
+    def _residual_empty(self, node, children):
+        _residual_row, cum = self.residual(node, [self.tokens[c] for c in children])
+        return cum.numel() == 0 or not float(cum[-1]) > 0.0
+
+    def decide(self, node, depth, children):
+        u = self.coins[node]
+        mass, out, last_positive = 0.0, [], None
+        for child, p in zip(children, self.child_probs(node, children)):
+            mass = float(np.float32(mass + p))  # S_k in float32, as a kernel sums it
+            ok = _accepts(p, mass, u, self.ts, self.ta)
+            out.append(Decision(self.request, depth, node, child, self.tokens[child], p, mass, u,
+                                "accept" if ok else "reject"))
+            if ok:
+                return out
+            if p > 0.0:
+                last_positive = len(out) - 1
+        # exact arithmetic: children holding the whole row sum to S_K = 1 > u (module docstring)
+        if last_positive is not None and self.residual_empty(node, children):
+            d = out[last_positive]
+            if _accepts(d.target_prob, 1.0, u, self.ts, self.ta):
+                return out[:last_positive] + [replace(d, cumulative_mass=1.0, verdict="accept")]
+        return out
+
+    def bonus(self, node, children, rejected):
+        token, mass, token_p = _draw(*self.residual(node, [self.tokens[c] for c in rejected]), self.final_coin,
+                                     self.final_mass)
+        kind = "exhausted" if token < 0 else ("residual" if rejected else "leaf")
+        return BonusDraw(self.request, node, token, kind, mass, self.final_coin, token_p)
+
+
+def _finish(vi, paths, bonus_tokens, exhausted, decisions, bonus, backend, thresholds=(1.0, 1.0)) -> VerifyOutput:
     bs = vi.batch_size
     width = max(_max_path(vi), max((len(p) for p in paths), default=1))
-    accept_index = torch.full((bs, width), -1, dtype=torch.int64)
-    emitted = torch.full((bs, width), -1, dtype=torch.int64)
     tokens = vi.node_token_ids.tolist()
+    index_rows, emitted_rows = [], []
     for b, path in enumerate(paths):
-        accept_index[b, : len(path)] = torch.tensor(path, dtype=torch.int64)
-        drafted = [tokens[b][i] for i in path[1:]]
-        out = drafted + ([] if exhausted[b] else [bonus_tokens[b]])
-        if out:
-            emitted[b, : len(out)] = torch.tensor(out, dtype=torch.int64)
+        out = [tokens[b][i] for i in path[1:]] + ([] if exhausted[b] else [bonus_tokens[b]])
+        index_rows.append(path + [-1] * (width - len(path)))
+        emitted_rows.append(out + [-1] * (width - len(out)))
     return VerifyOutput(
-        accept_index=accept_index,
+        accept_index=torch.tensor(index_rows, dtype=torch.int64).reshape(bs, width),
+        emitted_tokens=torch.tensor(emitted_rows, dtype=torch.int64).reshape(bs, width),
         accept_length=torch.tensor([len(p) - 1 for p in paths], dtype=torch.int64),
-        emitted_tokens=emitted,
         bonus_token=torch.tensor(bonus_tokens, dtype=torch.int64),
         support_exhausted=torch.tensor(exhausted, dtype=torch.bool),
         decisions=decisions,
         bonus=bonus,
         backend=backend,
+        thresholds=(float(thresholds[0]), float(thresholds[1])),
+        lossy=is_lossy(*thresholds),
     )
 
 
-def verify_greedy(verify_input: DDTreeVerifyInput, target_logits: torch.Tensor) -> VerifyOutput:
+def walk_batch(vi: DDTreeVerifyInput, rule_of: Callable[[int], object], backend: str,
+               thresholds: tuple[float, float] = (1.0, 1.0)) -> VerifyOutput:
+    """Run :func:`walk` for every request of ``vi`` with ``rule_of(b)`` and assemble the
+    :class:`VerifyOutput` (every verifier and backend ends here)."""
+    nt, ns = vi.retrieve_next_token.tolist(), vi.retrieve_next_sibling.tolist()
+    paths, bonus_tokens, exhausted, decisions, bonus = [], [], [], [], []
+    for b in range(vi.batch_size):
+        path, log, draw = _collect(walk(b, int(vi.num_nodes[b]), nt[b], ns[b], rule_of(b)))
+        paths.append(path)
+        bonus_tokens.append(draw.token)
+        exhausted.append(draw.token < 0)
+        decisions.append(log)
+        bonus.append(draw)
+    return _finish(vi, paths, bonus_tokens, exhausted, decisions, bonus, backend, thresholds)
+
+
+def verify_greedy(verify_input: DDTreeVerifyInput, target_logits: torch.Tensor, *, validate: bool = True) -> VerifyOutput:
     """Greedy tree verification (SGLang ``verify_tree_greedy``), whole batch.
 
     Args:
         verify_input: buffers from :func:`ddtree_lab.compile_retrieve`.
         target_logits: ``[bs, N, V]`` float32 / float16 / bfloat16, the target's logits at
             every node (row ``i`` predicts the token after node ``i``).
+        validate: check the buffers first (:func:`ddtree_lab.check_verify_buffers`, O(N) per
+            request); ``False`` only for timing.
 
     Returns:
         :class:`VerifyOutput`; ``decisions`` hold, per visited sibling, the softmax
         probability of its token (for display), the running sum, and the verdict.
 
     Raises:
-        ValueError: shape mismatch, a buffer index out of range, a token outside the
-            vocabulary, or a NaN / all ``-inf`` row on the walked path (request and node named).
+        ValueError: shape mismatch, broken buffers (:class:`ddtree_lab.RetrieveError`, request
+            and node named), a token outside the vocabulary, or a NaN / all ``-inf`` row on the
+            walked path (request and node named).
     """
     check_tensor("target_logits", target_logits, dtype=(torch.float32, torch.float16, torch.bfloat16), ndim=3)
     _check_verify_input(verify_input, target_logits, "target_logits")
+    if validate:
+        check_verify_buffers(verify_input)
     check_logits_rows(target_logits, verify_input.num_nodes)
     argmax = target_logits.float().argmax(-1).tolist()
     probs = torch.softmax(target_logits.float(), dim=-1)
-    nt, ns = verify_input.retrieve_next_token.tolist(), verify_input.retrieve_next_sibling.tolist()
     tokens = verify_input.node_token_ids.tolist()
-    paths, bonus_tokens, exhausted, decisions, bonus = [], [], [], [], []
-    for b in range(verify_input.batch_size):
-        n = int(verify_input.num_nodes[b])
-        cur, path, log = 0, [0], []
-        while True:
-            want = argmax[b][cur]
-            mass, nxt = 0.0, None
-            for child in _children(nt[b], ns[b], cur, n):
-                p = float(probs[b, cur, tokens[b][child]])
-                mass += p
-                ok = tokens[b][child] == want
-                log.append(Decision(b, len(path), cur, child, tokens[b][child], p, mass, None, "accept" if ok else "reject"))
-                if ok:
-                    nxt = child
-                    break
-            if nxt is None:
-                break
-            cur = nxt
-            path.append(cur)
-            if len(path) > n:
-                raise ValueError(f"request {b}, node {cur}: the walk revisits nodes (a cycle in retrieve_next_token)")
-        paths.append(path)
-        bonus_tokens.append(argmax[b][cur])
-        exhausted.append(False)
-        decisions.append(log)
-        bonus.append(BonusDraw(b, cur, argmax[b][cur], "argmax", 1.0, None, float(probs[b, cur, argmax[b][cur]])))
-    return _finish(verify_input, paths, bonus_tokens, exhausted, decisions, bonus, "reference")
+    return walk_batch(verify_input, lambda b: _GreedyRule(b, tokens[b], argmax[b], probs[b]), "reference")
 
 
 def residual_draw(row: torch.Tensor, rejected: Sequence[int], coin: float,
@@ -293,17 +550,25 @@ def residual_draw(row: torch.Tensor, rejected: Sequence[int], coin: float,
         rejected: token ids zeroed before the draw (the rejected siblings).
         coin: the final coin in [0, 1).
     """
+    return _draw(*_residual(row, rejected), coin, mass)
+
+
+def _residual(row: torch.Tensor, rejected: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(residual, running sum)``, float64: ``row`` with the ``rejected`` tokens zeroed."""
     residual = row.double().clone()
     rejected = [t for t in rejected if t < residual.shape[0]]
     if rejected:
         residual[torch.tensor(rejected, dtype=torch.int64, device=row.device)] = 0.0
-    cum = residual.cumsum(0)
+    return residual, residual.cumsum(0)
+
+
+def _draw(residual: torch.Tensor, cum: torch.Tensor, coin: float, mass: float | None) -> tuple[int, float, float]:
     if mass is None:
         mass = float(cum[-1]) if cum.numel() else 0.0
     if mass <= 0.0:
         return -1, 0.0, 0.0
     target = coin * mass
-    idx = int(torch.searchsorted(cum, torch.tensor([target], dtype=torch.float64, device=row.device), right=True)[0])
+    idx = int(torch.searchsorted(cum, torch.tensor([target], dtype=torch.float64, device=cum.device), right=True)[0])
     if idx >= residual.shape[0] or residual[idx] <= 0.0:
         positive = residual.nonzero()
         if positive.numel() == 0:
@@ -322,6 +587,7 @@ def verify_sampled(
     threshold_single: float = 1.0,
     threshold_acc: float = 1.0,
     final_masses: Sequence[float | None] | None = None,
+    validate: bool = True,
 ) -> VerifyOutput:
     """Sampled tree verification, target-only rule (module docstring), whole batch.
 
@@ -336,25 +602,30 @@ def verify_sampled(
         coins: ``[bs, N]`` float32 in [0, 1); ``coins[b, i]`` decides among the children of
             node ``i`` (SGLang's ``uniform_samples`` layout).
         final_coins: ``[bs]`` float32 in [0, 1), for the bonus draw.
-        threshold_single, threshold_acc: 1.0 for the exact rule (see module docstring).
+        threshold_single, threshold_acc: 1.0 for the exact rule; any finite value >= 0 is
+            accepted (0 included, as SGLang) and marks the output ``lossy`` (module docstring).
         final_masses: per request, the residual mass of the bonus draw when ``target_probs``
             holds the final row only up to the drawn token (trace replay, see
             :func:`residual_draw`); ``None`` computes it from the row.
+        validate: check the buffers first (:func:`ddtree_lab.check_verify_buffers`, O(N) per
+            request); ``False`` only for timing.
 
     Returns:
         :class:`VerifyOutput` with the decision log (node, token, ``p``, ``S_k``, coin, verdict)
         and, per request, the :class:`BonusDraw` (residual mass and the coin used).
 
     Raises:
-        ValueError: shape or range errors, coins outside [0, 1), NaN or negative
-            probabilities on a walked row, or thresholds outside (0, 1] (each names request
-            and node where it applies).
+        ValueError: shape or range errors, broken buffers (:class:`ddtree_lab.RetrieveError`),
+            coins outside [0, 1), NaN or negative probabilities on a walked row, or negative /
+            non-finite thresholds (each names request and node where it applies).
     """
     check_tensor("target_probs", target_probs, dtype=torch.float32, ndim=3)
     _check_verify_input(verify_input, target_probs, "target_probs")
     bs, n = verify_input.node_token_ids.shape
     _check_coins(coins, final_coins, bs, n)
     _check_thresholds(threshold_single, threshold_acc)
+    if validate:
+        check_verify_buffers(verify_input)
     bad_rows = (torch.isnan(target_probs).any(-1) | (target_probs < 0).any(-1)).tolist()
 
     def row_of(b: int, i: int) -> torch.Tensor:
@@ -371,20 +642,14 @@ def walk_sampled_batch(vi, row_of, coins, final_coins, threshold_single, thresho
     """The sampled walk of every request of a batch; ``row_of(b, i)`` gives node ``i``'s float32
     row of request ``b`` and is called only for rows the walk reaches (the reference reads a
     full tensor, the lazy backend computes rows on demand)."""
-    nt, ns = vi.retrieve_next_token.tolist(), vi.retrieve_next_sibling.tolist()
     tokens = vi.node_token_ids.tolist()
     coin_rows, final = coins.tolist(), final_coins.tolist()
-    paths, bonus_tokens, exhausted, decisions, bonus = [], [], [], [], []
-    for b in range(vi.batch_size):
-        path, log, draw = _walk_sampled(b, int(vi.num_nodes[b]), lambda i, b=b: row_of(b, i), nt[b], ns[b],
-                                        tokens[b], coin_rows[b], final[b], threshold_single, threshold_acc,
-                                        None if final_masses is None else final_masses[b])
-        paths.append(path)
-        bonus_tokens.append(draw.token)
-        exhausted.append(draw.token < 0)
-        decisions.append(log)
-        bonus.append(draw)
-    return _finish(vi, paths, bonus_tokens, exhausted, decisions, bonus, backend)
+
+    def rule_of(b):
+        return _SampledRule(b, tokens[b], lambda i: row_of(b, i), coin_rows[b], final[b], threshold_single,
+                            threshold_acc, None if final_masses is None else final_masses[b])
+
+    return walk_batch(vi, rule_of, backend, (threshold_single, threshold_acc))
 
 
 def _check_coins(coins: torch.Tensor, final_coins: torch.Tensor, bs: int, n: int) -> None:
@@ -401,40 +666,153 @@ def _check_coins(coins: torch.Tensor, final_coins: torch.Tensor, bs: int, n: int
 
 
 def _check_thresholds(threshold_single: float, threshold_acc: float) -> None:
+    """Every finite value >= 0 (what SGLang accepts, 0 included; see the module docstring)."""
     for name, t in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
-        if not 0.0 < t <= 1.0:
-            raise ValueError(f"{name} must be in (0, 1], got {t}")
+        if isinstance(t, bool) or not isinstance(t, (int, float)):
+            raise TypeError(f"{name} must be a number, got {t!r}")
+        if not (math.isfinite(t) and t >= 0.0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {t}")
 
 
-def _walk_sampled(b, count, row_of, nt, ns, tokens, coin_row, final_coin, threshold_single, threshold_acc,
-                  final_mass=None):
-    """The sampled walk of request ``b``: (path, decisions, BonusDraw).
+# -- what-if analyses -----------------------------------------------------------------------
 
-    ``row_of(i)`` returns node ``i``'s float32 probability row ``[V]``; it is called only for
-    the rows the walk reaches (the reference passes rows of a full tensor, the lazy torch
-    backend computes them on demand). ``final_mass``: see :func:`residual_draw`.
+
+def _as_list(name, x, n=None):
+    values = x.tolist() if isinstance(x, torch.Tensor) else list(x)
+    if n is not None and len(values) != n:
+        raise ValueError(f"{name} has {len(values)} entries, expected {n}")
+    return values
+
+
+#: :func:`walk_request` without rows counts a node's children as holding its whole row when
+#: their float64 probability sum reaches ``1 - CHILDREN_COVER_TOL``.
+CHILDREN_COVER_TOL = 2.0 ** -20
+
+
+def walk_request(
+    retrieve_next_token,
+    retrieve_next_sibling,
+    node_token_ids,
+    child_probs,
+    coins,
+    final_coin: float | None = None,
+    *,
+    request: int = 0,
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+    row_of: Callable[[int], torch.Tensor] | None = None,
+    final_mass: float | None = None,
+) -> list[WalkEvent]:
+    """Re-walk one request with the target-only rule from stored child probabilities (pure;
+    for what-if analyses such as "what if this coin had been 0.3").
+
+    Args:
+        retrieve_next_token, retrieve_next_sibling, node_token_ids: ``[n]`` (tensors or lists)
+            of the request (local indices).
+        child_probs: ``[n]`` float, ``child_probs[i]`` = target p of node ``i``'s token in its
+            parent's row (``StepTrace.child_probs``; root entry ignored).
+        coins: ``[n]`` coins in [0, 1) (``coins[i]`` decides among node ``i``'s children).
+        final_coin: the bonus coin (``None``: the bonus is not drawn).
+        request: the request index written into the events.
+        threshold_single, threshold_acc: as :func:`verify_sampled`.
+        row_of: optional ``row_of(node) -> [V]`` float32 full row; with it the bonus is drawn
+            (and the children-cover-the-row test is exact), as :func:`verify_sampled` does.
+        final_mass: passed to :func:`residual_draw` with ``row_of`` (a stored prefix row).
+
+    Returns:
+        the :class:`WalkEvent` s. Without ``row_of`` the final event's ``bonus`` is an
+        :class:`UndrawnBonus` ("would draw from the residual at node X with mass M"), and a
+        node's children count as holding its whole row when their probabilities sum to at
+        least ``1 - CHILDREN_COVER_TOL``.
+
+    Raises:
+        ValueError: lengths differ, a coin outside [0, 1), a negative or NaN child probability
+            of a reached child, bad thresholds, or a cycle.
     """
-    cur, path, log = 0, [0], []
-    while True:
-        row = row_of(cur)
-        u = coin_row[cur]
-        mass, nxt, rejected = 0.0, None, []
-        children = list(_children(nt, ns, cur, count))
-        child_p = row[[tokens[c] for c in children]].tolist() if children else []
-        for child, p in zip(children, child_p):
-            mass = float(np.float32(mass + p))  # S_k in float32, as a kernel sums it
-            ok = p > 0.0 and (u < mass / threshold_acc or p >= threshold_single)
-            log.append(Decision(b, len(path), cur, child, tokens[child], p, mass, u, "accept" if ok else "reject"))
-            if ok:
-                nxt = child
-                break
-            rejected.append(tokens[child])
-        if nxt is None:
-            break
-        cur = nxt
-        path.append(cur)
-        if len(path) > count:
-            raise ValueError(f"request {b}, node {cur}: the walk revisits nodes (a cycle in retrieve_next_token)")
-    token, residual_mass, token_p = residual_draw(row, rejected, final_coin, final_mass)
-    kind = "exhausted" if token < 0 else ("residual" if rejected else "leaf")
-    return path, log, BonusDraw(b, cur, token, kind, residual_mass, final_coin, token_p)
+    nt = _as_list("retrieve_next_token", retrieve_next_token)
+    n = len(nt)
+    ns = _as_list("retrieve_next_sibling", retrieve_next_sibling, n)
+    tokens = _as_list("node_token_ids", node_token_ids, n)
+    cp = [float(v) for v in _as_list("child_probs", child_probs, n)]
+    cs = [float(v) for v in _as_list("coins", coins, n)]
+    _check_thresholds(threshold_single, threshold_acc)
+    for i, c in enumerate(cs):
+        if not 0.0 <= c < 1.0:
+            raise ValueError(f"coins, request {request}, node {i}: {c} is not in [0, 1)")
+    if final_coin is not None and not 0.0 <= final_coin < 1.0:
+        raise ValueError(f"final_coin, request {request}: {final_coin} is not in [0, 1)")
+
+    class _WhatIf(_SampledRule):
+        def child_probs(self, node, children):
+            out = []
+            for c in children:
+                if not cp[c] >= 0.0:
+                    raise ValueError(f"child_probs, request {request}, node {c}: {cp[c]} is not a probability")
+                out.append(cp[c])
+            return out
+
+        def _residual_empty(self, node, children):
+            if row_of is not None:
+                return super()._residual_empty(node, children)
+            return math.fsum(cp[c] for c in children) >= 1.0 - CHILDREN_COVER_TOL
+
+        def bonus(self, node, children, rejected):
+            if row_of is not None and final_coin is not None:
+                return super().bonus(node, children, rejected)
+            mass = max(0.0, 1.0 - math.fsum(cp[c] for c in rejected))
+            return UndrawnBonus(request, node, "residual" if rejected else "leaf", mass, final_coin)
+
+    rule = _WhatIf(request, tokens, row_of, cs, final_coin, threshold_single, threshold_acc, final_mass)
+    return list(walk(request, n, nt, ns, rule))
+
+
+def acceptance_probabilities(
+    retrieve_next_token,
+    retrieve_next_sibling,
+    child_probs,
+    *,
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+) -> torch.Tensor:
+    """Each node's exact probability of being accepted, given the walk reached its parent.
+
+    For a coin ``u ~ U[0, 1)`` and children ``1..K`` in sibling order with target
+    probabilities ``p_k`` and exact partial sums ``S_k``: child ``k`` is accepted iff it
+    passes the accept test (``p_k > 0`` and ``u < S_k / threshold_acc`` or
+    ``p_k >= threshold_single``) and no earlier sibling does. With the default thresholds this
+    is ``p_k`` (the target-only rule is lossless); otherwise it is
+    ``min(1, S_k / threshold_acc) - L`` (or ``1 - L`` when ``p_k >= threshold_single``), ``L``
+    the coin range already taken by earlier siblings, and 0 after a sibling accepted outright.
+
+    Args:
+        retrieve_next_token, retrieve_next_sibling: ``[n]`` of one request.
+        child_probs: ``[n]``, target p of each node's token in its parent's row (root ignored).
+        threshold_single, threshold_acc: as :func:`verify_sampled`.
+
+    Returns:
+        ``[n]`` float64 (root 0).
+
+    Raises:
+        ValueError: lengths differ, bad thresholds, a cycle in the sibling chains.
+    """
+    nt = _as_list("retrieve_next_token", retrieve_next_token)
+    n = len(nt)
+    ns = _as_list("retrieve_next_sibling", retrieve_next_sibling, n)
+    cp = [float(v) for v in _as_list("child_probs", child_probs, n)]
+    _check_thresholds(threshold_single, threshold_acc)
+    out = [0.0] * n
+    for parent in range(n):
+        taken, certain, mass = 0.0, False, 0.0
+        for child in _children(0, nt, ns, parent, n):
+            p = cp[child]
+            mass += p
+            if certain or not p > 0.0:
+                continue
+            reach = 1.0 if threshold_acc == 0.0 else min(1.0, mass / threshold_acc)
+            if p >= threshold_single:
+                out[child] = 1.0 - taken
+                certain = True
+            else:
+                out[child] = max(0.0, reach - taken)
+                taken = max(taken, reach)
+    return torch.tensor(out, dtype=torch.float64)

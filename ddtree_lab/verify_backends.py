@@ -38,7 +38,7 @@ from typing import Sequence
 import torch
 
 from ._checks import check_tensor
-from .sampling import SamplingParams, normalize_params, target_probs
+from .sampling import SamplingParams, filtered_probs, normalize_params, target_probs
 from .verify import (
     BonusDraw,
     Decision,
@@ -46,18 +46,21 @@ from .verify import (
     _check_coins,
     _check_thresholds,
     _check_verify_input,
-    _finish,
+    walk_batch,
     walk_sampled_batch,
     verify_greedy,
     verify_sampled,
 )
-from .retrieve import DDTreeVerifyInput
+from .retrieve import DDTreeVerifyInput, check_verify_buffers
 
 __all__ = ["verify_tree", "verify_tree_greedy", "select_backend", "sampled_launcher", "greedy_launcher",
            "lazy_row_probs",
            "PROB_ATOL", "PROB_RTOL", "BACKENDS"]
 
 BACKENDS = ("auto", "reference", "torch-lazy", "triton")
+
+#: The filtering order the Triton kernel fuses (``SamplingParams.order``).
+KERNEL_ORDER = "top_k_then_top_p"
 
 #: Tolerance of every probability the Triton backend reports (decision ``target_prob`` and
 #: ``cumulative_mass``, bonus ``residual_mass`` and ``token_prob``) against the reference.
@@ -170,29 +173,54 @@ def _raise_kernel_error(out: dict) -> None:
             raise ValueError(f"request {b}, node {node}: a retrieve buffer or token index is out of range")
 
 
-def _expand(vi: DDTreeVerifyInput, out: dict, coins: list | None, final: list | None, backend: str) -> VerifyOutput:
-    """The kernels' compact arrays as a :class:`VerifyOutput` with the decision log."""
+class _KernelRule:
+    """The verdicts a kernel wrote into its compact arrays, replayed through the one walk.
+
+    ``dnode/dprob/dmass[j]`` are the kernel's visited siblings in walk order and ``path`` its
+    accepted path; the walk checks that they follow the buffers' sibling chains."""
+
+    def __init__(self, request, tokens, host, coins, final):
+        self.request, self.tokens, self.coins, self.final = request, tokens, coins, final
+        self.path = host["path"][request][: host["plen"][request]]
+        self.dnode = host["dnode"][request][: host["dcount"][request]]
+        self.dprob, self.dmass = host["dprob"][request], host["dmass"][request]
+        self.host, self.j = host, 0
+
+    def decide(self, node, depth, children):
+        out = []
+        u = None if self.coins is None else self.coins[node]
+        for child in children:
+            if self.j >= len(self.dnode):
+                break
+            j = self.j
+            self.j += 1
+            accept = depth < len(self.path) and self.path[depth] == self.dnode[j]
+            out.append(Decision(self.request, depth, node, self.dnode[j], self.tokens[self.dnode[j]], self.dprob[j],
+                                self.dmass[j], u, "accept" if accept else "reject"))
+            if accept:
+                break
+        return out
+
+    def bonus(self, node, children, rejected):
+        b = self.request
+        if self.j != len(self.dnode) or node != self.path[-1]:
+            raise ValueError(f"request {b}: the kernel's output does not follow the buffers (its walk ended at node "
+                             f"{self.path[-1]} after {len(self.dnode)} decisions, the buffers' at node {node} after "
+                             f"{self.j})")
+        token = self.host["btok"][b]
+        if self.coins is None:
+            return BonusDraw(b, node, token, "argmax", 1.0, None, self.host["bprob"][b])
+        return BonusDraw(b, node, token, _KIND_NAMES[self.host["bkind"][b]], self.host["bmass"][b], self.final[b],
+                         self.host["bprob"][b])
+
+
+def _expand(vi: DDTreeVerifyInput, out: dict, coins: list | None, final: list | None, backend: str,
+            thresholds=(1.0, 1.0)) -> VerifyOutput:
+    """The kernels' compact arrays as a :class:`VerifyOutput`, through :func:`ddtree_lab.verify.walk`."""
     host = {k: v.cpu().tolist() for k, v in out.items()}
     tokens = vi.node_token_ids.tolist()
-    paths, bonus_tokens, exhausted, decisions, bonus = [], [], [], [], []
-    for b in range(vi.batch_size):
-        path = host["path"][b][: host["plen"][b]]
-        log, level = [], 1
-        for j in range(host["dcount"][b]):
-            node, parent = host["dnode"][b][j], path[level - 1]
-            accept = level < len(path) and path[level] == node
-            log.append(Decision(b, level, parent, node, tokens[b][node], host["dprob"][b][j], host["dmass"][b][j],
-                                None if coins is None else coins[b][parent], "accept" if accept else "reject"))
-            level += accept
-        token = host["btok"][b]
-        kind = "argmax" if coins is None else _KIND_NAMES[host["bkind"][b]]
-        paths.append(path)
-        bonus_tokens.append(token)
-        exhausted.append(token < 0)
-        decisions.append(log)
-        bonus.append(BonusDraw(b, path[-1], token, kind, 1.0 if coins is None else host["bmass"][b],
-                               None if coins is None else final[b], host["bprob"][b]))
-    return _finish(vi, paths, bonus_tokens, exhausted, decisions, bonus, backend)
+    return walk_batch(vi, lambda b: _KernelRule(b, tokens[b], host, None if coins is None else coins[b], final),
+                      backend, thresholds)
 
 
 def _row_problem(row: torch.Tensor) -> str | None:
@@ -215,6 +243,7 @@ def verify_tree(
     backend: str = "auto",
     threshold_single: float = 1.0,
     threshold_acc: float = 1.0,
+    validate: bool = True,
 ) -> VerifyOutput:
     """Sampled tree verify from raw logits (mixed greedy / sampled requests in one call).
 
@@ -225,15 +254,20 @@ def verify_tree(
             as one-hot rows).
         coins: ``[bs, N]`` float32 in [0, 1); final_coins: ``[bs]`` float32 in [0, 1).
         backend: ``"auto"``, ``"reference"``, ``"torch-lazy"`` or ``"triton"`` (module docstring).
-        threshold_single, threshold_acc: 1.0 for the exact rule (see :func:`verify_sampled`).
+        threshold_single, threshold_acc: 1.0 for the exact rule; any finite value >= 0 (0
+            included, as SGLang) marks the output ``lossy`` (see :func:`verify_sampled`).
+        validate: check the buffers first (:func:`ddtree_lab.check_verify_buffers`, O(N) per
+            request); ``False`` only for timing.
 
     Returns:
         :class:`VerifyOutput` equal to ``verify_sampled(verify_input, target_probs(...), coins,
         final_coins)`` (tolerance in the module docstring), ``backend`` naming what ran.
 
     Raises:
-        ValueError / TypeError: as the reference (shapes, ranges, coins, parameters, a bad
-            logit row -- only rows the walk reaches for the lazy backends).
+        ValueError / TypeError: as the reference (shapes, ranges, broken buffers, coins,
+            parameters, a bad logit row -- only rows the walk reaches for the lazy backends);
+            ``backend="triton"`` for a request whose ``order`` is not ``"top_k_then_top_p"``
+            (the kernel fuses that order only; ``"auto"`` then runs the reference).
         RuntimeError: ``backend="triton"`` where it cannot run.
     """
     check_tensor("target_logits", target_logits, dtype=(torch.float32, torch.float16, torch.bfloat16), ndim=3)
@@ -242,18 +276,27 @@ def verify_tree(
     items = normalize_params(params, bs, vocab)
     _check_coins(coins, final_coins, bs, n)
     _check_thresholds(threshold_single, threshold_acc)
+    if validate:
+        check_verify_buffers(verify_input)
     name, _why = select_backend(backend, target_logits.device)
+    other_order = [b for b, p in enumerate(items) if p.order != KERNEL_ORDER]
+    if other_order and name.startswith("triton"):
+        if backend == "triton":
+            b = other_order[0]
+            raise ValueError(f"request {b}: order {items[b].order!r}: the Triton kernel fuses {KERNEL_ORDER!r} only "
+                             "(use backend='reference' or 'torch-lazy')")
+        name = "reference"
     if name == "reference":
         probs = target_probs(target_logits, items, verify_input.num_nodes.to(target_logits.device))
         return verify_sampled(verify_input, probs, coins, final_coins,
-                              threshold_single=threshold_single, threshold_acc=threshold_acc)
+                              threshold_single=threshold_single, threshold_acc=threshold_acc, validate=False)
     if name == "torch-lazy":
         return _verify_lazy(verify_input, target_logits, items, coins, final_coins, threshold_single, threshold_acc)
     launch, out = sampled_launcher(verify_input, target_logits, items, coins, final_coins,
                                    threshold_single=threshold_single, threshold_acc=threshold_acc)
     launch()
     _raise_kernel_error(out)
-    return _expand(verify_input, out, coins.tolist(), final_coins.tolist(), name)
+    return _expand(verify_input, out, coins.tolist(), final_coins.tolist(), name, (threshold_single, threshold_acc))
 
 
 def sampled_launcher(verify_input, target_logits, items, coins, final_coins, *, threshold_single=1.0, threshold_acc=1.0):
@@ -268,7 +311,9 @@ def sampled_launcher(verify_input, target_logits, items, coins, final_coins, *, 
     out = _compact_buffers(bs, n, device)
     tok, nt, ns, nn = _tree_buffers(verify_input, device)
     temperature, top_k, top_p, min_p = _params_tensors(items, vocab, device)
-    thresholds = torch.tensor([threshold_single, threshold_acc], dtype=torch.float64, device=device)
+    # threshold_acc = 0 is passed as a flag (S / 0 = +inf for S > 0, as SGLang's IEEE division)
+    thresholds = torch.tensor([threshold_single, threshold_acc if threshold_acc > 0 else 1.0,
+                               1.0 if threshold_acc == 0 else 0.0], dtype=torch.float64, device=device)
     coins, final_coins = coins.to(device).contiguous(), final_coins.to(device).contiguous()
     extra = {} if interpreted else {"num_warps": 8}
     kcap = max(16, COMPACT_CAP)
@@ -288,7 +333,7 @@ def sampled_launcher(verify_input, target_logits, items, coins, final_coins, *, 
 
 
 def verify_tree_greedy(
-    verify_input: DDTreeVerifyInput, target_logits: torch.Tensor, *, backend: str = "auto"
+    verify_input: DDTreeVerifyInput, target_logits: torch.Tensor, *, backend: str = "auto", validate: bool = True
 ) -> VerifyOutput:
     """Greedy tree verify with a chosen backend; the same result as :func:`verify_greedy`.
 
@@ -296,14 +341,16 @@ def verify_tree_greedy(
     normaliser for the logged probabilities). ``backend="torch-lazy"`` is the reference here
     (the reference greedy walk is already cheap); it is recorded as ``"reference"``.
 
-    Args / Raises: as :func:`verify_tree` without the sampling arguments.
+    Args / Raises: as :func:`verify_tree` without the sampling arguments (``validate`` as there).
     """
     check_tensor("target_logits", target_logits, dtype=(torch.float32, torch.float16, torch.bfloat16), ndim=3)
     _check_verify_input(verify_input, target_logits, "target_logits")
+    if validate:
+        check_verify_buffers(verify_input)
     bs, n, vocab = target_logits.shape
     name, _why = select_backend(backend, target_logits.device)
     if name in ("reference", "torch-lazy"):
-        return verify_greedy(verify_input, target_logits)
+        return verify_greedy(verify_input, target_logits, validate=False)
     launch, out = greedy_launcher(verify_input, target_logits)
     launch()
     _raise_kernel_error(out)
@@ -357,6 +404,8 @@ def lazy_row_probs(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     vocab = row.shape[-1]
     if params.is_greedy:
         return torch.zeros_like(row).scatter_(-1, row.argmax(-1, keepdim=True), 1.0)
+    if params.order != KERNEL_ORDER:  # the reference's own row function
+        return filtered_probs(row, params)
     scaled = row / torch.full_like(row[..., :1], params.temperature)
     survivors = None
     if 0 < params.top_k < vocab:

@@ -53,19 +53,58 @@ def test_min_p():
 
 
 @pytest.mark.parametrize(
-    "params, message",
+    "kwargs, message",
     [
-        (SP(temperature=-1.0), "request 1: temperature must be finite and >= 0"),
-        (SP(top_p=0.0), "request 1: top_p must be in"),
-        (SP(top_p=1.5), "request 1: top_p must be in"),
-        (SP(temperature=float("nan")), "request 1: temperature is NaN"),
-        (SP(top_k=9), "request 1: top_k = 9 exceeds the vocabulary size 8"),
-        (SP(min_p=2.0), "request 1: min_p must be in"),
+        (dict(temperature=-1.0), "temperature must be finite and >= 0"),
+        (dict(top_p=0.0), "top_p must be in"),
+        (dict(top_p=1.5), "top_p must be in"),
+        (dict(temperature=float("nan")), "temperature is NaN"),
+        (dict(top_p=float("nan")), "top_p is NaN"),
+        (dict(min_p=2.0), "min_p must be in"),
+        (dict(min_p=-0.1), "min_p must be in"),
+        (dict(min_p=float("nan")), "min_p must be a number or None"),
+        (dict(top_k=2.5), "top_k must be an int"),
+        (dict(top_k=True), "top_k must be an int"),
+        (dict(seed="7"), "seed must be an int or None"),
+        (dict(seed=-1), r"seed must be in \[0, 2\*\*63\)"),
+        (dict(temperature="hot"), "temperature must be a number"),
+        (dict(order="top_p_first"), "order must be one of"),
     ],
 )
-def test_invalid_params_name_the_request(params, message):
-    with pytest.raises(ValueError, match=message):
-        dl.target_probs(torch.zeros(2, 1, 8), [SP(), params])
+def test_invalid_params_are_refused_when_made_naming_the_argument(kwargs, message):
+    with pytest.raises(ValueError, match="SamplingParams: " + message):
+        SP(**kwargs)
+    with pytest.raises(ValueError, match=message):  # also when read back from a dict
+        SP.from_dict({**SP().to_dict(), **kwargs})
+
+
+def test_top_k_beyond_the_vocabulary_names_the_request():
+    with pytest.raises(ValueError, match="request 1: top_k = 9 exceeds the vocabulary size 8"):
+        dl.target_probs(torch.zeros(2, 1, 8), [SP(), SP(top_k=9)])
+
+
+def test_params_dicts_round_trip_and_v1_dicts_get_the_default_order():
+    p = SP(0.7, top_k=5, top_p=0.9, min_p=0.05, seed=3, order="top_p_then_top_k")
+    assert SP.from_dict(p.to_dict()) == p
+    v1 = {"temperature": 0.8, "top_k": 0, "top_p": 1.0, "min_p": None, "seed": 8}  # no "order" key
+    assert SP.from_dict(v1).order == "top_k_then_top_p" == dl.sampling.ORDERS[0]
+    with pytest.raises(ValueError, match="unknown sampling parameter"):
+        SP.from_dict({**v1, "topk": 3})
+
+
+def test_the_other_order_is_available_on_request_and_plain_sampling_uses_the_same_rows():
+    logits = torch.tensor([0.4, 0.3, 0.2, 0.1]).log()
+    default = _probs(logits, SP(top_k=2, top_p=0.5))
+    other = _probs(logits, SP(top_k=2, top_p=0.5, order="top_p_then_top_k"))
+    assert (default > 0).tolist() == [True, False, False, False]
+    assert (other > 0).tolist() == [True, True, False, False]
+    assert other.tolist() == pytest.approx([4 / 7, 3 / 7, 0, 0])
+    # the lazy backend's row function is the reference's in both orders
+    from ddtree_lab.verify_backends import lazy_row_probs
+    for order in dl.sampling.ORDERS:
+        p = SP(0.9, top_k=3, top_p=0.6, order=order)
+        row = torch.randn(50, generator=torch.Generator().manual_seed(1))
+        assert torch.equal(lazy_row_probs(row, p), _probs(row, p))
 
 
 def test_bad_rows_name_request_and_node():
@@ -96,7 +135,7 @@ def test_rows_sum_to_one_in_a_mixed_batch():
 
 
 def test_tiny_temperature_and_huge_seed_are_rejected():
-    with pytest.raises(ValueError, match="request 0: temperature 1e-40 is too small"):
-        dl.target_probs(torch.zeros(1, 1, 4), SP(temperature=1e-40))
-    with pytest.raises(ValueError, match=r"request 0: seed must be in \[0, 2\*\*63\)"):
-        dl.normalize_params(SP(seed=2**70), 1)
+    with pytest.raises(ValueError, match="temperature 1e-40 is too small"):
+        SP(temperature=1e-40)
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*63\)"):
+        SP(seed=2**70)

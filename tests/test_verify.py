@@ -265,3 +265,183 @@ def test_a_cycle_through_retrieve_next_token_is_an_error_not_a_hang():
         dl.verify_greedy(bad, logits)
     with pytest.raises(ValueError, match="num_nodes, request 0: 4 is outside"):
         dl.verify_sampled(dataclasses.replace(vi, num_nodes=torch.tensor([4])), probs, torch.zeros(1, 3), torch.zeros(1))
+
+
+# ---- the one walk: events, replay of the log, what-if ------------------------------------
+
+
+def _walk_case(seed, bs=3, vocab=12):
+    tree, vi = _random_tree(seed, bs=bs, vocab=vocab, depth=3, k=3, budget=9)
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(bs, vi.num_rows, vocab, generator=g)
+    for b in range(bs):  # the target likes the drafts a little, so walks go deep
+        for i in range(1, int(tree.num_nodes[b])):
+            logits[b, int(tree.parents[b, i]), int(tree.node_token_ids[b, i])] += 1.5
+    params = [SP(1.0), SP(0.8, top_k=4), SP(1.2, top_p=0.8)][:bs]
+    probs = dl.target_probs(logits, params, vi.num_nodes)
+    coins, final = torch.rand(bs, vi.num_rows, generator=g), torch.rand(bs, generator=g)
+    return tree, vi, logits, probs, coins, final
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_events_of_the_log_are_the_walk_and_the_walk_is_the_output(seed):
+    from ddtree_lab.verify import _SampledRule, walk
+
+    tree, vi, logits, probs, coins, final = _walk_case(seed)
+    out = dl.verify_sampled(vi, probs, coins, final)
+    greedy = dl.verify_greedy(vi, logits)
+    for b in range(vi.batch_size):
+        n = int(vi.num_nodes[b])
+        rule = _SampledRule(b, vi.node_token_ids[b].tolist(), lambda i, b=b: probs[b, i], coins[b].tolist(),
+                            float(final[b]), 1.0, 1.0)
+        live = list(walk(b, n, vi.retrieve_next_token[b].tolist(), vi.retrieve_next_sibling[b].tolist(), rule))
+        assert live == out.events(b) == dl.events_of(out.decisions[b], out.bonus[b])
+        assert [e.kind for e in live].count("move") == int(out.accept_length[b])
+        assert live[-1].kind == "bonus" and live[-1].bonus.token == int(out.bonus_token[b])
+        moves = [e.node for e in live if e.kind == "move"]
+        assert [0] + moves == [i for i in out.accept_index[b].tolist() if i >= 0]
+        # a stepper's cursor: the first k events are a prefix of the walk
+        for k in range(len(live) + 1):
+            assert dl.events_of(out.decisions[b], out.bonus[b])[:k] == live[:k]
+        g_events = greedy.events(b)
+        assert all(e.decision.coin is None for e in g_events if e.kind == "consider")
+        assert g_events[-1].bonus.kind == "argmax"
+        assert [e.to_dict()["kind"] for e in g_events] == [e.kind for e in g_events]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_walk_request_from_child_probs_is_the_verifier(seed):
+    tree, vi, logits, probs, coins, final = _walk_case(seed)
+    out = dl.verify_sampled(vi, probs, coins, final)
+    for b in range(vi.batch_size):
+        n = int(vi.num_nodes[b])
+        parents, tokens = tree.parents[b, :n], tree.node_token_ids[b, :n]
+        child_probs = torch.zeros(n)
+        child_probs[1:] = probs[b, parents[1:], tokens[1:]]
+        args = (vi.retrieve_next_token[b, :n], vi.retrieve_next_sibling[b, :n], tokens, child_probs, coins[b, :n])
+        events = dl.walk_request(*args, float(final[b]), request=b)
+        want = out.events(b)
+        assert events[:-1] == want[:-1]
+        pending = events[-1].bonus
+        assert isinstance(pending, dl.UndrawnBonus) and pending.node == out.bonus[b].node
+        assert pending.residual_mass == pytest.approx(out.bonus[b].residual_mass, abs=1e-5)
+        assert f"at node {pending.node} with mass" in pending.describe()
+        # with the rows the bonus is drawn exactly as the verifier did
+        full = dl.walk_request(*args, float(final[b]), request=b, row_of=lambda i, b=b: probs[b, i])
+        assert full == want
+        # what-if: another coin at the root changes the walk as the verifier would
+        for u in (0.0, 0.5, 0.999):
+            c2 = coins.clone()
+            c2[b, 0] = u
+            again = dl.verify_sampled(vi, probs, c2, final)
+            assert dl.walk_request(*args[:4], c2[b, :n], float(final[b]), request=b)[:-1] == again.events(b)[:-1]
+
+
+def test_acceptance_probabilities_are_the_target_p_and_differ_under_thresholds():
+    vi = _single_chain((1,))
+    star = dl.DDTreeBuildResult(node_token_ids=torch.tensor([[0, 1, 2, 3, 4]]), parents=torch.tensor([[-1, 0, 0, 0, 0]]),
+                                depths=torch.tensor([[0, 1, 1, 1, 1]]), ranks=torch.tensor([[-1, 0, 1, 2, 3]]),
+                                node_logws=-torch.arange(5, dtype=torch.float32)[None], num_nodes=torch.tensor([5]))
+    vi = dl.compile_retrieve(star, 0)
+    p = torch.tensor([0.0, 0.3, 0.0, 0.25, 0.15])  # node 2 has p = 0
+    nt, ns = vi.retrieve_next_token[0], vi.retrieve_next_sibling[0]
+    assert dl.acceptance_probabilities(nt, ns, p).tolist() == pytest.approx([0, 0.3, 0, 0.25, 0.15])
+    # the measure of each child's accept region, on a fine grid of coins, through the verifier
+    row = torch.zeros(1, 5, 6)
+    row[0, 0, :5] = p
+    row[0, 0, 5] = 1 - p.sum()
+    grid = 4000
+    coins = ((torch.arange(grid) + 0.5) / grid).float()
+    rep = _repeat(vi, grid)
+    for ts, ta in ((1.0, 1.0), (1.0, 0.7), (0.28, 1.0), (0.2, 0.5), (0.0, 0.0), (1.0, 1.6)):
+        want = dl.acceptance_probabilities(nt, ns, p, threshold_single=ts, threshold_acc=ta)
+        c = torch.zeros(grid, 5)
+        c[:, 0] = coins
+        out = dl.verify_sampled(rep, row.expand(grid, -1, -1).contiguous(), c, torch.full((grid,), 0.5),
+                                threshold_single=ts, threshold_acc=ta)
+        got = torch.bincount(out.accept_index[:, 1].clamp(min=0), minlength=5).double() / grid
+        got[0] = 0.0
+        assert got.tolist() == pytest.approx(want.tolist(), abs=2.0 / grid), (ts, ta)
+        assert out.lossy == dl.is_lossy(ts, ta) == ((ts, ta) != (1.0, 1.0))
+        assert out.thresholds == (ts, ta)
+        if (ts, ta) != (1.0, 1.0):
+            assert want.tolist() != pytest.approx(p.tolist())
+
+
+def test_thresholds_zero_are_accepted_as_sglang_does_and_marked_lossy():
+    vi = _single_chain((1, 2))
+    probs = torch.tensor([[[0.2, 0.1, 0.7, 0.0], [0.1, 0.1, 0.7, 0.1], [0.25, 0.25, 0.25, 0.25]]])
+    below_one = torch.tensor(1.0).nextafter(torch.tensor(0.0)).item()
+    coins = torch.full((1, 3), below_one)
+    exact = dl.verify_sampled(vi, probs, coins, torch.zeros(1))
+    assert exact.accept_length.item() == 0 and not exact.lossy
+    for ts, ta in ((0.0, 0.0), (1.0, 0.0), (0.0, 1.0)):
+        # S / 0 = +inf for S > 0 (SGLang's division), p >= 0 always: the first child with mass wins
+        out = dl.verify_sampled(vi, probs, coins, torch.zeros(1), threshold_single=ts, threshold_acc=ta)
+        assert out.accept_length.item() == 2 and out.lossy and out.thresholds == (ts, ta)
+    zero_child = torch.tensor([[[0.5, 0.0, 0.5, 0.0], [0.1, 0.1, 0.7, 0.1], [0.25] * 4]])
+    out = dl.verify_sampled(vi, zero_child, coins, torch.zeros(1), threshold_single=0.0, threshold_acc=0.0)
+    assert out.accept_length.item() == 0  # p > 0 still guards
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="threshold_acc must be a finite number >= 0"):
+            dl.verify_sampled(vi, probs, coins, torch.zeros(1), threshold_acc=bad)
+
+
+def test_fp_edge_children_holding_the_whole_row_take_the_last_positive_child():
+    # twelve children hold the whole row at p = fl(1/12); a 13th child has p = 0 and comes last.
+    # Their float32 sum in sibling order is 0.9999999 < 1, below a coin just under one.
+    vi = _star_vi(tuple(range(1, 14)), vocab=16)
+    row = torch.full((1, 14, 16), 1 / 16)
+    row[0, 0] = 0.0
+    row[0, 0, 1:13] = torch.full((12,), 1 / 12)
+    below_one = torch.tensor(1.0).nextafter(torch.tensor(0.0)).item()
+    s = 0.0
+    for v in row[0, 0, 1:13].tolist():
+        s = float(np.float32(s + v))
+    assert s < below_one  # the edge is real: the float sums reject every child
+    out = dl.verify_sampled(vi, row, torch.full((1, 14), below_one), torch.zeros(1))
+    assert out.accept_index[0, 1].item() == 12 and not bool(out.support_exhausted[0])
+    assert [d.verdict for d in out.decisions[0]] == ["reject"] * 11 + ["accept"]  # node 13 never judged
+    assert out.decisions[0][-1].cumulative_mass == 1.0
+    # the what-if walk from child probabilities agrees (the children sum to ~1)
+    cp = torch.zeros(14)
+    cp[1:13] = row[0, 0, 1:13]
+    events = dl.walk_request(vi.retrieve_next_token[0], vi.retrieve_next_sibling[0], vi.node_token_ids[0], cp,
+                             torch.full((14,), below_one))
+    assert [e.node for e in events if e.kind == "move"] == [12]
+    # a row with no positive mass at all is the only exhausted support
+    out = dl.verify_sampled(vi, torch.zeros(1, 14, 16), torch.full((1, 14), 0.5), torch.zeros(1))
+    assert bool(out.support_exhausted[0]) and out.bonus[0].kind == "exhausted"
+
+
+# ---- buffers are validated by every verifier ----------------------------------------------
+
+
+def _star_vi(children=(1, 2, 3), vocab=8):
+    n = len(children) + 1
+    return dl.compile_retrieve(dl.DDTreeBuildResult(
+        node_token_ids=torch.tensor([[0, *children]]), parents=torch.tensor([[-1] + [0] * (n - 1)]),
+        depths=torch.tensor([[0] + [1] * (n - 1)]), ranks=torch.tensor([[-1, *range(n - 1)]]),
+        node_logws=-torch.arange(n, dtype=torch.float32)[None], num_nodes=torch.tensor([n])), 0)
+
+
+def test_a_node_both_child_and_sibling_is_refused_unless_validation_is_off():
+    import dataclasses
+
+    vi = _star_vi()
+    nt = vi.retrieve_next_token.clone()
+    nt[0, 1] = 2  # node 2 is a sibling of node 1 and its child
+    bad = dataclasses.replace(vi, retrieve_next_token=nt)
+    probs = torch.full((1, 4, 8), 1 / 8)
+    probs[0, 0] = torch.tensor([0.0, 0.9, 0.1, 0, 0, 0, 0, 0])
+    probs[0, 1] = torch.tensor([0.0, 0.0, 1.0, 0, 0, 0, 0, 0])
+    with pytest.raises(dl.RetrieveError, match="request 0, node 2: reached twice"):
+        dl.verify_sampled(bad, probs, torch.zeros(1, 4), torch.zeros(1))
+    with pytest.raises(dl.RetrieveError, match="request 0, node 2: reached twice"):
+        dl.verify_greedy(bad, probs.log().clamp(min=-50))
+    for backend in ("reference", "torch-lazy"):
+        with pytest.raises(dl.RetrieveError, match="request 0, node 2: reached twice"):
+            dl.verify_tree(bad, probs.log().clamp(min=-50), SP(1.0), torch.zeros(1, 4), torch.zeros(1), backend=backend)
+    # with validation off (timing only) the walk verifies node 2 as node 1's child: what a kernel did
+    out = dl.verify_sampled(bad, probs, torch.zeros(1, 4), torch.zeros(1), validate=False)
+    assert out.accept_index[0, :3].tolist() == [0, 1, 2]

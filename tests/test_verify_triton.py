@@ -12,6 +12,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import math  # noqa: E402
+
+import numpy as np  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
@@ -226,19 +228,32 @@ def test_children_holding_all_of_the_top_k_mass(coin):
 
 
 @pytest.mark.parametrize("coin", [0.5, BELOW_ONE])
-def test_empty_residual_is_reported_as_exhausted(coin):
+def test_children_holding_the_whole_row_take_the_last_child_at_the_float_edge(coin):
     # twelve tied survivors p = fl(1/12), all children: their float32 sum S_12 = 0.9999999 < 1,
-    # so a coin just below one rejects every child and leaves no mass for the bonus
+    # so a coin just below one rejects every child on float sums; exact arithmetic has
+    # S_12 = 1 > u and takes the last child. Every backend follows exact arithmetic.
     children = list(range(2, 14))
     vi = _star(children, 40)
     logits = torch.zeros(1, 13, 40)
     logits[0, 0, children] = 8.0
-    ref, got = _check_sampled(vi, logits, SP(1.0, top_k=12), torch.full((1, 13), coin), torch.tensor([0.5]))
+    coins = torch.full((1, 13), coin)
+    ref, got = _check_sampled(vi, logits, SP(1.0, top_k=12), coins, torch.tensor([0.5]))
+    lazy = verify_tree(vi, logits, SP(1.0, top_k=12), coins, torch.tensor([0.5]), backend="torch-lazy")
+    assert_same(ref, lazy)
+    for out in (ref, got, lazy):
+        assert not bool(out.support_exhausted[0]) and out.accept_length.item() == 1
     if coin == BELOW_ONE:
-        assert bool(got.support_exhausted[0]) and got.bonus_token.item() == -1 and got.bonus[0].kind == "exhausted"
-        assert got.emitted_tokens[0].tolist() == [-1, -1] and got.tau().item() == 0
-    else:
-        assert got.accept_length.item() == 1
+        log = ref.decisions[0]
+        assert len(log) == 12 and log[-2].cumulative_mass < coin  # the float sums do reject
+        for out in (ref, got, lazy):
+            assert out.accept_index[0, 1].item() == 12 and out.emitted_tokens[0, 0].item() == 13
+            assert out.decisions[0][-1].cumulative_mass == 1.0 and out.decisions[0][-1].verdict == "accept"
+    # the float32 running sum in sibling order (what a kernel adds) ends below the coin just
+    # below one: the old rule rejected all twelve and reported an empty residual
+    s = 0.0
+    for d in ref.decisions[0][:12]:
+        s = float(np.float32(s + d.target_prob))
+    assert (coin < s) == (coin == 0.5)
 
 
 def test_top_k_one_rows_beside_sampled_rows():
@@ -415,3 +430,74 @@ def test_kernels_compile_to_sm90_cubin_without_a_gpu():
     if "ptxas" in res.stderr and "not found" in res.stderr:
         pytest.skip("no ptxas in this triton install")
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
+
+
+# ---- buffers validated by default; thresholds SGLang accepts --------------------------------
+
+
+def test_a_node_listed_as_its_own_next_sibling_is_refused_by_every_backend():
+    star = _star([1, 2], 8)
+    ns = star.retrieve_next_sibling.clone()
+    ns[0, 1] = 1  # node 1 is its own next sibling
+    bad = dl.DDTreeVerifyInput(**{**star.__dict__, "retrieve_next_sibling": ns})
+    logits = torch.zeros(1, 3, 8)
+    logits[0, 0, 1] = 1.0
+    for backend in ("reference", "torch-lazy", "triton"):
+        with pytest.raises(dl.RetrieveError, match=r"request 0, node 0: sibling chain longer than the tree "
+                                                   r"\(a cycle in retrieve_next_sibling: 1 -> 1\)"):
+            verify_tree(bad, _on(logits), SP(1.0), torch.full((1, 3), 0.9), torch.zeros(1), backend=backend)
+    with pytest.raises(dl.RetrieveError, match="a cycle in retrieve_next_sibling: 1 -> 1"):
+        verify_tree_greedy(bad, _on(logits), backend="triton")
+    # unvalidated, the kernel re-reads node 1 and its mass piles up until the coin falls under it:
+    # a wrong accept that validation now stops before launch
+    raw = {}
+    launch, raw = dl.verify_backends.sampled_launcher(bad, _on(logits), [SP(1.0)], torch.full((1, 3), 0.5),
+                                                      torch.zeros(1))
+    launch()
+    p1 = torch.softmax(logits[0, 0], -1)[1].item()  # node 1's p; 2 * p1 > 0.5 > p1
+    assert p1 < 0.5 < 2 * p1
+    assert int(raw["err"][0]) == 0 and raw["path"][0, :2].tolist() == [0, 1]  # accepted on its second visit
+    assert raw["dnode"][0, :2].tolist() == [1, 1]
+
+
+def test_a_node_both_child_and_sibling_is_refused_by_the_kernels():
+    star = _star([1, 2, 3], 8)
+    nt = star.retrieve_next_token.clone()
+    nt[0, 1] = 2  # node 2 is node 1's sibling and its child
+    bad = dl.DDTreeVerifyInput(**{**star.__dict__, "retrieve_next_token": nt})
+    for call in (lambda v: verify_tree(bad, _on(torch.zeros(1, 4, 8)), SP(1.0), torch.zeros(1, 4), torch.zeros(1),
+                                       backend="triton", validate=v),
+                 lambda v: verify_tree_greedy(bad, _on(torch.zeros(1, 4, 8)), backend="triton", validate=v)):
+        with pytest.raises(dl.RetrieveError, match="request 0, node 2: reached twice"):
+            call(True)
+        call(False)  # switched off for timing: the kernel runs
+
+
+@pytest.mark.parametrize("ts, ta", [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (0.4, 0.0), (1.0, 1.5)])
+def test_thresholds_sglang_accepts_run_on_every_backend_and_are_marked_lossy(ts, ta):
+    vi, logits, params, coins, final = _random_case(6, bs=4, vocab=64, depth=3, k=3, budget=10, dtype=torch.float32)
+    probs = dl.target_probs(logits, params, vi.num_nodes)
+    ref = dl.verify_sampled(vi, probs, coins, final, threshold_single=ts, threshold_acc=ta)
+    for backend in ("torch-lazy", "triton"):
+        got = verify_tree(vi, _on(logits), params, coins, final, backend=backend, threshold_single=ts,
+                          threshold_acc=ta)
+        assert_same(ref, got)
+        assert got.lossy and got.thresholds == (ts, ta)
+    exact = verify_tree(vi, _on(logits), params, coins, final, backend="triton")
+    assert not exact.lossy and exact.thresholds == (1.0, 1.0)
+    if ta == 0.0:  # S / 0 = +inf: the first child with p > 0 at every visited node is accepted
+        for log in ref.decisions:
+            for d in log:
+                assert d.verdict == ("accept" if d.target_prob > 0 else "reject")
+
+
+def test_the_other_filtering_order_is_refused_by_the_kernel_and_runs_elsewhere():
+    vi, logits, _, coins, final = _random_case(7, bs=2, vocab=64, depth=3, k=3, budget=8, dtype=torch.float32)
+    params = [SP(0.9, top_k=5, top_p=0.6, order="top_p_then_top_k"), SP(1.0)]
+    with pytest.raises(ValueError, match="request 0: order 'top_p_then_top_k': the Triton kernel fuses"):
+        verify_tree(vi, _on(logits), params, coins, final, backend="triton")
+    ref = verify_tree(vi, logits, params, coins, final, backend="reference")
+    lazy = verify_tree(vi, logits, params, coins, final, backend="torch-lazy")
+    auto = verify_tree(vi, logits, params, coins, final, backend="auto")
+    assert auto.backend == "reference"  # recorded, never silent
+    assert [[d.to_dict() for d in log] for log in ref.decisions] == [[d.to_dict() for d in log] for log in lazy.decisions]

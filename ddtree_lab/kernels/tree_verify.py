@@ -42,7 +42,11 @@ splitting a row over several programs is the next step for small batches (not do
 
 Walk (per request, from the root): load the current row's coin ``u``; for each child in
 sibling order ``S += p(child)`` (float32) and accept the first child with ``p > 0`` and
-``u < S / threshold_acc or p >= threshold_single`` (float64 compare, as the reference).
+``u < S / threshold_acc or p >= threshold_single`` (float64 compare, as the reference;
+``threshold_acc = 0`` arrives as a flag and means ``S / 0 = +inf`` for ``S > 0``). When every
+child is rejected but the children hold all of the row's positive mass (the residual's float64
+sum is exactly 0), exact arithmetic has ``S_K = 1 > u``: the last child with ``p > 0`` is
+accepted, its logged ``S`` set to 1 (the reference's rule, :mod:`ddtree_lab.verify`).
 Without an accepted child, the bonus is an inverse-CDF draw from the row with the rejected
 siblings' tokens zeroed: ``mass`` = float64 sum of that residual; the first index whose
 running float64 sum exceeds ``final_coin * mass`` (float64 as in the reference, so rows
@@ -313,6 +317,36 @@ def _residual_block(row_ptr, offs, V, T, ms, kth_s, z1, cut, z2, mthr, z3,
 
 
 @triton.jit
+def _residual_total(row_ptr, V, T, ms, kth_s, z1, cut, z2, mthr, z3, tok_ptr, ns_ptr, base, first_child, n,
+                    sx_ptr, si_ptr, count, compact, BLOCK: tl.constexpr, KCAP: tl.constexpr, COMPACT: tl.constexpr):
+    """float64 mass of the row with every child of ``first_child``'s chain zeroed (0 exactly
+    iff the children hold all of the row's positive mass)."""
+    total = tl.zeros([], tl.float64)
+    if COMPACT:
+        if compact != 0:
+            lane = tl.arange(0, KCAP)
+            xs = tl.load(sx_ptr + lane, mask=lane < count, other=float("-inf"))
+            ids = tl.load(si_ptr + lane, mask=lane < count, other=-1)
+            p = tl.where(lane < count, _p_final(xs, T, ms, kth_s, z1, cut, z2, mthr, z3), 0.0)
+            child = first_child
+            steps = tl.zeros([], tl.int64)
+            while (child >= 0) & (steps < n):
+                tok = tl.load(tok_ptr + base + child)
+                p = tl.where(ids == tok, 0.0, p)
+                child = tl.load(ns_ptr + base + child)
+                steps += 1
+            total = tl.sum(p.to(tl.float64), 0)
+    if compact == 0:
+        offs0 = tl.arange(0, BLOCK)
+        for start in range(0, V, BLOCK):
+            offs = start + offs0
+            p = _residual_block(row_ptr, offs, V, T, ms, kth_s, z1, cut, z2, mthr, z3,
+                                tok_ptr, ns_ptr, base, first_child, n)
+            total += tl.sum(p.to(tl.float64), 0)
+    return total
+
+
+@triton.jit
 def sampled_verify_kernel(
     logits_ptr, stride_b, stride_n, V, N,
     tok_ptr, nt_ptr, ns_ptr, nn_ptr,
@@ -338,7 +372,8 @@ def sampled_verify_kernel(
     P = tl.load(topp_ptr + b)
     MINP = tl.load(minp_ptr + b)
     t_single = tl.load(thr_ptr)
-    t_acc = tl.load(thr_ptr + 1)
+    t_acc = tl.load(thr_ptr + 1)  # 1.0 when threshold_acc is 0 (flag below)
+    t_acc_zero = tl.load(thr_ptr + 2) > 0.5
     cur = tl.zeros([], tl.int64)
     plen = tl.full([], 1, tl.int32)
     dcount = tl.zeros([], tl.int32)
@@ -355,6 +390,8 @@ def sampled_verify_kernel(
     mthr = tl.zeros([], tl.float32)
     z3 = tl.full([], 1.0, tl.float32)
     first_child = tl.full([], -1, tl.int64)
+    total = tl.zeros([], tl.float64)
+    have_total = tl.zeros([], tl.int32)
     while going != 0:
         row_ptr = logits_ptr + b * stride_b + cur * stride_n
         amax, rerr, ms, kth_s, z1, cut, z2, mthr, z3, compact, count = _row_state(
@@ -366,6 +403,10 @@ def sampled_verify_kernel(
         mass = tl.zeros([], tl.float32)
         acc = tl.full([], -1, tl.int64)
         steps = tl.zeros([], tl.int64)
+        last_j = tl.full([], -1, tl.int32)  # decision slot, node and p of the last child with p > 0
+        last_c = tl.full([], -1, tl.int64)
+        last_p = tl.zeros([], tl.float32)
+        have_total = tl.zeros([], tl.int32)
         while (child >= 0) & (acc < 0) & (err == 0):
             if steps >= n:
                 err = tl.full([], 4, tl.int32)
@@ -384,8 +425,11 @@ def sampled_verify_kernel(
                     else:
                         p = tl.where(tok == amax, 1.0, 0.0)
                     mass = mass + p
-                    ok = (p > 0.0) & ((u.to(tl.float64) < mass.to(tl.float64) / t_acc)
-                                      | (p.to(tl.float64) >= t_single))
+                    acc_ok = tl.where(t_acc_zero, mass > 0.0, u.to(tl.float64) < mass.to(tl.float64) / t_acc)
+                    ok = (p > 0.0) & (acc_ok | (p.to(tl.float64) >= t_single))
+                    last_j = tl.where(p > 0.0, dcount, last_j)
+                    last_c = tl.where(p > 0.0, child, last_c)
+                    last_p = tl.where(p > 0.0, p, last_p)
                     tl.store(dnode_ptr + base + dcount, child.to(tl.int32))
                     tl.store(dprob_ptr + base + dcount, p)
                     tl.store(dmass_ptr + base + dcount, mass)
@@ -393,6 +437,17 @@ def sampled_verify_kernel(
                     steps += 1
                     acc = tl.where(ok, child, acc)
                     child = tl.where(ok, child, tl.load(ns_ptr + base + child))
+        if (err == 0) & (acc < 0) & (last_j >= 0) & (T > 0):
+            # every child rejected on float32 sums: if they hold the whole row, exact arithmetic
+            # has S_K = 1 > u and takes the last child with p > 0 (the reference's rule)
+            total = _residual_total(row_ptr, V, T, ms, kth_s, z1, cut, z2, mthr, z3, tok_ptr, ns_ptr, base,
+                                    first_child, n, sx_ptr, si_ptr, count, compact, BLOCK, KCAP, COMPACT)
+            have_total = tl.full([], 1, tl.int32)
+            if total == 0.0:
+                if t_acc_zero | (u.to(tl.float64) < 1.0 / t_acc) | (last_p.to(tl.float64) >= t_single):
+                    dcount = last_j + 1
+                    tl.store(dmass_ptr + base + last_j, 1.0)
+                    acc = last_c
         if err != 0:
             going = tl.zeros([], tl.int32)
         elif acc >= 0:
@@ -411,12 +466,13 @@ def sampled_verify_kernel(
         kind = tl.where(first_child >= 0, 1, 2)
         if (T > 0) & (compact == 0):
             row_ptr = logits_ptr + b * stride_b + cur * stride_n
-            total = tl.zeros([], tl.float64)
-            for start in range(0, V, BLOCK):
-                offs = start + offs0
-                p = _residual_block(row_ptr, offs, V, T, ms, kth_s, z1, cut, z2, mthr, z3,
-                                    tok_ptr, ns_ptr, base, first_child, n)
-                total += tl.sum(p.to(tl.float64), 0)
+            if have_total == 0:  # (the FP-edge test above already summed this residual)
+                total = tl.zeros([], tl.float64)
+                for start in range(0, V, BLOCK):
+                    offs = start + offs0
+                    p = _residual_block(row_ptr, offs, V, T, ms, kth_s, z1, cut, z2, mthr, z3,
+                                        tok_ptr, ns_ptr, base, first_child, n)
+                    total += tl.sum(p.to(tl.float64), 0)
             if total > 0.0:
                 target = fcoin.to(tl.float64) * total
                 found = tl.full([], -1, tl.int32)
