@@ -114,3 +114,56 @@ def test_validator_checks_sibling_order_depths_and_index():
 def test_encoder_rejects_parents_after_children():
     with pytest.raises(ValueError, match="request 0, node 1: parent 2 must be in"):
         dl.encode_retrieve(torch.tensor([[-1, 2, 0]]), torch.tensor([3]))
+
+
+def test_doctor_reports_every_broken_invariant_with_request_node_and_field():
+    good = dl.compile_retrieve(_tree_from_parents([-1, 0, 0, 1, 2, 3, 4, 5]), 3)
+    ri = torch.arange(3)[:, None] * 8 + torch.arange(8)[None]
+    vi = dl.DDTreeVerifyInput(**{**{f: torch.cat([getattr(good, f)] * 3) for f in good.__dict__}, "retrieve_index": ri})
+    ri = ri.clone()
+    nt, ns = vi.retrieve_next_token.clone(), vi.retrieve_next_sibling.clone()
+    nt[0, 5] = 1  # request 0: a cycle 1 -> 3 -> 5 -> 1 through retrieve_next_token
+    ns[1, 3] = 3  # request 1: node 3 is its own next sibling
+    ns[1, 6] = 9  # ... and a link out of range
+    depths, positions, mask = vi.depths.clone(), vi.positions.clone(), vi.tree_mask.clone()
+    depths[2, 7] = 5  # request 2: a wrong depth,
+    positions[2, 4] += 1  # a position off by one,
+    mask[2, 6, 2] = False  # a mask row missing an ancestor,
+    mask[2, 3, 2] = True  # and one seeing a non-ancestor
+    ri[2, 1] = 0
+    bad = dl.DDTreeVerifyInput(**{**vi.__dict__, "retrieve_next_token": nt, "retrieve_next_sibling": ns,
+                                  "depths": depths, "positions": positions, "tree_mask": mask, "retrieve_index": ri})
+    logws = -torch.arange(8, dtype=torch.float32)[None].repeat(3, 1)
+    logws[2, 2] = 1.0  # request 2: siblings out of log-weight order
+    problems = dl.find_retrieve_problems(bad, node_logws=logws)
+    got = {(p.request, p.node, p.field, p.kind) for p in problems}
+    assert {(0, 1, "retrieve_next_token", "cycle"), (1, 1, "retrieve_next_sibling", "cycle"),
+            (1, 6, "retrieve_next_sibling", "range"), (2, 7, "depths", "depth"), (2, 4, "positions", "position"),
+            (2, 6, "tree_mask", "mask_missing_ancestor"), (2, 3, "tree_mask", "mask_non_ancestor"),
+            (2, 2, "node_logws", "sibling_order"), (2, 1, "retrieve_index", "index")} <= got
+    cycle = next(p for p in problems if p.request == 0 and p.kind == "cycle")
+    assert cycle.nodes == (1, 3, 5) and "1 -> 3 -> 5 -> 1" in str(cycle)
+    own = next(p for p in problems if p.request == 1 and p.kind == "cycle")
+    assert own.nodes == (3,) and "a cycle in retrieve_next_sibling: 3 -> 3" in own.message
+    assert all(str(p).startswith(f"request {p.request}, node {p.node}: ") for p in problems)
+    assert [p.to_dict()["kind"] for p in problems] == [p.kind for p in problems]
+    # the first problem, and check_verify_buffers raising it
+    assert str(dl.find_retrieve_problems(bad, limit=1)[0]) == str(problems[0])
+    with pytest.raises(dl.RetrieveError, match="request 0, node 1: reached twice") as err:
+        dl.check_verify_buffers(bad)
+    assert err.value.problem.kind == "cycle"
+    assert dl.find_retrieve_problems(vi) == [] and dl.find_retrieve_problems(vi, node_logws=-torch.arange(8.0).repeat(3, 1)) == []
+
+
+def test_a_node_both_child_and_sibling_and_repeated_sibling_tokens_are_named():
+    vi = dl.compile_retrieve(_tree_from_parents([-1, 0, 0, 1, 1]), 0)
+    nt = vi.retrieve_next_token.clone()
+    ns = vi.retrieve_next_sibling.clone()
+    ns[0, 1] = 3  # node 3: node 1's child and now also its next sibling (node 2 cut off)
+    problems = dl.find_retrieve_problems(nt, ns)
+    assert any(p.node == 3 and p.kind == "reached_twice" for p in problems)
+    assert any(p.node == 2 and p.kind == "unreachable" for p in problems)
+    tokens = vi.node_token_ids.clone()
+    tokens[0, 4] = tokens[0, 3]
+    problems = dl.find_retrieve_problems(dl.DDTreeVerifyInput(**{**vi.__dict__, "node_token_ids": tokens}))
+    assert [(p.node, p.kind) for p in problems] == [(4, "duplicate_token")]
