@@ -222,7 +222,8 @@ def looks_greedy_html(run_or_steps, min_tokens: int = 16, alpha: float = 1e-3) -
         style = ' style="background:#fbe3e1;color:#b3261e;font-weight:bold"' if f.flagged else ""
         verdict = "LOOKS GREEDY" if f.flagged else "ok"
         rows.append(f"<tr{style}><td>{f.request}</td><td>{html.escape(f.setting)}</td><td>{f.tokens}</td>"
-                    f"<td>{f.argmax_tokens}</td><td>{f.log10_p:.1f}</td><td>{verdict}</td></tr>")
+                    f"<td>{f.argmax_tokens}</td><td>{'n/a (greedy)' if f.setting == 'greedy' else f'{f.log10_p:.1f}'}</td>"
+                    f"<td>{verdict}</td></tr>")
     return ('<table class="ddtree-looks-greedy"><tr><th>request</th><th>setting</th><th>tokens</th>'
             "<th>argmax tokens</th><th>log10 P(all argmax | lossless)</th><th>verdict</th></tr>"
             f"{''.join(rows)}</table>")
