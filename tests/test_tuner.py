@@ -60,7 +60,8 @@ def bounds_for(logits, m, rows, tokens, params):
 def _exact_expected(params: SamplingParams, m: int, logits: torch.Tensor) -> bool:
     """Cases where the stored data determine the value (module docstring of analysis)."""
     top = torch.sort(logits.float(), -1, descending=True).values
-    if params.is_greedy:
+    m = min(m, logits.shape[-1])
+    if params.is_greedy or m == logits.shape[-1]:
         return True
     if 0 < params.top_k <= m:
         return bool((top[:, params.top_k - 1] > top[:, m - 1]).all())
