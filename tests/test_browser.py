@@ -6,9 +6,9 @@ run all cells, then check the view's widgets react as they should, and save scre
 ``tests/output/browser/`` (ignored by git).
 
 * 02 verify stepper: pressing "next decision" changes the highlighted node and the verdict.
-* 03 greedy vs sampling, 04 tuner: see :func:`check_03` / :func:`check_04` (their widgets
-  belong to the tuner views; 04 moves the top-p slider and compares the displayed expected
-  accept length with the library's value for that setting).
+* 03 greedy vs sampling: the plotly figures render.
+* 04 tuner: moving the top-p slider changes the displayed expected τ, and it equals
+  :func:`ddtree_lab.views.tuner.expected_tau_text` for the controls' values.
 
 Without Chromium or playwright the test fails when ``CI`` is set and is skipped otherwise
 (with the reason). A notebook not written yet is skipped with its name.
@@ -212,29 +212,44 @@ def check_03(page) -> None:
     screenshot(page, "03_greedy_vs_sampling", page.locator(".js-plotly-plot").first)
 
 
-def expected_accept_for(top_p: float) -> float:
-    """The library's expected accept length of notebook 04's recorded run at ``top_p`` (the
-    other sliders at their defaults). Filled in with the tuner's analysis API."""
-    from ddtree_lab import analysis  # noqa: F401  (the tuner branch's module)
+def _readout(container, cls: str) -> str:
+    return container.locator(f".{cls} .widget-readout").first.inner_text().strip()
 
-    raise NotImplementedError("expected_accept_for: to be written with the tuner views (ddtree_lab.analysis)")
+
+def expected_tau_for(controls: dict) -> str:
+    """The library's mean expected τ of notebook 04's recorded run at the tuner's control
+    values, as the tuner prints it (:func:`ddtree_lab.views.tuner.expected_tau_text`)."""
+    import ddtree_lab as dl
+    from ddtree_lab.views.tuner import expected_tau_text, params_from_controls
+
+    run = dl.load_trace(ROOT / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors")
+    params = params_from_controls(controls["temperature"], controls["top_k"], controls["top_p"], controls["min_p"])
+    return expected_tau_text(run, params, controls["budget"])
 
 
 def check_04(page) -> None:
-    """Tuner: move the top-p slider; the displayed expected accept length equals the library's."""
-    tuner = page.locator(".ddtree-tuner").first
-    tuner.wait_for()
-    handle = tuner.locator(".ddtree-top-p .ui-slider-handle, .ddtree-top-p .noUi-handle").first
-    shown = tuner.locator(".ddtree-expected-accept")
-    before = shown.inner_text()
-    handle.focus()
+    """Tuner: move the top-p slider; the displayed expected τ (accepted draft tokens + 1)
+    equals what the library computes for that setting."""
+    shown = page.locator(".ddtree-expected-tau").first
+    shown.wait_for()
+    shown.scroll_into_view_if_needed()
+    before = shown.inner_text().strip()
+    top_p_before = float(_readout(page, "ddtree-tuner-top-p"))
+    page.locator(".ddtree-tuner-top-p .noUi-handle").first.focus()
     page.keyboard.press("ArrowLeft")
     page.keyboard.press("ArrowLeft")
-    _wait_for_change(page, shown, before)
-    top_p = float(tuner.locator(".ddtree-top-p .widget-readout").inner_text())
-    value = float(shown.get_attribute("data-value") or re.search(r"[0-9.]+", shown.inner_text()).group())
-    assert value == pytest.approx(expected_accept_for(top_p), abs=5e-4)
-    screenshot(page, "04_topk_topp_tuner", tuner)
+    after = _wait_for_change(page, shown, before).strip()
+    controls = {"temperature": float(_readout(page, "ddtree-tuner-temperature")),
+                "top_k": int(_readout(page, "ddtree-tuner-top-k")),
+                "top_p": float(_readout(page, "ddtree-tuner-top-p")),
+                "min_p": float(_readout(page, "ddtree-tuner-min-p")),
+                "budget": int(_readout(page, "ddtree-tuner-budget"))}
+    assert controls["top_p"] == pytest.approx(top_p_before - 0.10, abs=1e-6), controls
+    page.wait_for_timeout(1000)  # let any later update land, then read the settled value
+    after = shown.inner_text().strip()
+    assert after == expected_tau_for(controls), (after, controls)
+    screenshot(page, "04_topk_topp_tuner", page.locator(".ddtree-expected-tau").first.locator(
+        "xpath=ancestor::div[contains(@class, 'widget-vbox')][last()]"))
 
 
 CHECKS = {"02_verify_stepper.ipynb": check_02, "03_greedy_vs_sampling.ipynb": check_03,
