@@ -210,6 +210,7 @@ class Tuner:
         self.summary = w.HTML()
         self.per_step = w.HTML()
         self.cover = w.HTML()
+        self.step_cover = w.HTML()
         self.tree = w.HTML()
         self.live_button = w.Button(description="run live with these parameters", disabled=live is None,
                                     layout={"width": "260px"})
@@ -225,7 +226,8 @@ class Tuner:
         head = w.HTML("<b>expected τ (mean over the recorded steps, target-only rule):</b>&nbsp;")
         self.widget = w.VBox([
             w.HBox([w.VBox([self.temperature, self.top_k, self.top_p, self.min_p]), w.VBox([self.budget, self.step])]),
-            w.HBox([head, self.expected_tau]), self.summary, self.per_step, self.cover, self.tree,
+            w.HBox([head, self.expected_tau]), self.summary, self.per_step, self.cover, self.step_cover,
+            self.tree,
             w.HBox([self.live_button]), self.live_out])
 
     def _ipython_display_(self):  # pragma: no cover - notebook display
@@ -276,7 +278,13 @@ class Tuner:
         from .dot import render_svg
 
         k = self.state.step
-        self.tree.value = render_svg(reach_tree_dot(self.state.data, self.result, k, self.run))
+        res = self.result
+        s = self.state.data.steps[k]
+        self.step_cover.value = bars_svg(res.cover_lo[k].tolist(), res.cover_hi[k].tolist(),
+                                         [str(d + 1) for d in range(res.cover_lo.shape[1])],
+                                         f"step {s.step} / request {s.request_id}: target mass covered at each depth",
+                                         ymax=1.0, css_class="ddtree-tuner-step-cover")
+        self.tree.value = render_svg(reach_tree_dot(self.state.data, res, k, self.run))
 
     def _on_live(self, button=None) -> None:
         if self.live is None:
