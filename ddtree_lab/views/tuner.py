@@ -46,16 +46,20 @@ def _interval_text(lo: float, hi: float, digits: int = 3) -> str:
     return f"{mid:.{digits}f} ± {half:.{digits}f}"
 
 
-def expected_tau_text(result_or_data: TunerResult | TunerData, params: SamplingParams | None = None,
+def expected_tau_text(result_or_data: TunerResult | TunerData | RunTrace, params: SamplingParams | None = None,
                       budget: int | None = None) -> str:
     """The mean expected tau over the packed steps as the tuner displays it: ``"2.345"``, or
     ``"2.345 ± 0.012"`` where the stored top-M logits do not determine it (the midpoint and
     half-width of the rigorous interval).
 
     Args:
-        result_or_data: a :class:`TunerResult`, or :class:`TunerData` with ``params`` and
-            ``budget`` to analyse.
+        result_or_data: a :class:`TunerResult`, or :class:`TunerData` (or the recorded
+            :class:`RunTrace`) with ``params`` and ``budget`` (None: the recorded budget) to
+            analyse. A browser test reading the widget's ``ddtree-expected-tau`` text compares
+            it with ``expected_tau_text(run, params_from_controls(T, k, p, min_p), budget)``.
     """
+    if isinstance(result_or_data, RunTrace):
+        result_or_data = TunerData.from_run(result_or_data)
     if isinstance(result_or_data, TunerData):
         if params is None:
             raise ValueError("params are required with TunerData")
