@@ -46,6 +46,13 @@ def _interval_text(lo: float, hi: float, digits: int = 3) -> str:
     return f"{mid:.{digits}f} ± {half:.{digits}f}"
 
 
+def _prob_text(lo: float, hi: float) -> str:
+    """A probability to 3 significant digits, or the interval ``[lo, hi]`` when its ends differ
+    at 3 significant digits."""
+    a, b = f"{lo:.3g}", f"{hi:.3g}"
+    return a if a == b else f"[{a}, {b}]"
+
+
 def expected_tau_text(result_or_data: TunerResult | TunerData | RunTrace, params: SamplingParams | None = None,
                       budget: int | None = None) -> str:
     """The mean expected tau over the packed steps as the tuner displays it: ``"2.345"``, or
@@ -128,8 +135,8 @@ def reach_tree_dot(data: TunerData, result: TunerResult, k: int, texts=None) -> 
         rlo, rhi = float(result.reach_lo[g]), float(result.reach_hi[g])
         shade = int(245 - 150 * min(max((rlo + rhi) / 2, 0.0), 1.0))
         fill = f"#{shade:02x}{min(shade + 10, 255):02x}{shade:02x}"
-        p = _interval_text(float(result.node_lo[g]), float(result.node_hi[g]))
-        lines.append(f'  n{i} [label="[{i}] {text}\\np={p}\\nreach={_interval_text(rlo, rhi)}", fillcolor="{fill}"];')
+        p = _prob_text(float(result.node_lo[g]), float(result.node_hi[g]))
+        lines.append(f'  n{i} [label="[{i}] {text}\\ntarget p={p}\\nreach={_prob_text(rlo, rhi)}", fillcolor="{fill}"];')
     for i in range(1, n):
         lines.append(f"  n{int(step.parents[i])} -> n{i};")
     lines.append("}")
