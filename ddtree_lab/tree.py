@@ -217,8 +217,8 @@ def draft_topk_from_logits(
             m = torch.maximum(m, blk[:, body:].amax(-1, keepdim=True))
         _check_row_max(m[:, 0], r0, depth)  # NaN and +inf propagate through max; all -inf stays -inf
         t = cmax.topk(k, -1, sorted=False).values.amin(-1, keepdim=True) if nch > k else cmax.amin(-1, keepdim=True)
-        tmp = torch.add(m * -log2e, blk, alpha=log2e, out=buf[:n])  # (x - m) * log2(e), one pass
-        ls = tmp.exp2_().sum(-1, keepdim=True).log_()
+        tmp = torch.sub(blk, m, out=buf[:n])  # exact 0 at the maximum: ls >= 0, log-probs <= 0
+        ls = tmp.mul_(log2e).exp2_().sum(-1, keepdim=True).log_()
         thr = t - ((t - m).abs() + ls.abs() + 1.0) * 2.0**-20  # 8 ulps of the log-probs' scale below t
         # candidates: the elements >= thr of the chunks whose maximum reaches thr, and of the tail
         cr, cc = (cmax >= thr).nonzero(as_tuple=True)
