@@ -16,9 +16,15 @@ __all__ = ["load_default", "show_step", "show_steps", "show_text", "step_browser
 
 
 def load_default(device: str = "cpu"):
-    """The embedded default target (SmolLM2-135M-Instruct, fp32) and its ridge drafter (L=16)."""
+    """The embedded default target (SmolLM2-135M-Instruct, fp32) and its ridge drafter (L=16).
+
+    Also sets torch's thread count for this machine once (:mod:`ddtree_lab.threads`;
+    ``DDTREE_LAB_THREADS=N`` overrides)."""
     import torch
 
+    from .threads import configure_threads
+
+    configure_threads()
     from .models import RidgeDrafter
     from .models import load_default_target
 
