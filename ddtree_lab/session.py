@@ -27,7 +27,7 @@ import torch
 from .models.drafter import DraftContext, Drafter
 from .retrieve import compile_retrieve
 from .sampling import SamplingParams, normalize_params, target_probs
-from .trace import RunTrace, StepTrace, row_records
+from .trace import TOP_M_LOGITS, RunTrace, StepTrace, make_step_trace
 from .tree import build_tree, draft_topk_from_logits
 from .verify import VerifyOutput, draw_coins, make_generators, residual_draw, verify_sampled
 
@@ -210,23 +210,21 @@ class LiveSession:
         return traces
 
     def _record(self, step_no, b, r, ids, lps, tree, vi, logits, probs, coins, final, out, timings) -> StepTrace:
+        t0 = time.perf_counter()
         n = int(tree.num_nodes[b])
-        parents = tree.parents[b, :n]
-        tokens = tree.node_token_ids[b, :n]
-        display = torch.softmax(logits[b, :n], -1) if r.params.is_greedy else probs[b, :n]
-        bonus = out.bonus[b]
-        records = row_records(parents, tokens, probs[b, :n], display, bonus, self.top_m)
         local = vi.request(b)
-        return StepTrace(
-            step=step_no, request=r.request, request_id=r.request_id, prefix_len=r.prefix_len,
-            draft_token_ids=ids[b].clone(), draft_logprobs=lps[b].clone(), node_token_ids=tokens.clone(),
-            parents=parents.clone(), depths=tree.depths[b, :n].clone(), ranks=tree.ranks[b, :n].clone(),
-            node_logws=tree.node_logws[b, :n].clone(), retrieve_index=local.retrieve_index[0, :n].clone(),
-            retrieve_next_token=local.retrieve_next_token[0, :n].clone(),
-            retrieve_next_sibling=local.retrieve_next_sibling[0, :n].clone(), positions=vi.positions[b, :n].clone(),
-            params=r.params, coins=coins[b, :n].clone(), final_coin=float(final[b]), **records,
-            final_mass=float(bonus.residual_mass), output=_request_output(out, b), timings=dict(timings),
+        trace = make_step_trace(
+            step=step_no, request=r.request, request_id=r.request_id, prefix_len=r.prefix_len, params=r.params,
+            output=_request_output(out, b), level=getattr(self, "level", "full"),
+            node_token_ids=tree.node_token_ids[b, :n], parents=tree.parents[b, :n], depths=tree.depths[b, :n],
+            ranks=tree.ranks[b, :n], node_logws=tree.node_logws[b, :n],
+            retrieve_next_token=local.retrieve_next_token[0, :n], retrieve_next_sibling=local.retrieve_next_sibling[0, :n],
+            positions=vi.positions[b, :n], draft_token_ids=ids[b], draft_logprobs=lps[b], coins=coins[b, :n],
+            final_coin=float(final[b]), logits=logits[b, :n], probs=None if probs is None else probs[b, :n],
+            top_m=self.top_m, top_m_logits=getattr(self, "top_m_logits", TOP_M_LOGITS), timings=timings,
             backend=out.backend)
+        trace.timings["record"] = time.perf_counter() - t0
+        return trace
 
     def _commit(self, r: RequestState, out: VerifyOutput, b: int, hidden: torch.Tensor, max_new_tokens: int) -> None:
         path = [i for i in out.accept_index[b].tolist() if i >= 0]
