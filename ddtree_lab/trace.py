@@ -771,8 +771,10 @@ def save_trace(run: RunTrace, path: str | Path) -> Path:
     return write_container(path, doc, tensors)
 
 
-def check_step_tensors(where: str, js: dict, t: dict[str, torch.Tensor], vocab: int | None, version: int) -> None:
-    """Shapes, dtypes and index ranges of one step's tensors against its JSON and its tree.
+def check_step_tensors(where: str, js: dict, t: dict[str, torch.Tensor], vocab: int | None, version: int,
+                       exempt: Sequence[str] = ()) -> None:
+    """Shapes, dtypes and index ranges of one step's tensors against its JSON and its tree
+    (``exempt``: fields a container stores in another form, e.g. a bundle's bonus row).
 
     Raises:
         TraceFormatError: naming ``where`` (file and step) and the field.
@@ -782,7 +784,7 @@ def check_step_tensors(where: str, js: dict, t: dict[str, torch.Tensor], vocab: 
         raise TraceFormatError(f"{where}: level {level!r} is not one of {LEVELS}")
     required = _V1_FIELDS if version == 1 else [*_REQUIRED[level], *_OUTPUT_FIELDS]
     for name in required:
-        if name not in t:
+        if name not in t and name not in exempt:
             raise TraceFormatError(f"{where}: tensor field {name!r} is missing")
     for name, value in t.items():
         if name not in _TENSOR_FIELDS:
