@@ -176,8 +176,9 @@ def _reduce(step: StepTrace) -> tuple[int, float, torch.Tensor]:
     return 0, 0.0, prefix.clone()
 
 
-def make_bundle(run: RunTrace, step: int, request: int) -> Bundle:
-    """The bundle of decoding step ``step`` of request ``request`` of ``run``.
+def make_bundle(run: RunTrace, step: int | StepTrace, request: int | None = None) -> Bundle:
+    """The bundle of decoding step ``step`` of request ``request`` of ``run`` (or of the
+    :class:`StepTrace` ``step`` of ``run``).
 
     The reduced rows are proven on the spot: the reference verifier on the bundle's rows
     must give exactly the output it gives on the full step's rows (whether or not that
@@ -190,7 +191,12 @@ def make_bundle(run: RunTrace, step: int, request: int) -> Bundle:
     """
     from . import views
 
-    s = run.find_step(step, request)
+    if isinstance(step, StepTrace):
+        s, step, request = step, step.step, step.request
+    elif request is None:
+        raise TypeError("make_bundle(run, step, request): give the request, or pass a StepTrace as step")
+    else:
+        s = run.find_step(step, request)
     if s.child_probs is None or s.final_row_prefix is None:
         raise ValueError(f"step {step}, request {request}: recorded at level {s.level!r}: no verify rows to bundle")
     c, base, tail = _reduce(s)
@@ -339,14 +345,21 @@ def load_bundle(directory: str | Path) -> Bundle:
                   svg=svg, metadata=meta)
 
 
-def replay_bundle(bundle: Bundle | str | Path) -> BundleReplay:
+def replay_bundle(bundle: Bundle | str | Path, backend: str = "reference") -> BundleReplay:
     """Re-verify a bundle's step with the reference verifier and compare it with the recorded
     output, decision by decision (:func:`ddtree_lab.trace.compare_outputs`).
 
+    A bundle stores target probabilities (what the verifier read), not logits, so only the
+    ``"reference"`` backend replays it.
+
     Raises:
+        ValueError: another ``backend``.
         TraceFormatError / FileNotFoundError: (a path) see :func:`load_bundle`.
         ddtree_lab.ReplayMismatch: the stored buffers are broken.
     """
+    if backend != "reference":
+        raise ValueError(f"a bundle stores target probabilities, not logits: it replays with the reference "
+                         f"verifier only, not {backend!r}")
     if not isinstance(bundle, Bundle):
         bundle = load_bundle(bundle)
     step = dataclasses.replace(bundle.step, final_row_prefix=bundle.final_row_prefix())

@@ -140,3 +140,12 @@ def test_bundles_of_an_sglang_recording_replay(tmp_path):
         result = bd.replay_bundle(out)
         assert result.ok, result.lines()
         assert result.output.emitted_tokens[0].tolist()[: len(s.emitted)] == s.emitted
+
+
+def test_make_bundle_takes_a_step_trace_and_replays_with_the_reference_only(sampled):
+    s = sampled.steps[5]
+    b = bd.make_bundle(sampled, s)
+    assert (b.step.step, b.step.request) == (s.step, s.request)
+    assert bd.replay_bundle(b, backend="reference").ok
+    with pytest.raises(ValueError, match="reference verifier only, not 'triton'"):
+        bd.replay_bundle(b, backend="triton")
