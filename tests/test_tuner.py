@@ -249,6 +249,7 @@ def test_tuner_widget_state_follows_simulated_slider_moves(small_run):
     assert first == tv.expected_tau_text(data, SamplingParams(temperature=0.8), 16)
     t.top_p.value = 0.5  # as a browser slider move would
     after = t.expected_tau.value
+    assert after == tv.expected_tau_text(small_run, tv.params_from_controls(0.8, 0, 0.5, 0.0), 16)
     assert after == tv.expected_tau_text(data, tv.params_from_controls(0.8, 0, 0.5, 0.0), 16)
     assert after != first
     t.top_k.value = 3  # inside the stored top-M: exact
