@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import ddtree_lab as dl
-from ddtree_lab import sglang_bridge as sb
-from ddtree_lab.sglang_bridge import TreeMaskMode
+from ddtree_lab.sglang import buffers as sb
+from ddtree_lab.sglang.buffers import TreeMaskMode
+from ddtree_lab.trace import compare_outputs
 
 FIELDS = ("node_token_ids", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling", "tree_mask",
           "positions", "depths", "num_nodes")
@@ -139,7 +140,7 @@ def test_verify_output_to_sglang_and_back_round_trips(seed):
     predicts, accept_index, accept_num = sb.verify_output_to_sglang(out, vi.num_rows)
     assert predicts.dtype == accept_index.dtype == accept_num.dtype == torch.int32
     back = sb.verify_output_from_sglang(vi, predicts, accept_index, accept_num)
-    assert sb.compare_verify_outputs(out, back) == []
+    assert compare_outputs(out, back, decisions=False) == []
 
 
 def test_published_greedy_outputs_convert_to_the_labs_verify_output():
@@ -150,7 +151,7 @@ def test_published_greedy_outputs_convert_to_the_labs_verify_output():
     assert out.bonus_token.tolist() == [18, 18]
     # and the lab's greedy verifier gives the same on the same target argmax
     logits = torch.nn.functional.one_hot(EX_TARGET_PREDICT, 20).float()
-    assert sb.compare_verify_outputs(dl.verify_greedy(vi, logits), out) == []
+    assert compare_outputs(dl.verify_greedy(vi, logits), out, decisions=False) == []
 
 
 def test_corrupt_sglang_output_is_named():
