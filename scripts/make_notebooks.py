@@ -123,7 +123,7 @@ the accepted path green, siblings the walk rejected red, nodes never reached gre
 token a blue box."""),
     ("code", """first = run.steps[0]
 display(SVG(views.step_svg(first, run)))
-display(HTML(lab.decisions_html(run, first)))"""),
+display(HTML(views.decisions_table_html(views.step_view(first, run))))"""),
     ("md", """## A sampled step, decision by decision
 
 Step 1 ran SGLang's chain sampler with one-hot draft probabilities, i.e. the target-only rule:
@@ -132,7 +132,7 @@ coin and the mass it was compared with."""),
     ("code", """sampled = max((s for s in run.steps if s.step == 1), key=lambda s: s.extra["sglang_accept_length"])
 print(f"request {sampled.request_id}: SGLang accepted {sampled.extra['sglang_accept_length']} draft tokens, "
       f"lab {sampled.accept_length}")
-display(HTML(lab.decisions_html(run, sampled)))
+display(HTML(views.decisions_table_html(views.step_view(sampled, run))))
 display(SVG(views.step_svg(sampled, run)))"""),
     ("md", """## Where SGLang and the lab differ
 
@@ -147,7 +147,7 @@ The drawing is the lab's walk; SGLang's output is in the replay line."""),
         for line in s.extra["differences"]:
             print("   ", line)
         print("   explanation:", s.extra["explanation"])
-        display(HTML(lab.decisions_html(run, s)))
+        display(HTML(views.decisions_table_html(views.step_view(s, run))))
         display(SVG(views.step_svg(s, run)))"""),
     ("md", """## Every lab backend
 
