@@ -43,7 +43,7 @@ import torch
 from .sampling import SamplingParams
 
 __all__ = [
-    "reach_probabilities", "expected_accept_length", "drafter_estimate", "step_table", "acceptance_by_depth",
+    "reach_probabilities", "expected_accept_length", "tau", "setting_label", "step_seconds", "drafter_estimate", "step_table", "acceptance_by_depth",
     "sibling_ranks", "accepted_sibling_ranks", "throughput", "sibling_conditioned_quality", "LooksGreedy",
     "looks_greedy", "token_prob_bounds", "TunerData", "TunerResult",
 ]
@@ -89,7 +89,9 @@ def drafter_estimate(step) -> float:
     return float(step.node_logws[1:].double().exp().sum())
 
 
-def _tau(step) -> int:
+def tau(step) -> int:
+    """Observed tau of a step: accepted draft tokens + 1 (the bonus; 0 when the support was
+    exhausted)."""
     return step.accept_length + (0 if bool(step.output.support_exhausted[0]) else 1)
 
 
@@ -100,7 +102,7 @@ def step_table(steps: Sequence) -> list[dict]:
     (observed + bonus)."""
     return [{"step": s.step, "request": s.request, "request_id": s.request_id, "setting": setting_label(s.params),
              "budget": s.num_nodes - 1, "observed": s.accept_length, "expected": expected_accept_length(s),
-             "drafter": drafter_estimate(s), "tau": _tau(s)} for s in steps]
+             "drafter": drafter_estimate(s), "tau": tau(s)} for s in steps]
 
 
 def setting_label(params: SamplingParams) -> str:

@@ -167,7 +167,11 @@ def make_step(logits_rows: torch.Tensor, n: int, m: int, seed: int, step: int = 
     node_logits[1:] = rows[parents[1:], tokens[1:]]
     s = SimpleNamespace(step=step, request=0, request_id="0", params=params, parents=parents, depths=depths,
                         node_token_ids=tokens, num_nodes=n, accept_length=0, row_logit_ids=ids, row_logits=top,
-                        row_logsumexp=lse, node_logits=node_logits)
+                        row_logsumexp=lse, node_logits=node_logits,
+                        output=SimpleNamespace(support_exhausted=torch.tensor([False])))
+    probs = full_probs(rows, params)
+    s.child_probs = torch.zeros(n)
+    s.child_probs[1:] = probs[parents[1:], tokens[1:]].float()
     return s
 
 
@@ -214,3 +218,81 @@ def test_tuner_data_refuses_v1_steps():
         analysis.TunerData.from_steps([s], 100)
     with pytest.raises(ValueError, match="budget"):
         analysis.TunerData.from_steps([make_step(torch.randn(4, 50), 4, 8, 0)], 50).analyse(SamplingParams(), -1)
+
+
+# -- the tuner widget, without a browser -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_run():
+    from ddtree_lab.trace import RunTrace
+
+    g = torch.Generator().manual_seed(5)
+    steps = []
+    for k in range(6):
+        rows = torch.randn(20, 300, generator=g) * 2.5
+        s = make_step(rows, 12 + k, 16, seed=k, step=k, params=SamplingParams(temperature=0.8))
+        s.accept_length = k % 3
+        steps.append(s)
+    return RunTrace(metadata={"vocab_size": 300}, steps=steps, token_texts={i: f"t{i}" for i in range(300)})
+
+
+def test_tuner_widget_state_follows_simulated_slider_moves(small_run):
+    from ddtree_lab.views import tuner as tv
+
+    t = tv.Tuner(small_run)
+    assert "ddtree-expected-tau" in t.expected_tau._dom_classes
+    assert t.top_p.description == "top-p" and t.temperature.description == "temperature"
+    data = t.state.data
+    first = t.expected_tau.value
+    assert first == tv.expected_tau_text(data, SamplingParams(temperature=0.8), 16)
+    t.top_p.value = 0.5  # as a browser slider move would
+    after = t.expected_tau.value
+    assert after == tv.expected_tau_text(data, tv.params_from_controls(0.8, 0, 0.5, 0.0), 16)
+    assert after != first
+    t.top_k.value = 3  # inside the stored top-M: exact
+    assert "±" not in t.expected_tau.value and "exact" in t.summary.value
+    t.top_k.value = 0
+    t.top_p.value = 1.0
+    t.temperature.value = 0.5  # tail outside the stored top-16 of 300: bounded
+    assert "±" in t.expected_tau.value and "bounded" in t.summary.value
+    lo, hi = data.analyse(SamplingParams(temperature=0.5), 16).mean_tau
+    mid, half = (float(x) for x in t.expected_tau.value.split(" ± "))
+    assert mid - half <= lo + 1e-3 and hi - 1e-3 <= mid + half
+    t.budget.value = 3
+    assert "[3]" in t.tree.value and "[4]" not in t.tree.value
+    before = t.tree.value
+    t.step.value = 4
+    assert t.tree.value != before and "step 4" in t.tree.value
+    t.temperature.value = 0.0
+    assert t.expected_tau.value == tv.expected_tau_text(data, SamplingParams(temperature=0.0), 3)
+
+
+def test_tuner_live_button_calls_the_given_function(small_run):
+    from ddtree_lab.views import tuner as tv
+
+    calls = []
+
+    def live(params, budget):
+        calls.append((params, budget))
+        return small_run.steps[:2]
+
+    t = tv.Tuner(small_run, live=live)
+    t.top_p.value = 0.9
+    t.live_button.click()
+    assert calls == [(tv.params_from_controls(0.8, 0, 0.9, 0.0), 16)]
+    assert "observed mean τ <b>1.500</b>" in t.live_out.value  # accept lengths 0 and 1, + bonus
+    assert t.expected_tau.value in t.live_out.value
+    assert tv.Tuner(small_run).live_button.disabled
+
+
+def test_tuner_refuses_a_v1_run():
+    from ddtree_lab import load_trace
+    from ddtree_lab.views import tuner as tv
+    from pathlib import Path
+
+    run = load_trace(Path(__file__).resolve().parent.parent / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors")
+    if getattr(run.steps[0], "row_logits", None) is not None:
+        run.steps[0].row_logits = None
+    with pytest.raises(ValueError, match="format v1|vocab_size"):
+        tv.Tuner(run)
