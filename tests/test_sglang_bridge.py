@@ -176,3 +176,26 @@ def test_eagle_tree_inputs_describe_the_same_tree(seed):
             want = 0 if group == 0 else 1 + selected[b].tolist().index(int(parent_list[b, group]))
             assert want == int(parents[b, i])
     assert depth > int(vi.depths.max())
+
+
+def test_buffer_checks_report_every_problem_not_only_the_first():
+    _, vi = _random_vi(2, bs=3, budget=8, prefix=torch.tensor([3, 4, 5]))
+    n = vi.num_rows
+    buffers = sb.to_sglang_buffers(vi, TreeMaskMode.QLEN_ONLY)
+    mask = buffers.tree_mask.clone().view(3, n, n)
+    mask[0, 2, 0] = False  # row 2 of request 0 no longer sees the root
+    positions = buffers.positions.clone()
+    positions[2 * n + 1] += 1  # request 2, row 1
+    nt = buffers.retrive_next_token.clone()
+    ns = buffers.retrive_next_sibling.clone()
+    first = int(nt[1, 0])
+    ns[1, first] = first  # request 1: a node listed as its own next sibling (hangs SGLang's walk)
+    broken = sb.SGLangVerifyBuffers(**{**buffers.__dict__, "tree_mask": mask.reshape(-1), "positions": positions,
+                                       "retrive_next_sibling": ns})
+    problems = sb.find_sglang_buffer_problems(broken)
+    assert len(problems) == 3, problems
+    assert problems[0] == "request 0, row 2: the mask misses ancestor column(s) [0]"
+    assert problems[1].startswith("request 1") and str(first) in problems[1]
+    assert problems[2].startswith("request 2, row 1: position")
+    assert sb.find_sglang_buffer_problem(broken) == problems[0]
+    assert sb.find_sglang_buffer_problems(buffers) == []

@@ -3,7 +3,7 @@
 * :mod:`.buffers` -- SGLang's verify layout: :func:`to_sglang_buffers`,
   :func:`from_sglang_buffers`, :class:`SGLangVerifyBuffers`, :class:`TreeMaskMode`, the tree
   mask modes, :func:`verify_output_to_sglang` / :func:`verify_output_from_sglang`, and
-  :func:`find_sglang_buffer_problem`;
+  :func:`find_sglang_buffer_problems` (the buffer checks);
 * :mod:`.kernels` -- SGLang's own kernels on lab inputs (:func:`sglang_verify_greedy`,
   :func:`sglang_verify_chain`, :func:`sglang_verify_target_only`, :func:`sglang_build_tree`)
   and the lab's verifiers by backend (:func:`lab_verifiers`);
@@ -19,6 +19,7 @@
 from .buffers import SGLangVerifyBuffers as SGLangVerifyBuffers
 from .buffers import TreeMaskMode as TreeMaskMode
 from .buffers import find_sglang_buffer_problem as find_sglang_buffer_problem
+from .buffers import find_sglang_buffer_problems as find_sglang_buffer_problems
 from .buffers import from_sglang_buffers as from_sglang_buffers
 from .buffers import to_sglang_buffers as to_sglang_buffers
 from .buffers import verify_input_from_retrieve as verify_input_from_retrieve

@@ -53,6 +53,7 @@ __all__ = [
     "from_sglang_buffers",
     "verify_input_from_retrieve",
     "find_sglang_buffer_problem",
+    "find_sglang_buffer_problems",
     "pack_tree_mask",
     "unpack_tree_mask",
     "full_tree_mask",
@@ -352,56 +353,80 @@ def _reachable(nt: list[int], ns: list[int], count: int) -> int:
     return k if len(seen) == k else count
 
 
-def find_sglang_buffer_problem(buffers: SGLangVerifyBuffers, num_nodes: torch.Tensor | None = None) -> str | None:
-    """The first place where SGLang buffers disagree with themselves, or None.
+def find_sglang_buffer_problems(buffers: SGLangVerifyBuffers, num_nodes: torch.Tensor | None = None) -> list[str]:
+    """Every place where SGLang buffers disagree with themselves (the doctor's check), in order.
 
-    Checked: the links form a tree (:func:`ddtree_lab.find_retrieve_problem`); the mask
-    has SGLang's size for its mode; every ``FULL_MASK`` prefix column is True; the tree
-    columns are ancestor-or-self of the links; ``positions`` are ``seq_lens + depth``.
-    Padding rows (past ``num_nodes``) are not checked.
+    Checked: the mask has SGLang's size (and, bit-packed, dtype) for its mode; per request, every
+    ``FULL_MASK`` prefix column is True; the links form a tree
+    (:func:`ddtree_lab.retrieve.find_retrieve_problem`, ``retrive_index`` included); each mask
+    row that misses an ancestor or sees a non-ancestor (one line per row, naming the columns);
+    each position that is not ``seq_lens + depth``. A request whose links are broken gets that
+    one line (its mask and positions cannot be judged). Padding rows (past ``num_nodes``,
+    default the rows whose ``retrive_index`` is not -1) are not checked. O(N^2) per request
+    (the mask). SGLang's sibling walks have no hop bound: a cyclic chain hangs its kernels, and
+    is reported here with the nodes it revisits.
+
+    Returns:
+        lines ``"request b, row i: ..."`` (or about the whole mask); empty when consistent.
     """
     bs, n = buffers.batch_size, buffers.draft_token_num
     if num_nodes is None:
         num_nodes = (buffers.retrive_index >= 0).sum(1).to(torch.int64)
-    problem = find_retrieve_problem(
-        buffers.retrive_next_token, buffers.retrive_next_sibling, num_nodes, retrieve_index=buffers.retrive_index
-    )
-    if problem is not None:
-        return str(problem)
+    problems: list[str] = []
+    tree = prefix_ok = None
+    mode = buffers.tree_mask_mode
     try:
-        if buffers.tree_mask_mode == TreeMaskMode.FULL_MASK:
+        if mode == TreeMaskMode.FULL_MASK:
             tree, prefix_ok = split_full_tree_mask(buffers.tree_mask, buffers.seq_lens, n)
-            if not bool(prefix_ok.all()):
-                b = int((~prefix_ok).nonzero()[0])
-                return f"request {b}: a FULL_MASK prefix column is False (the tree rows must see the whole prefix)"
-        elif buffers.tree_mask_mode == TreeMaskMode.QLEN_ONLY:
+        elif mode == TreeMaskMode.QLEN_ONLY:
             if buffers.tree_mask.numel() != bs * n * n:
-                return f"QLEN_ONLY mask has {buffers.tree_mask.numel()} entries, expected bs*N*N = {bs * n * n}"
-            tree = _tree_part(buffers)
+                problems.append(f"QLEN_ONLY mask has {buffers.tree_mask.numel()} entries, expected bs*N*N = {bs * n * n}")
+            else:
+                tree = _tree_part(buffers)
         else:
             if buffers.tree_mask.numel() != bs * n:
-                return f"QLEN_ONLY_BITPACKING mask has {buffers.tree_mask.numel()} rows, expected bs*N = {bs * n}"
-            if buffers.tree_mask.dtype != _packed_dtype(n):
-                return f"QLEN_ONLY_BITPACKING mask has dtype {buffers.tree_mask.dtype}, SGLang uses {_packed_dtype(n)} for N = {n}"
-            tree = _tree_part(buffers)
+                problems.append(f"QLEN_ONLY_BITPACKING mask has {buffers.tree_mask.numel()} rows, expected bs*N = {bs * n}")
+            elif buffers.tree_mask.dtype != _packed_dtype(n):
+                problems.append(f"QLEN_ONLY_BITPACKING mask has dtype {buffers.tree_mask.dtype}, SGLang uses "
+                                f"{_packed_dtype(n)} for N = {n}")
+            else:
+                tree = _tree_part(buffers)
     except ValueError as err:
-        return str(err)
-    parents, depths = decode_retrieve(buffers.retrive_next_token, buffers.retrive_next_sibling, num_nodes)
-    want = tree_attention_mask(parents, num_nodes)
+        problems.append(str(err))
     positions = buffers.positions.view(bs, n)
+    base = torch.arange(bs, dtype=torch.int64)[:, None] * n
+    local_index = torch.where(buffers.retrive_index >= 0, buffers.retrive_index - base, -1)
     for b in range(bs):
         count = int(num_nodes[b])
-        diff = (tree[b, :count, :count] != want[b, :count, :count]).nonzero()
-        if diff.numel():
-            i, j = (int(v) for v in diff[0])
-            what = "attends to" if bool(tree[b, i, j]) else "does not attend to"
-            return f"request {b}, row {i}: mask {what} column {j}, but the links say node {j} is {'' if want[b, i, j] else 'not '}an ancestor-or-self"
-        want_pos = int(buffers.seq_lens[b]) + depths[b, :count]
-        bad = (positions[b, :count] != want_pos).nonzero()
-        if bad.numel():
-            i = int(bad[0])
-            return f"request {b}, row {i}: position {int(positions[b, i])}, expected seq_len + depth = {int(want_pos[i])}"
-    return None
+        if prefix_ok is not None and not bool(prefix_ok[b]):
+            problems.append(f"request {b}: a FULL_MASK prefix column is False (the tree rows must see the whole prefix)")
+        one = slice(b, b + 1)
+        link = find_retrieve_problem(buffers.retrive_next_token[one], buffers.retrive_next_sibling[one],
+                                     num_nodes[one], retrieve_index=local_index[one])
+        if link is not None:
+            problems.append(str(link).replace("request 0", f"request {b}", 1))
+            continue
+        parents, depths = decode_retrieve(buffers.retrive_next_token[one], buffers.retrive_next_sibling[one], num_nodes[one])
+        if tree is not None:
+            want = tree_attention_mask(parents, num_nodes[one])[0, :count, :count]
+            got = tree[b, :count, :count]
+            for i in (got != want).any(-1).nonzero().flatten().tolist():
+                missing = (want[i] & ~got[i]).nonzero().flatten().tolist()
+                extra = (got[i] & ~want[i]).nonzero().flatten().tolist()
+                what = ([f"misses ancestor column(s) {missing}"] if missing else []) + \
+                       ([f"attends to non-ancestor column(s) {extra}"] if extra else [])
+                problems.append(f"request {b}, row {i}: the mask {' and '.join(what)}")
+        want_pos = int(buffers.seq_lens[b]) + depths[0, :count]
+        for i in (positions[b, :count] != want_pos).nonzero().flatten().tolist():
+            problems.append(f"request {b}, row {i}: position {int(positions[b, i])}, expected seq_len + depth = "
+                            f"{int(want_pos[i])}")
+    return problems
+
+
+def find_sglang_buffer_problem(buffers: SGLangVerifyBuffers, num_nodes: torch.Tensor | None = None) -> str | None:
+    """The first of :func:`find_sglang_buffer_problems`, or None."""
+    problems = find_sglang_buffer_problems(buffers, num_nodes)
+    return problems[0] if problems else None
 
 
 # ---- outputs ---------------------------------------------------------------------------------

@@ -158,6 +158,7 @@ class SGLangRecorder:
     def __init__(self, record_filter: RecordFilter | None = None, *, on_step: Callable[["SGLangRecorder"], None] | None = None):
         self.filter = record_filter or RecordFilter()
         self.steps: list[dict] = []
+        self.prompts: dict[str, dict] = {}  # request id -> {"prompt", "prompt_token_ids"}, where known
         self.errors: list[str] = []
         self.calls_seen = 0
         self.on_step = on_step
@@ -168,11 +169,12 @@ class SGLangRecorder:
 
     # -- context --------------------------------------------------------------------------
     def set_context(self, request_ids: Sequence[str] | None = None, seq_lens: torch.Tensor | None = None,
-                    sampling: dict[str, list] | None = None) -> None:
-        """The batch the next verify calls belong to: request ids per row, ``seq_lens``, sampling."""
+                    sampling: dict[str, list] | None = None, reqs: Sequence[Any] | None = None) -> None:
+        """The batch the next verify calls belong to: request ids per row, ``seq_lens``, sampling,
+        and SGLang's ``Req`` objects (their prompt text / token ids are kept once per recorded request)."""
         self._context.value = {"request_ids": None if request_ids is None else [str(r) for r in request_ids],
                                "seq_lens": None if seq_lens is None else _cpu(seq_lens).to(torch.int64),
-                               "sampling": sampling}
+                               "sampling": sampling, "reqs": reqs}
 
     def clear_context(self) -> None:
         self._context.value = None
@@ -241,7 +243,8 @@ class SGLangRecorder:
                         value = getattr(info, attr, None)
                         if isinstance(value, torch.Tensor):
                             sampling[name] = value.detach().float().reshape(-1).cpu().tolist()
-                recorder.set_context([r.rid for r in batch.reqs], getattr(batch, "seq_lens", None), sampling)
+                recorder.set_context([r.rid for r in batch.reqs], getattr(batch, "seq_lens", None), sampling,
+                                     batch.reqs)
             except Exception as err:  # noqa: BLE001
                 recorder.errors.append(f"context: {type(err).__name__}: {err}")
             try:
@@ -334,10 +337,23 @@ class SGLangRecorder:
                 t["seq_lens"] = ctx["seq_lens"][sel.cpu()]
             if ctx["sampling"]:
                 step["sampling"] = {k: [v[b] for b in rows] for k, v in ctx["sampling"].items() if len(v) == keep["bs"]}
+            reqs = ctx.get("reqs")
+            if reqs is not None and len(reqs) == keep["bs"]:
+                for b in rows:
+                    self._keep_prompt(reqs[b])
         with self._lock:
             self.steps.append(step)
         if self.on_step is not None:
             self.on_step(self)
+
+    def _keep_prompt(self, req: Any) -> None:
+        rid = str(getattr(req, "rid", ""))
+        if not rid or rid in self.prompts:
+            return
+        text = getattr(req, "origin_input_text", None)
+        ids = getattr(req, "origin_input_ids", None)
+        self.prompts[rid] = {"prompt": text if isinstance(text, str) else None,
+                             "prompt_token_ids": None if ids is None else [int(t) for t in ids]}
 
     # -- patching SGLang ------------------------------------------------------------------
     def install(self, targets: dict[str, dict[str, str]] | None = None) -> "SGLangRecorder":
@@ -393,13 +409,15 @@ class SGLangRecorder:
     def save(self, path: str | os.PathLike, metadata: dict | None = None) -> tuple[Path, Path]:
         """Write the steps to ``path.json`` + ``path.safetensors`` (:func:`save_recording`)."""
         meta = _default_metadata()
-        meta.update({"filter": _filter_dict(self.filter), "errors": list(self.errors), "calls_seen": self.calls_seen})
+        meta.update({"filter": _filter_dict(self.filter), "errors": list(self.errors), "calls_seen": self.calls_seen,
+                     "prompts": dict(self.prompts)})
         meta.update(metadata or {})
         return save_recording(self.steps, path, meta)
 
     def recording(self, metadata: dict | None = None) -> Recording:
         """The steps recorded so far as a :class:`~ddtree_lab.sglang.recording.Recording`."""
         meta = _default_metadata()
+        meta["prompts"] = dict(self.prompts)
         meta.update(metadata or {})
         return Recording(meta, list(self.steps))
 
