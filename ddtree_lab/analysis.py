@@ -461,8 +461,8 @@ def token_prob_bounds(row_logits: torch.Tensor, row_logsumexp: torch.Tensor, voc
                 s_lo, s_hi = lin(s1_lo), pm(s1_hi)
             s_hi = torch.minimum(s_hi, n_tail * torch.exp(z[:, -1]))
             s_lo = torch.minimum(s_lo, s_hi)
-    else:
-        s_lo = s_hi = torch.zeros(num_rows, dtype=torch.float64)
+    else:  # the top M is the whole row
+        s1_lo = s1_hi = s_lo = s_hi = torch.zeros(num_rows, dtype=torch.float64)
 
     # top-k
     k = params.top_k

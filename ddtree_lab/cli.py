@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     p_render.add_argument("--out", help="output file (default: standard output)")
     p_render.add_argument("--collapse", action="store_true", help="draw each parent's unvisited children as one node")
     args = ap.parse_args(argv)
+    from .threads import configure_threads
+
+    configure_threads()  # DDTREE_LAB_THREADS=N overrides
     try:
         run = load_trace(args.trace)
     except (TraceFormatError, FileNotFoundError) as exc:

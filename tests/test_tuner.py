@@ -60,7 +60,8 @@ def bounds_for(logits, m, rows, tokens, params):
 def _exact_expected(params: SamplingParams, m: int, logits: torch.Tensor) -> bool:
     """Cases where the stored data determine the value (module docstring of analysis)."""
     top = torch.sort(logits.float(), -1, descending=True).values
-    if params.is_greedy:
+    m = min(m, logits.shape[-1])
+    if params.is_greedy or m == logits.shape[-1]:
         return True
     if 0 < params.top_k <= m:
         return bool((top[:, params.top_k - 1] > top[:, m - 1]).all())
@@ -248,6 +249,7 @@ def test_tuner_widget_state_follows_simulated_slider_moves(small_run):
     assert first == tv.expected_tau_text(data, SamplingParams(temperature=0.8), 16)
     t.top_p.value = 0.5  # as a browser slider move would
     after = t.expected_tau.value
+    assert after == tv.expected_tau_text(small_run, tv.params_from_controls(0.8, 0, 0.5, 0.0), 16)
     assert after == tv.expected_tau_text(data, tv.params_from_controls(0.8, 0, 0.5, 0.0), 16)
     assert after != first
     t.top_k.value = 3  # inside the stored top-M: exact

@@ -46,16 +46,27 @@ def _interval_text(lo: float, hi: float, digits: int = 3) -> str:
     return f"{mid:.{digits}f} ± {half:.{digits}f}"
 
 
-def expected_tau_text(result_or_data: TunerResult | TunerData, params: SamplingParams | None = None,
+def _prob_text(lo: float, hi: float) -> str:
+    """A probability to 3 significant digits, or the interval ``[lo, hi]`` when its ends differ
+    at 3 significant digits."""
+    a, b = f"{lo:.3g}", f"{hi:.3g}"
+    return a if a == b else f"[{a}, {b}]"
+
+
+def expected_tau_text(result_or_data: TunerResult | TunerData | RunTrace, params: SamplingParams | None = None,
                       budget: int | None = None) -> str:
     """The mean expected tau over the packed steps as the tuner displays it: ``"2.345"``, or
     ``"2.345 ± 0.012"`` where the stored top-M logits do not determine it (the midpoint and
     half-width of the rigorous interval).
 
     Args:
-        result_or_data: a :class:`TunerResult`, or :class:`TunerData` with ``params`` and
-            ``budget`` to analyse.
+        result_or_data: a :class:`TunerResult`, or :class:`TunerData` (or the recorded
+            :class:`RunTrace`) with ``params`` and ``budget`` (None: the recorded budget) to
+            analyse. A browser test reading the widget's ``ddtree-expected-tau`` text compares
+            it with ``expected_tau_text(run, params_from_controls(T, k, p, min_p), budget)``.
     """
+    if isinstance(result_or_data, RunTrace):
+        result_or_data = TunerData.from_run(result_or_data)
     if isinstance(result_or_data, TunerData):
         if params is None:
             raise ValueError("params are required with TunerData")
@@ -124,8 +135,8 @@ def reach_tree_dot(data: TunerData, result: TunerResult, k: int, texts=None) -> 
         rlo, rhi = float(result.reach_lo[g]), float(result.reach_hi[g])
         shade = int(245 - 150 * min(max((rlo + rhi) / 2, 0.0), 1.0))
         fill = f"#{shade:02x}{min(shade + 10, 255):02x}{shade:02x}"
-        p = _interval_text(float(result.node_lo[g]), float(result.node_hi[g]))
-        lines.append(f'  n{i} [label="[{i}] {text}\\np={p}\\nreach={_interval_text(rlo, rhi)}", fillcolor="{fill}"];')
+        p = _prob_text(float(result.node_lo[g]), float(result.node_hi[g]))
+        lines.append(f'  n{i} [label="[{i}] {text}\\ntarget p={p}\\nreach={_prob_text(rlo, rhi)}", fillcolor="{fill}"];')
     for i in range(1, n):
         lines.append(f"  n{int(step.parents[i])} -> n{i};")
     lines.append("}")
@@ -210,6 +221,7 @@ class Tuner:
         self.summary = w.HTML()
         self.per_step = w.HTML()
         self.cover = w.HTML()
+        self.step_cover = w.HTML()
         self.tree = w.HTML()
         self.live_button = w.Button(description="run live with these parameters", disabled=live is None,
                                     layout={"width": "260px"})
@@ -225,7 +237,8 @@ class Tuner:
         head = w.HTML("<b>expected τ (mean over the recorded steps, target-only rule):</b>&nbsp;")
         self.widget = w.VBox([
             w.HBox([w.VBox([self.temperature, self.top_k, self.top_p, self.min_p]), w.VBox([self.budget, self.step])]),
-            w.HBox([head, self.expected_tau]), self.summary, self.per_step, self.cover, self.tree,
+            w.HBox([head, self.expected_tau]), self.summary, self.per_step, self.cover, self.step_cover,
+            self.tree,
             w.HBox([self.live_button]), self.live_out])
 
     def _ipython_display_(self):  # pragma: no cover - notebook display
@@ -276,7 +289,13 @@ class Tuner:
         from .dot import render_svg
 
         k = self.state.step
-        self.tree.value = render_svg(reach_tree_dot(self.state.data, self.result, k, self.run))
+        res = self.result
+        s = self.state.data.steps[k]
+        self.step_cover.value = bars_svg(res.cover_lo[k].tolist(), res.cover_hi[k].tolist(),
+                                         [str(d + 1) for d in range(res.cover_lo.shape[1])],
+                                         f"step {s.step} / request {s.request_id}: target mass covered at each depth",
+                                         ymax=1.0, css_class="ddtree-tuner-step-cover")
+        self.tree.value = render_svg(reach_tree_dot(self.state.data, res, k, self.run))
 
     def _on_live(self, button=None) -> None:
         if self.live is None:
