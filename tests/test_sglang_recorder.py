@@ -293,7 +293,8 @@ def test_eagle_sample_context_gives_request_ids_even_when_imported_by_name(monke
     targets = {"fake_eagle_utils": {"eagle_sample": "context", "verify_tree_greedy_func": "greedy"},
                "fake_eagle_worker": {"eagle_sample": "context"}}
     batch = types.SimpleNamespace(
-        reqs=[types.SimpleNamespace(rid="alpha"), types.SimpleNamespace(rid="beta")],
+        reqs=[types.SimpleNamespace(rid="alpha", origin_input_ids=[5, 6, 7]),
+              types.SimpleNamespace(rid="beta", origin_input_text="Hi", origin_input_ids=[8])],
         seq_lens=torch.tensor([4, 4]),
         sampling_info=types.SimpleNamespace(temperatures=torch.tensor([[0.0], [0.0]]), top_ks=torch.tensor([1, 1]),
                                             top_ps=torch.tensor([1.0, 1.0])),
@@ -307,6 +308,11 @@ def test_eagle_sample_context_gives_request_ids_even_when_imported_by_name(monke
     assert rec.steps[0]["sampling"] == {"temperature": [0.0, 0.0], "top_k": [1.0, 1.0], "top_p": [1.0, 1.0]}
     assert rec.steps[0]["tensors"]["seq_lens"].tolist() == [4, 4]
     assert rec._get_context() is None  # cleared after the call
+    assert rec.prompts == {"alpha": {"prompt": None, "prompt_token_ids": [5, 6, 7]},
+                           "beta": {"prompt": "Hi", "prompt_token_ids": [8]}}
+    requests = rec.to_trace().metadata["requests"]
+    assert [(r["request_id"], r["prompt"], r["prompt_token_ids"]) for r in requests] == \
+        [("alpha", None, [5, 6, 7]), ("beta", "Hi", [8])]
     assert all(r.agrees for r in sr.replay_recording(rec.steps))
 
 
@@ -418,7 +424,7 @@ def test_saving_never_creates_a_directory(tmp_path):
 
 
 def test_converted_trace_lists_its_requests_and_summarises(tmp_path):
-    from ddtree_lab import lab
+    from ddtree_lab import lab, views
 
     out = sr.convert(FIXTURE, tmp_path / "sglang.ddtrace.safetensors")
     run = dl.load_trace(out)
@@ -428,9 +434,14 @@ def test_converted_trace_lists_its_requests_and_summarises(tmp_path):
     rows = lab.summary(run)
     assert [r["request"] for r in rows] == ids and all(r["steps"] >= 2 for r in rows)
     recording = sr.load_recording(FIXTURE)
-    emitted = [t for r in sr.replay_recording(recording) if r.request_id == "req-0"
-               for t in r.sglang.emitted_tokens[0].tolist() if t >= 0]
-    assert run.metadata["requests"][0]["generated_token_ids"] == emitted
+    converted = {(s.step, s.request_id) for s in run.steps}
+    rows = [r for r in sr.replay_recording(recording) if r.request_id == "req-0" and (r.step, "req-0") in converted]
+    emitted = [t for r in rows for t in r.sglang.emitted_tokens[0].tolist() if t >= 0]
+    root = int(rows[0].verify_input.node_token_ids[0, 0])
+    assert run.metadata["requests"][0]["generated_token_ids"] == [root] + emitted
+    assert run.metadata["requests"][0]["prompt"] is None  # the CPU recipe has no SGLang Req
+    text = views.committed_html(run, 0)
+    assert text.count("<span") == len(emitted) + 1
     assert len(run.metadata["skipped_rows"]) == 3  # the rejection-sampling rows
 
 
@@ -439,3 +450,31 @@ def test_replay_report_ends_with_the_counts():
     assert len(lines) == 13 and lines[-1] == "12 rows: 8 agree, 1 differs (1 by design), 3 not replayable"
     assert any(line.startswith("step 2 row 1 req-1 chain: differs: accept_index") for line in lines)
     assert sr.hook_dir().endswith("_sglang_hook") and Path(sr.hook_dir(), "sitecustomize.py").is_file()
+
+
+@needs_sglang
+def test_replay_names_sglangs_num_speculative_tokens_limit():
+    """SGLang walks at most S - 1 draft tokens; the lab to the leaf: differs, by design."""
+    g = torch.Generator().manual_seed(3)
+    ids, lp = dl.draft_topk_from_logits(torch.randn(1, 5, 10, generator=g), k=1)
+    tree = dl.build_tree(ids, lp, torch.tensor([4]), 5)
+    vi = dl.compile_retrieve(tree, 3)
+    logits = torch.randn(1, vi.num_rows, 10, generator=g)
+    for i in range(1, vi.num_rows):
+        logits[0, int(tree.parents[0, i]), int(tree.node_token_ids[0, i])] += 50.0  # accept everything
+    rec = sr.SGLangRecorder()
+    sb.sglang_verify_greedy(vi, logits, num_speculative_tokens=3,
+                            kernel=rec.wrap(sb.sglang_kernels()["verify_tree_greedy_triton"], "greedy"))
+    (r,) = sr.replay_recording(rec.recording())
+    assert r.verdict == "differs" and r.by_design and "num_speculative_tokens - 1 = 2" in r.explanation
+    assert int(r.lab.accept_length[0]) == 5 and int(r.sglang.accept_length[0]) == 2
+
+
+def test_a_converted_row_bundles_and_replays(tmp_path):
+    """Bundles work on SGLang recordings through their lab traces (the differing row included)."""
+    from ddtree_lab import bundle
+
+    run = sr.recording_to_trace(sr.load_recording(FIXTURE))
+    step = next(s for s in run.steps if s.extra["verdict"] == "differs")
+    bundle.save_bundle(bundle.make_bundle(run, step), tmp_path)
+    assert bundle.replay_bundle(tmp_path).ok

@@ -19,14 +19,14 @@ and lab objects read back from one recorded row.
   ``accept_token_num [r]``, int64.
 
 **File**: ``NAME.json`` (``format``, ``version``, run ``metadata``, per-step scalars with their
-tensor names, and a SHA-256 ``checksums`` entry per tensor) + ``NAME.safetensors`` (tensors
-named ``"{step}/{name}"``). Loading reads JSON and safetensors only (no code from the file runs)
+tensor names, and a ``checksums`` entry per tensor) + ``NAME.safetensors`` (tensors
+named ``"{step}/{name}"``); each tensor's checksum entry holds its SHA-256, dtype and shape.
+Loading reads JSON and safetensors only (no code from the file runs)
 and refuses a file whose tensors do not match their checksums.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -81,13 +81,12 @@ class Recording:
         return sum(len(s["rows"]) for s in self.steps)
 
 
-def tensor_checksum(t: torch.Tensor) -> str:
-    """SHA-256 (hex) of a tensor's dtype, shape and bytes, as stored (contiguous, CPU)."""
-    t = t.detach().to("cpu").contiguous()
-    h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
-    if t.numel():
-        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+def tensor_checksum(t: torch.Tensor) -> dict:
+    """What a recording stores to check a tensor: ``{"sha256", "dtype", "shape"}`` (the SHA-256 of
+    its bytes is :func:`ddtree_lab.trace.tensor_sha256`, shared with trace files)."""
+    from ..trace import tensor_sha256
+
+    return {"sha256": tensor_sha256(t), "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
 
 
 def recording_paths(path: str | os.PathLike) -> tuple[Path, Path]:

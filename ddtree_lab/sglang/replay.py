@@ -6,7 +6,10 @@ temperature 1 through :func:`ddtree_lab.verify_backends.verify_tree`, so all ver
 distribution (the recorded row renormalised; exact arithmetic's reading of a float32 row that
 sums to ``1 - 2**-24``) and differ only in their implementation. Greedy rows are replayed with
 one-hot logits at SGLang's ``target_predict`` through
-:func:`~ddtree_lab.verify_backends.verify_tree_greedy`.
+:func:`~ddtree_lab.verify_backends.verify_tree_greedy`. (The reference used to read the rows
+as given and the other backends their renormalised logarithms: on a row whose drafted token
+holds a float32 mass of ``1 - 2**-24`` and a coin equal to it, the reference rejected and the
+others accepted, then reached a row the kernel never read.)
 
 **Rows the kernel never read.** A sampled kernel reads the rows of its accepted path, and the
 recorder keeps only those by default (``prob_rows="path"``). A target-only walk reads the rows
@@ -103,20 +106,19 @@ class ReplayResult:
 # ---- comparison ----------------------------------------------------------------------------------
 
 
-def output_differences(lab: VerifyOutput, other: VerifyOutput, compare_bonus: bool = True) -> list[str]:
-    """Field-by-field differences of two batch-of-one outputs: accepted path, accept length,
-    emitted tokens, bonus token (``"field: backend [...] vs backend [...]"``; empty when equal).
-    Paths and tokens are compared without their ``-1`` padding. ``compare_bonus=False`` leaves
-    out the fields that depend on the lab's bonus (emitted tokens, bonus token)."""
-    a_path = [v for v in lab.accept_index[0].tolist() if v >= 0]
-    o_path = [v for v in other.accept_index[0].tolist() if v >= 0]
-    fields = {"accept_index": (a_path, o_path),
-              "accept_length": (int(lab.accept_length[0]), int(other.accept_length[0]))}
-    if compare_bonus:
-        fields["emitted_tokens"] = ([v for v in lab.emitted_tokens[0].tolist() if v >= 0],
-                                    [v for v in other.emitted_tokens[0].tolist() if v >= 0])
-        fields["bonus_token"] = (int(lab.bonus_token[0]), int(other.bonus_token[0]))
-    return [f"{name}: {lab.backend} {x} vs {other.backend} {y}" for name, (x, y) in fields.items() if x != y]
+def output_differences(sglang: VerifyOutput, lab: VerifyOutput, compare_bonus: bool = True) -> list[str]:
+    """SGLang's output against the lab's, one line per differing field
+    (:func:`ddtree_lab.trace.compare_outputs`, the lab's one comparator, without decision logs:
+    SGLang's kernels keep none), e.g. ``"accept_index: recorded [0] != replayed [0, 1]"``
+    (recorded: SGLang; replayed: the lab). ``compare_bonus=False`` keeps only the accepted path
+    and its length (the lab's bonus is not known)."""
+    from ..trace import compare_outputs
+
+    lines = []
+    for d in compare_outputs(sglang, lab, decisions=False):
+        if compare_bonus or d.field in ("accept_index", "accept_length"):
+            lines.append(str(d).removeprefix("request 0: "))
+    return lines
 
 
 # ---- replay --------------------------------------------------------------------------------------
@@ -226,7 +228,7 @@ def replay_step(step: dict, row: int, backend: str = "reference", step_index: in
                       replayable=False)
     if kind == "greedy":
         lab = verify_tree_greedy(vi, _greedy_logits(parts, vi), backend=backend)
-        diffs = output_differences(lab, sgl)
+        diffs = output_differences(sgl, lab)
         return result(lab, diffs, _explain(parts, lab, sgl, s) if diffs else "")
     if step.get("block_verification"):
         return result(None, [], "the lab's verifiers implement the target-only rule, SGLang ran block verification",
@@ -240,12 +242,12 @@ def replay_step(step: dict, row: int, backend: str = "reference", step_index: in
     if missing:
         node = missing[0]
         lab = _cut(lab, node)
-        diffs = output_differences(lab, sgl, compare_bonus=False)
+        diffs = output_differences(sgl, lab, compare_bonus=False)
         why = _explain(parts, lab, sgl, s)
         note = (f"the lab accepted node {node}, whose target row SGLang's kernel never read (not recorded): "
                 f"the lab's walk after node {node} is not compared")
         return result(lab, diffs, f"{why}; {note}" if why else "", node=node)
-    diffs = output_differences(lab, sgl)
+    diffs = output_differences(sgl, lab)
     return result(lab, diffs, _explain(parts, lab, sgl, s) if diffs else "")
 
 
@@ -304,30 +306,34 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
 
     One :class:`~ddtree_lab.trace.StepTrace` per recorded row whose lab replay the recording
     determines: ``step`` is the verify call's index in the recording, ``request`` the index of
-    its request in ``metadata["requests"]`` (one entry per SGLang request id, with the
-    parameters and the tokens SGLang emitted in the recorded calls; prompts are not recorded:
-    None). The output and decision log are the lab's reference verifier on the recorded rows
+    its request in ``metadata["requests"]`` (one entry per SGLang request id: the parameters,
+    the prompt text and token ids where the recorder saw SGLang's ``Req`` (else None), and as
+    ``generated_token_ids`` the root token of the request's first converted row followed by the
+    tokens SGLang emitted in its converted rows). The output and decision log are the lab's reference verifier on the recorded rows
     (greedy rows: one-hot rows at SGLang's ``target_predict`` and coins 0, as a lab greedy
     session verifies; sampled rows: the recorded rows renormalised, as :func:`replay_step`).
-    SGLang's own output, the replay verdict and any difference are in ``step.extra``. What
-    SGLang does not record is marked, not invented: draft top-k empty, ``node_logws`` NaN,
-    ``ranks`` -1, target rows the kernel never read zero. Rows not replayable, or whose lab
+    SGLang's own output, the replay verdict and any difference are in ``step.extra``. Built by
+    :func:`ddtree_lab.trace.make_step_trace` (level ``full``, from probabilities: SGLang hands
+    its kernels no logits). What SGLang does not record is marked, not invented: draft top-k
+    empty, ``node_logws`` NaN, ``ranks`` -1, target rows the kernel never read zero. Rows not replayable, or whose lab
     walk reaches a row that was not recorded, are listed in ``metadata["skipped_rows"]``.
     """
     from ..retrieve import decode_retrieve
-    from ..trace import RunTrace, StepTrace, row_records
+    from ..trace import RunTrace, make_step_trace
 
     requests: dict[str, dict] = {}
-    steps, skipped = [], []
+    prompts = recording.metadata.get("prompts") or {}
+    steps, skipped, vocab = [], [], 0
     for k, step in enumerate(recording.steps):
         for row in range(len(step["rows"])):
             parts = step_parts(step, row)
             rid, kind = str(parts["request_id"]), parts["kind"]
             sgl = parts["sglang_output"]
-            entry = requests.setdefault(rid, {"request": len(requests), "request_id": rid, "prompt": None,
+            known = prompts.get(rid, {})
+            entry = requests.setdefault(rid, {"request": len(requests), "request_id": rid, "prompt": known.get("prompt"),
+                                              "prompt_token_ids": known.get("prompt_token_ids"),
                                               "params": _params(parts["sampling"], kind).to_dict(),
                                               "generated_token_ids": [], "finish_reason": None})
-            entry["generated_token_ids"] += [t for t in sgl.emitted_tokens[0].tolist() if t >= 0]
             result = replay_step(step, row, "reference", k)
             if not result.replayable or result.unrecorded_node is not None:
                 why = result.explanation if not result.replayable else (
@@ -336,6 +342,9 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
                 continue
             vi = parts["verify_input"]
             n = int(vi.num_nodes[0])
+            if not entry["generated_token_ids"]:  # the token before the first step (its root)
+                entry["generated_token_ids"].append(int(vi.node_token_ids[0, 0]))
+            entry["generated_token_ids"] += [t for t in sgl.emitted_tokens[0].tolist() if t >= 0]
             if kind == "greedy":
                 logits = _greedy_logits(parts, vi)
                 rows = torch.zeros_like(logits).masked_fill(logits == 0.0, 1.0)
@@ -348,19 +357,14 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
             out = verify_sampled(vi, rows, coins, final, threshold_single=threshold_single,
                                  threshold_acc=threshold_acc)
             parents, depths = decode_retrieve(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes)
-            tokens = vi.node_token_ids[0, :n]
-            bonus = out.bonus[0]
-            records = row_records(parents[0, :n], tokens, rows[0, :n], rows[0, :n], bonus, top_m)
-            steps.append(StepTrace(
-                step=k, request=entry["request"], request_id=rid,
-                prefix_len=int(vi.positions[0, 0]), draft_token_ids=torch.zeros(0, 0, dtype=torch.int64),
-                draft_logprobs=torch.zeros(0, 0), node_token_ids=tokens.clone(), parents=parents[0, :n].clone(),
-                depths=depths[0, :n].clone(), ranks=torch.full((n,), -1, dtype=torch.int64),
-                node_logws=torch.full((n,), float("nan")), retrieve_index=torch.arange(n),
-                retrieve_next_token=vi.retrieve_next_token[0, :n].clone(),
-                retrieve_next_sibling=vi.retrieve_next_sibling[0, :n].clone(), positions=vi.positions[0, :n].clone(),
-                params=_params(parts["sampling"], kind), coins=coins[0, :n].clone(), final_coin=float(final[0]),
-                **records, final_mass=float(bonus.residual_mass), output=out, backend="reference",
+            if kind != "greedy":  # greedy rows are sized by the largest token id, not by V
+                vocab = max(vocab, int(rows.shape[-1]))
+            steps.append(make_step_trace(
+                step=k, request=entry["request"], request_id=rid, params=_params(parts["sampling"], kind), output=out,
+                level="full", prefix_len=int(vi.positions[0, 0]), node_token_ids=vi.node_token_ids[0, :n],
+                parents=parents[0, :n], depths=depths[0, :n], retrieve_next_token=vi.retrieve_next_token[0, :n],
+                retrieve_next_sibling=vi.retrieve_next_sibling[0, :n], positions=vi.positions[0, :n],
+                coins=coins[0, :n], final_coin=float(final[0]), probs=rows[0, :n], top_m=top_m, backend="reference",
                 extra={"source": "sglang", "kernel": parts["kernel"], "kind": kind, "rank": parts["rank"],
                        "call": parts["call"], "row": row, "verdict": result.verdict,
                        "sglang_emitted": [t for t in sgl.emitted_tokens[0].tolist() if t >= 0],
@@ -368,8 +372,8 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
                        "explanation": result.explanation}))
     meta = {"source": "sglang recording", "recording": recording.metadata, "skipped_rows": skipped,
             "requests": list(requests.values()),
-            "target": {"name": str(recording.metadata.get("target", "unknown (SGLang)"))},
-            "generated_from": "SGLang's emitted tokens in the recorded verify calls"}
+            "target": {"name": str(recording.metadata.get("target", "unknown (SGLang)"))}, "vocab_size": vocab or None,
+            "generated_from": "the first converted row's root token, then SGLang's emitted tokens per converted row"}
     return RunTrace(metadata=meta, steps=steps, token_texts={})
 
 
