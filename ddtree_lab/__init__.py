@@ -12,7 +12,9 @@ terms in the README, "Terms"):
   :func:`draw_coins`, :func:`make_generators`;
 * live decoding and traces: :class:`LiveSession` (``ddtree_lab.models`` holds the target
   adapter, ``ddtree_lab.models`` also the drafters), :class:`StepTrace`, :class:`RunTrace`,
-  :func:`save_trace`, :func:`load_trace`, :func:`replay`;
+  :func:`save_trace`, :func:`load_trace`, :func:`replay`, :func:`make_step_trace` (the one
+  StepTrace constructor), :func:`compare_outputs` (the one output comparator, giving
+  :class:`Difference` s); bug-report bundles of one step in ``ddtree_lab.bundle``;
 * views: ``ddtree_lab.views`` (DOT/SVG/text/HTML) and ``ddtree_lab.lab`` (notebook calls);
 * SGLang interop (package :mod:`ddtree_lab.sglang`; sglang itself is imported only to run
   its kernels): :func:`to_sglang_buffers`,
@@ -49,10 +51,13 @@ from .tree import build_tree as build_tree
 from .tree import build_tree_reference as build_tree_reference
 from .tree import check_draft_topk as check_draft_topk
 from .tree import draft_topk_from_logits as draft_topk_from_logits
+from .trace import Difference as Difference
 from .trace import ReplayMismatch as ReplayMismatch
 from .trace import RunTrace as RunTrace
 from .trace import StepTrace as StepTrace
 from .trace import TraceFormatError as TraceFormatError
+from .trace import compare_outputs as compare_outputs
+from .trace import make_step_trace as make_step_trace
 from .trace import load_trace as load_trace
 from .trace import replay as replay
 from .trace import save_trace as save_trace
