@@ -9,16 +9,22 @@ from __future__ import annotations
 import html
 
 from .trace import RunTrace
-from .views import committed_html, step_svg, step_view, to_text, token_label
+from .views import committed_html, decisions_table_html, step_svg, step_view, to_text
 
 __all__ = ["load_default", "show_step", "show_steps", "show_text", "step_browser", "decisions_html", "summary",
-           "summary_html", "step_text"]
+           "summary_html", "step_text", "verify_stepper", "live_more", "fixture_trace"]
 
 
 def load_default(device: str = "cpu"):
-    """The embedded default target (SmolLM2-135M-Instruct, fp32) and its ridge drafter (L=16)."""
+    """The embedded default target (SmolLM2-135M-Instruct, fp32) and its ridge drafter (L=16).
+
+    Also sets torch's thread count for this machine once (:mod:`ddtree_lab.threads`;
+    ``DDTREE_LAB_THREADS=N`` overrides)."""
     import torch
 
+    from .threads import configure_threads
+
+    configure_threads()
     from .models import RidgeDrafter
     from .models import load_default_target
 
@@ -76,32 +82,10 @@ def step_browser(run: RunTrace, request: int = 0):
 
 
 def decisions_html(run: RunTrace, step) -> str:
-    """A step's decision log as an HTML table. Sampled steps: ``p`` and ``S_k`` as the verifier
-    compared them against the coin. Greedy steps: the verifier compares tokens with the
-    argmax (no coin); ``p`` is the softmax of the raw logits, as in the tree picture."""
-    view = step_view(step, run)
-    greedy = step.params.is_greedy
-    rows = []
-    for d in step.decisions:
-        token = html.escape(token_label(run.text(d.token)))
-        if greedy:
-            node = view.nodes.get(d.node)
-            rows.append(f"<tr><td>{d.depth}</td><td>{d.node}</td><td>{token}</td>"
-                        f"<td>{node.prob_text(4) if node else ''}</td><td>{d.verdict}</td></tr>")
-        else:
-            rows.append(f"<tr><td>{d.depth}</td><td>{d.node}</td><td>{token}</td><td>{d.target_prob:.4g}</td>"
-                        f"<td>{d.cumulative_mass:.4g}</td><td>{d.coin:.4g}</td><td>{d.verdict}</td></tr>")
-    head = ("<tr><th>depth</th><th>node</th><th>token</th><th>p (softmax)</th><th>verdict (= argmax?)</th></tr>"
-            if greedy else "<tr><th>depth</th><th>node</th><th>token</th><th>p</th><th>S_k</th><th>coin</th>"
-            "<th>verdict</th></tr>")
-    b = step.bonus
-    token = html.escape(token_label(run.text(b.token))) if b.token >= 0 else "(none: support exhausted)"
-    if greedy:
-        tail = f"<p>bonus {token}: the argmax at node {b.node}</p>"
-    else:
-        tail = (f"<p>bonus {token} drawn at node {b.node} ({b.kind}) from residual mass "
-                f"{b.residual_mass:.4g} with coin {b.coin:.4g}</p>")
-    return f"<table>{head}{''.join(rows)}</table>{tail}"
+    """A step's decision log as an HTML table (:func:`ddtree_lab.views.decisions_table_html`
+    of its :class:`ddtree_lab.views.StepView`): sampled steps show target p, ``S_k`` and the
+    coin; greedy steps target p (softmax of the raw logits) and the argmax comparison."""
+    return decisions_table_html(step_view(step, run))
 
 
 def summary(run: RunTrace) -> list[dict]:
@@ -128,3 +112,41 @@ def summary_html(run: RunTrace) -> str:
 def step_text(run: RunTrace, step_index: int) -> str:
     """The plain-text tree of one recorded step."""
     return to_text(step_view(run.steps[step_index], run))
+
+
+def fixture_trace(name: str = "smollm2_t08_b32") -> RunTrace:
+    """A recorded run shipped in ``fixtures/traces/`` (``smollm2_greedy_b32``, ``smollm2_t08_b32``).
+
+    Raises:
+        FileNotFoundError: no such fixture (the message lists the ones there are).
+    """
+    from pathlib import Path
+
+    from .trace import load_trace
+
+    folder = Path(__file__).resolve().parent.parent / "fixtures" / "traces"
+    path = folder / f"{name}.ddtrace.safetensors"
+    if not path.exists():
+        have = sorted(p.name.removesuffix(".ddtrace.safetensors") for p in folder.glob("*.ddtrace.safetensors"))
+        raise FileNotFoundError(f"no fixture trace {name!r} in {folder} (there are: {have})")
+    return load_trace(path)
+
+
+def live_more(session, max_new_tokens: int):
+    """A callable for :func:`verify_stepper`'s live button: one more step of ``session`` (a
+    started :class:`ddtree_lab.LiveSession`) up to ``max_new_tokens`` per request, then the
+    run so far. The stepper calls it; the stepper itself never touches the model."""
+    def more() -> RunTrace:
+        session.step(max_new_tokens)
+        return session.trace()
+
+    return more
+
+
+def verify_stepper(run: RunTrace, request: int | None = None, step: int = 0, more=None,
+                   collapse_unvisited: bool = True):
+    """The verify stepper widget (:class:`ddtree_lab.views.VerifyStepper`) on ``run``; display
+    it as a cell's last value. ``more``: see :func:`live_more`."""
+    from .views import VerifyStepper
+
+    return VerifyStepper(run, request=request, step=step, more=more, collapse_unvisited=collapse_unvisited)
