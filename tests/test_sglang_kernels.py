@@ -161,19 +161,22 @@ def test_zero_target_probability_is_never_accepted_in_both_even_with_coin_zero()
     assert compare_outputs(lab, sgl.output, decisions=False) == []
 
 
-def test_by_design_empty_residual_sglang_chain_emits_token_v_minus_1_lab_reports_exhausted():
-    """Row 0 puts all its (float32) mass on the drafted token, 1 - 2**-24 < 1; the coin equals it,
-    so the token is rejected and nothing is left to draw the bonus from."""
+def test_by_design_full_row_sglang_chain_rejects_and_emits_v_minus_1_lab_follows_exact_arithmetic():
+    """Row 0 puts all its (float32) mass on the drafted token, 1 - 2**-24 < 1; the coin equals it.
+    SGLang's float comparison rejects the token and draws from an empty residual; in exact
+    arithmetic the token holds the whole row (S = 1 > u), so the lab accepts it (ddtree_lab.verify,
+    "Floating-point edge") and never emits a zero-probability token."""
     vocab = 8
     p = 1.0 - 2.0 ** -24
     vi, probs, coins, final = _fixed_chain(p, p, vocab)
     probs[0, 0] = 0.0
     probs[0, 0, 2] = p
     lab, sgl = dl.verify_sampled(vi, probs, coins, final), sk.sglang_verify_chain(vi, probs, coins, final)
-    assert lab.accept_length.tolist() == sgl.output.accept_length.tolist() == [0]
-    assert lab.support_exhausted.tolist() == [True] and lab.bonus_token.tolist() == [-1]
+    assert sgl.output.accept_length.tolist() == [0] and lab.accept_length.tolist() == [1]
+    assert lab.decisions[0][0].verdict == "accept" and lab.decisions[0][0].cumulative_mass == 1.0
     assert sgl.output.bonus_token.tolist() == [vocab - 1]  # a token the target gives probability 0
     assert float(probs[0, 0, vocab - 1]) == 0.0
+    assert not bool(lab.support_exhausted[0])
 
 
 def test_by_design_sglang_stops_at_num_speculative_tokens():

@@ -131,8 +131,8 @@ def golden_cases() -> dict[str, tuple[StepTrace, RunTrace]]:
     cases["leaf_bonus"] = make_step(ids, lps, 0, 2, sampled, SamplingParams(temperature=1.0), rows_are_probs=True,
                                     coins=[0.05, 0.2, 0.2], final_coin=0.25)
 
-    def exhausted(path):  # the row's mass lies on the two children only and sums below 1 in float32
-        return _probs(VOCAB, {1: 0.5, 2: 0.49999994}) if len(path) == 1 else _probs(VOCAB, {5: 1.0})
+    def exhausted(path):  # the root row holds no positive mass (as a truncated row can): nothing to draw
+        return torch.zeros(VOCAB) if len(path) == 1 else _probs(VOCAB, {5: 1.0})
     ids2, lps2 = _topk([[(1, .6), (2, .4)], [(5, .5), (6, .5)]])  # both root children enter the tree
     cases["exhausted"] = make_step(ids2, lps2, 0, 2, exhausted, SamplingParams(temperature=1.0),
                                    rows_are_probs=True, coins=[0.99999994, 0.0, 0.0], final_coin=0.5)

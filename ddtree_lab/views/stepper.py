@@ -65,7 +65,7 @@ def what_if(step: StepTrace, node: int, coin: float) -> WhatIf:
     Raises:
         ValueError: a greedy step (no coins), ``node`` not in the tree, or ``coin`` outside [0, 1).
     """
-    from ..verify import verify_sampled
+    from ..verify import walk_request
 
     if step.params.is_greedy:
         raise ValueError(f"step {step.step}, request {step.request}: greedy steps have no coins (the walk follows the argmax)")
@@ -73,15 +73,12 @@ def what_if(step: StepTrace, node: int, coin: float) -> WhatIf:
         raise ValueError(f"node {node} is not in the tree (nodes 0..{step.num_nodes - 1})")
     if not 0.0 <= coin < 1.0:
         raise ValueError(f"coin {coin} is not in [0, 1)")
-    n = step.num_nodes
-    vocab = int(step.node_token_ids.max()) + 1
-    rows = torch.zeros(1, n, vocab)
-    for i in range(1, n):
-        rows[0, int(step.parents[i]), int(step.node_token_ids[i])] = step.child_probs[i]
     coins = step.coins.clone()[None]
     coins[0, node] = coin
-    out = verify_sampled(step.verify_input(), rows, coins, torch.tensor([step.final_coin], dtype=torch.float32))
-    path = [i for i in out.accept_index[0].tolist() if i >= 0]
+    # the pure what-if walk over the stored child probabilities (ddtree_lab.walk_request)
+    events = walk_request(step.retrieve_next_token, step.retrieve_next_sibling, step.node_token_ids,
+                          step.child_probs, coins[0], step.final_coin)
+    path = [0] + [e.node for e in events if e.kind == "move"]
     return WhatIf(node, float(coins[0, node]), path, [int(step.node_token_ids[i]) for i in path[1:]], path[-1],
                   path == step.accepted_path)
 
