@@ -88,10 +88,10 @@ def run_cpu(args) -> None:
 
             def pipeline():
                 probs = dl.target_probs(logits, params, vi.num_nodes)
-                return dl.verify_sampled(vi, probs, coins, final)
+                return dl.verify_sampled(vi, probs, coins, final, validate=False)
 
             def lazy():
-                return dl.verify_tree(vi, logits, params, coins, final, backend="torch-lazy")
+                return dl.verify_tree(vi, logits, params, coins, final, backend="torch-lazy", validate=False)
 
             a, b = pipeline(), lazy()
             assert torch.equal(a.emitted_tokens, b.emitted_tokens) and torch.equal(a.accept_index, b.accept_index)

@@ -359,11 +359,11 @@ def find_retrieve_problems(
         stack = [0]
         while stack:
             parent = stack.pop()
-            chain, prev, child, via = [], None, first[parent], "retrieve_next_token"
+            chain, in_chain, prev, child, via = [], set(), None, first[parent], "retrieve_next_token"
             tokens_here = {}
             while child != -1:
                 link_owner = parent if prev is None else prev
-                if child in chain:
+                if child in in_chain:
                     loop = chain[chain.index(child):] + [child]
                     if add(b, parent, "retrieve_next_sibling", "cycle",
                            "sibling chain longer than the tree (a cycle in retrieve_next_sibling: "
@@ -393,6 +393,7 @@ def find_retrieve_problems(
                 parent_of[child] = parent
                 depth_of[child] = depth_of[parent] + 1
                 chain.append(child)
+                in_chain.add(child)
                 if dp is not None and dp[b][child] != depth_of[child]:
                     if add(b, child, "depths", "depth",
                            f"depth {dp[b][child]} is not parent depth {depth_of[parent]} + 1 (parent node {parent})"):
