@@ -157,7 +157,8 @@ class WalkEvent:
     """One event of the walk (DESIGN.md, "The walk").
 
     ``kind``: ``"consider"`` (child ``node`` was judged; ``decision`` is its
-    :class:`Decision`), ``"move"`` (the walk moved to ``node``, the accepted child) or
+    :class:`Decision`), ``"move"`` (the walk moved to ``node``, the accepted child;
+    ``decision`` is the accepting :class:`Decision`) or
     ``"bonus"`` (the final draw at ``node``; ``bonus`` is the :class:`BonusDraw`, or an
     :class:`UndrawnBonus` from :func:`walk_request` without rows).
     """
@@ -333,7 +334,7 @@ def walk(request: int, num_nodes: int, next_token: Sequence[int], next_sibling: 
                 raise ValueError(f"request {request}, node {cur}: the walk revisits nodes "
                                  "(a cycle in retrieve_next_token)")
             depth += 1
-            yield WalkEvent("move", request, cur)
+            yield WalkEvent("move", request, cur, decision=decisions[-1])
             continue
         yield WalkEvent("bonus", request, cur, bonus=rule.bonus(cur, children, [d.node for d in decisions]))
         return
@@ -367,7 +368,7 @@ def events_of(decisions: Sequence[Decision], bonus: "BonusDraw | UndrawnBonus | 
     for d in decisions:
         events.append(WalkEvent("consider", d.request, d.node, decision=d))
         if d.verdict == "accept":
-            events.append(WalkEvent("move", d.request, d.node))
+            events.append(WalkEvent("move", d.request, d.node, decision=d))
     if bonus is not None:
         events.append(WalkEvent("bonus", bonus.request, bonus.node, bonus=bonus))
     return events
