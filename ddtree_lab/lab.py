@@ -15,15 +15,29 @@ __all__ = ["load_default", "show_step", "show_steps", "show_text", "step_browser
            "summary_html", "step_text"]
 
 
-def load_default(device: str = "cpu"):
-    """The embedded default target (SmolLM2-135M-Instruct, fp32) and its ridge drafter (L=16)."""
+def load_default(device: str = "cpu", drafter: str = "dflash"):
+    """The embedded default target (SmolLM2-135M-Instruct, fp32) and a drafter trained for it (L=16).
+
+    Args:
+        device: where both run.
+        drafter: ``"dflash"`` (default: the DFlash drafter trained here,
+            ``fixtures/drafters/smollm2_dflash_b16``) or ``"ridge"`` (the per-offset ridge heads,
+            kept for comparison).
+
+    Raises:
+        ValueError: an unknown drafter name.
+    """
     import torch
 
     from .models import RidgeDrafter
     from .models import load_default_target
+    from .models.dflash import DFlashDrafter
 
+    loaders = {"dflash": DFlashDrafter.load, "ridge": RidgeDrafter.load}
+    if drafter not in loaders:
+        raise ValueError(f"drafter must be one of {sorted(loaders)}, got {drafter!r}")
     target = load_default_target(dtype=torch.float32, device=device)
-    return target, RidgeDrafter.load(target)
+    return target, loaders[drafter](target)
 
 
 def _display(obj) -> None:

@@ -215,3 +215,38 @@ def test_save_then_load_round_trips_in_fp16(tmp_path):
     assert again.name == "tiny-dflash" and again.model.config.to_dict() == drafter.model.config.to_dict()
     for k, v in drafter.model.state_dict().items():
         torch.testing.assert_close(again.model.state_dict()[k], v.half().float())
+
+
+# -- the drafter shipped for the embedded default target ---------------------------------------------
+
+def test_shipped_drafter_reproduces_its_recorded_held_out_hit_rate(target):
+    """The fp16 weights in fixtures/ load into the public layout and give, through the drafter's
+    own start/commit/draft_logits, the held-out hit rates their model card records."""
+    from ddtree_lab.models.dflash import block_hit_rates, default_dflash_path
+
+    drafter = DFlashDrafter.load(target)
+    assert (drafter.block_size, drafter.model.config.num_hidden_layers) == (16, 1)
+    assert sum(f.stat().st_size for f in default_dflash_path().iterdir()) < 20e6
+    card = drafter.record["held_out_eval"]
+    prompts = json.loads((default_dflash_path().parent / "dflash_prompts.json").read_text())
+    assert card["sequences"] and all(isinstance(ids, list) for ids, _ in card["sequences"])
+    held_text = {target.decode(ids[:plen]) for ids, plen in card["sequences"]}
+    assert not any(p in t for t in held_text for p in prompts["train"])  # really held out
+    got = block_hit_rates(drafter, card["sequences"], stride=card["stride"])
+    assert got["anchors"] == card["anchors"]
+    assert got["chain_tau"] == pytest.approx(card["chain_tau"], abs=0.02)
+    for k, (a, b) in enumerate(zip(got["top1_by_position"], card["top1_by_position"])):
+        assert a == pytest.approx(b, abs=0.02), f"position {k + 1}"
+    # and it is a real drafter: the first position is usually right, far above chance
+    assert got["top1_by_position"][0] > 0.4
+
+
+def test_lab_default_is_the_dflash_drafter():
+    from ddtree_lab import lab
+
+    target, drafter = lab.load_default()
+    assert isinstance(drafter, DFlashDrafter) and drafter.block_size == 16
+    _, ridge = lab.load_default(drafter="ridge")
+    assert type(ridge).__name__ == "RidgeDrafter"
+    with pytest.raises(ValueError, match="drafter must be one of"):
+        lab.load_default(drafter="eagle")
