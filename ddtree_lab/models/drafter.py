@@ -63,7 +63,7 @@ class Drafter(Protocol):
 
     name: str
     block_size: int
-    target_layer_ids: tuple[int, ...]
+    target_layer_ids: Sequence[int]
 
     def start(self, num_requests: int) -> None:
         """Forget every request's state; requests ``0 .. num_requests-1`` begin empty."""
