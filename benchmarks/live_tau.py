@@ -94,6 +94,8 @@ def main() -> None:
     ap.add_argument("--drafters", default="dflash,ridge")
     ap.add_argument("--temperatures", default="0,0.8")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "live_tau.out.txt"))
+    ap.add_argument("--append", action="store_true",
+                    help="add to the existing output files (run the drafters as separate processes)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -141,10 +143,16 @@ def main() -> None:
             if chain and tree:
                 say(f"{key} T={temperature}: tau(DDTree, B=32) = {tree['tau']:.2f}, tau(chain) = {chain['tau']:.2f}, "
                     f"ratio {tree['tau'] / chain['tau']:.2f}")
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    out_txt, out_json = Path(args.out), Path(args.out).with_suffix("").with_suffix(".json")
     meta = {"target": target.name, "prompts": prompts, "new_tokens": args.new_tokens, "threads": 1}
-    Path(args.out).with_suffix("").with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "rows": records}, indent=1) + "\n")
+    if args.append and out_json.exists():
+        old = json.loads(out_json.read_text())
+        if old["meta"] != meta:
+            raise ValueError(f"--append: {out_json} was measured with {old['meta']}, not {meta}")
+        records = old["rows"] + records
+        lines = out_txt.read_text().splitlines() + [""] + lines
+    out_txt.write_text("\n".join(lines) + "\n")
+    out_json.write_text(json.dumps({"meta": meta, "rows": records}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

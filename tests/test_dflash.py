@@ -250,3 +250,36 @@ def test_lab_default_is_the_dflash_drafter():
     assert type(ridge).__name__ == "RidgeDrafter"
     with pytest.raises(ValueError, match="drafter must be one of"):
         lab.load_default(drafter="eagle")
+
+
+def test_greedy_ddtree_with_the_dflash_drafter_equals_plain_greedy_decoding(target):
+    """The session's drafter lifecycle (start, commit after prefill and after every step,
+    draft_logits) with the shipped DFlash drafter is lossless at T = 0."""
+    import ddtree_lab as dl
+
+    drafter = DFlashDrafter.load(target)
+    prompts = ["Explain gravity.", "Tell me about owls, please."]
+    run = dl.LiveSession(target, drafter, budget=16, sampling=dl.SamplingParams(temperature=0.0)).run(
+        prompts, max_new_tokens=12)
+    for b, p in enumerate(prompts):
+        assert run.generated_tokens(b) == target.greedy_decode(target.encode_prompt(p), 12)
+    assert max(s.accept_length for s in run.steps) >= 2  # the drafter got some blocks right
+
+
+def test_tau_budget_figure_draws_one_line_per_drafter_and_temperature(tmp_path):
+    from ddtree_lab.views.tau import load_tau_records, tau_budget_figure
+
+    rows = [{"drafter": d, "temperature": t, "config": c, "budget": b, "tau": 1 + b / 100 + (d == "x")}
+            for d in ("x", "y") for t in (0.0, 0.8) for c, b in [("chain", 15), ("ddtree", 8), ("ddtree", 32)]]
+    path = tmp_path / "tau.json"
+    path.write_text(json.dumps({"rows": rows}))
+    fig = tau_budget_figure(load_tau_records(path))
+    names = [t.name for t in fig.data]
+    assert len(names) == 8 and "x, T=0.8: DDTree" in names and "y, T=0: chain" in names
+    tree = next(t for t in fig.data if t.name == "x, T=0: DDTree")
+    assert list(tree.x) == [8, 32] and list(tree.y) == pytest.approx([2.08, 2.32])
+    with pytest.raises(ValueError, match="no DDTree rows"):
+        tau_budget_figure([r for r in rows if r["config"] == "chain"])
+    path.write_text(json.dumps({"rows": [{"drafter": "x"}]}))
+    with pytest.raises(ValueError, match="lacks"):
+        load_tau_records(path)
