@@ -18,8 +18,8 @@ LIVE_STEP = [
     ("md", """# 01 · Live DDTree steps on the embedded default target
 
 This notebook runs DDTree speculative decoding **live** on SmolLM2-135M-Instruct (the
-embedded default target, fp32 on the CPU) with the DFlash drafter trained for it (block size
-L = 16; `labs/07_drafters.ipynb` compares it with the ridge drafter), first greedily, then at temperature 0.8, and draws every step.
+embedded default target, fp32 on the CPU) with the project's ridge drafter (block size
+L = 16), first greedily, then at temperature 0.8, and draws every step.
 
 How to read a step's tree: each node shows its token, its depth `d`, its rank `r` among the
 drafter's top-k at that depth, its node log-weight `logw` under the drafter, and `p`, the
@@ -36,7 +36,7 @@ from IPython.display import HTML
 
 target, drafter = lab.load_default()
 print(target.metadata())
-print(drafter.name, "block size", drafter.block_size)"""),
+print(drafter.metadata()["record"]["held_out_top8_hit_rate"])"""),
     ("md", "## Greedy (temperature 0)"),
     ("code", """greedy = dl.LiveSession(target, drafter, budget=32, sampling=dl.SamplingParams(temperature=0.0))
 run_greedy = greedy.run("Explain why the sky is blue in two sentences.", max_new_tokens=48)

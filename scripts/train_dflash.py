@@ -22,6 +22,7 @@ Recipe (DFlash, arXiv 2602.06036, section on training; z-lab/dflash for the arch
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import random
@@ -175,6 +176,19 @@ def main() -> None:
     rows, meta = load_split("train")
     held, _ = load_split("heldout")
     layer_ids = json.loads(meta["layer_ids"])
+    # Preconditioning of fc: the target's features span four orders of magnitude per dimension
+    # (massive activations up to ~2e4 on a few dimensions), which makes Adam's steps on fc swamp
+    # the context with noise. Training therefore sees every feature dimension divided by its RMS
+    # over the training text, and the exported fc.weight is divided by the same scale, so the
+    # shipped drafter reads the raw features (the public architecture, unchanged).
+    sq = torch.zeros(rows[0]["features"].shape[1], dtype=torch.float64)
+    count = 0
+    for r in rows:
+        sq += r["features"].double().pow(2).sum(0)
+        count += r["features"].shape[0]
+    feature_scale = (sq / count).sqrt().float().clamp(min=1e-2)
+    for r in rows:
+        r["features"] = (r["features"].float() / feature_scale).to(torch.float16)
     tcfg = target.model.config
     L = args.block_size
     mask_token_id = target.tokenizer.convert_tokens_to_ids("<empty_output>")
@@ -211,7 +225,10 @@ def main() -> None:
           f"softmax over {vocab.numel()} data tokens + {args.negatives} negatives", flush=True)
 
     def checkpoint(step: int, final: bool = False) -> dict:
-        drafter = DFlashDrafter(target, model.eval(), name="smollm2-dflash-b16")
+        export = copy.deepcopy(model).eval()
+        with torch.no_grad():
+            export.fc.weight.div_(feature_scale[None, :])  # back to raw target features
+        drafter = DFlashDrafter(target, export, name="smollm2-dflash-b16")
         drafter.save(out_dir)
         if final or args.eval_checkpoints:
             # Evaluate the fp16 weights as shipped (reloaded), through the drafter's own lifecycle.
@@ -235,7 +252,8 @@ def main() -> None:
                      "held_out_sequences": len(held)},
             "recipe": {k: getattr(args, k) for k in ("batch", "blocks", "gamma", "lr", "warmup", "negatives", "seed")}
                       | {"optimizer": "AdamW(0.9, 0.95), wd 0.01, grad clip 1.0, warm-up + cosine over the time budget",
-                         "loss": "CE weighted exp(-(k-1)/gamma), sampled softmax (data tokens + random negatives)"},
+                         "loss": "CE weighted exp(-(k-1)/gamma), sampled softmax (data tokens + random negatives)",
+                         "preconditioning": "fc trained on features divided by their per-dimension RMS; exported fc.weight divided by the same scale"},
             "final_loss_ema": round(ema, 4) if ema is not None else None,
             "held_out_eval": {"sequences": eval_seqs, "stride": 4, **rates},
             "evals": evals,
