@@ -2,7 +2,7 @@
 
     ddtree-lab info   TRACE                 # run metadata and a per-request summary
     ddtree-lab replay TRACE                 # re-verify every step, bit for bit
-    ddtree-lab render TRACE --step K [--out step.svg | --format dot|text]
+    ddtree-lab render TRACE --step K [--out step.svg | --format dot|text|decisions]
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 from . import lab
 from .trace import ReplayMismatch, TraceFormatError, load_trace, replay
-from .views import step_svg, step_view, to_dot, to_text
+from .views import decisions_text, step_svg, step_view, to_dot, to_text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p_render.add_argument("trace")
     p_render.add_argument("--step", type=int, required=True,
                           help="record index (0-based; one record per request per step, in the order `info` counts)")
-    p_render.add_argument("--format", choices=["svg", "dot", "text"], default="svg")
+    p_render.add_argument("--format", choices=["svg", "dot", "text", "decisions"], default="svg")
     p_render.add_argument("--out", help="output file (default: standard output)")
     p_render.add_argument("--collapse", action="store_true", help="draw each parent's unvisited children as one node")
     args = ap.parse_args(argv)
@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         text = step_svg(step, run, args.collapse)
     elif args.format == "dot":
         text = to_dot(step_view(step, run, args.collapse))
+    elif args.format == "decisions":
+        text = decisions_text(step_view(step, run))
     else:
         text = to_text(step_view(step, run, args.collapse))
     if args.out:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 
 from .trace import RunTrace
-from .views import committed_html, step_svg, step_view, to_text, token_label
+from .views import committed_html, decisions_table_html, step_svg, step_view, to_text
 
 __all__ = ["load_default", "show_step", "show_steps", "show_text", "step_browser", "decisions_html", "summary",
            "summary_html", "step_text"]
@@ -76,32 +76,10 @@ def step_browser(run: RunTrace, request: int = 0):
 
 
 def decisions_html(run: RunTrace, step) -> str:
-    """A step's decision log as an HTML table. Sampled steps: ``p`` and ``S_k`` as the verifier
-    compared them against the coin. Greedy steps: the verifier compares tokens with the
-    argmax (no coin); ``p`` is the softmax of the raw logits, as in the tree picture."""
-    view = step_view(step, run)
-    greedy = step.params.is_greedy
-    rows = []
-    for d in step.decisions:
-        token = html.escape(token_label(run.text(d.token)))
-        if greedy:
-            node = view.nodes.get(d.node)
-            rows.append(f"<tr><td>{d.depth}</td><td>{d.node}</td><td>{token}</td>"
-                        f"<td>{node.prob_text(4) if node else ''}</td><td>{d.verdict}</td></tr>")
-        else:
-            rows.append(f"<tr><td>{d.depth}</td><td>{d.node}</td><td>{token}</td><td>{d.target_prob:.4g}</td>"
-                        f"<td>{d.cumulative_mass:.4g}</td><td>{d.coin:.4g}</td><td>{d.verdict}</td></tr>")
-    head = ("<tr><th>depth</th><th>node</th><th>token</th><th>p (softmax)</th><th>verdict (= argmax?)</th></tr>"
-            if greedy else "<tr><th>depth</th><th>node</th><th>token</th><th>p</th><th>S_k</th><th>coin</th>"
-            "<th>verdict</th></tr>")
-    b = step.bonus
-    token = html.escape(token_label(run.text(b.token))) if b.token >= 0 else "(none: support exhausted)"
-    if greedy:
-        tail = f"<p>bonus {token}: the argmax at node {b.node}</p>"
-    else:
-        tail = (f"<p>bonus {token} drawn at node {b.node} ({b.kind}) from residual mass "
-                f"{b.residual_mass:.4g} with coin {b.coin:.4g}</p>")
-    return f"<table>{head}{''.join(rows)}</table>{tail}"
+    """A step's decision log as an HTML table (:func:`ddtree_lab.views.decisions_table_html`
+    of its :class:`ddtree_lab.views.StepView`): sampled steps show target p, ``S_k`` and the
+    coin; greedy steps target p (softmax of the raw logits) and the argmax comparison."""
+    return decisions_table_html(step_view(step, run))
 
 
 def summary(run: RunTrace) -> list[dict]:

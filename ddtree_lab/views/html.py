@@ -1,0 +1,209 @@
+"""HTML renderings of a :class:`StepView`: the decision table, the children of the node the
+walk stands on, the cumulative-mass bar with the coin, the bonus draw, and a request's
+committed text. Every token text is HTML-escaped; whitespace is made visible."""
+
+from __future__ import annotations
+
+import html
+import math
+
+import numpy as np
+
+from ..trace import RunTrace
+from .model import StepView, token_label
+
+__all__ = ["decisions_table_html", "children_html", "mass_bar_svg", "bonus_html", "committed_html"]
+
+_TABLE = 'style="border-collapse:collapse;font-family:monospace;font-size:12px"'
+_CELL = 'style="padding:1px 6px;border-bottom:1px solid #ddd;text-align:right"'
+_STATUS_BG = {"accepted": "#d9f2e1", "rejected": "#fbe3e1", "pending": "#ffffff", "unvisited": "#f5f5f5"}
+
+
+def _e(text) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _tok(text: str) -> str:
+    return _e(token_label(text))
+
+
+def _num(x: float | None, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    text = f"{x:.{digits}g}"
+    return f"{x:.9g}" if text in ("0", "1") and x not in (0.0, 1.0) else text
+
+
+def _p(value: float | None, upper: bool) -> str:
+    return "?" if value is None else f"{'<' if upper else ''}{_num(value)}"
+
+
+def _table(head: list[str], rows: list[list[str]], row_styles: list[str] | None = None, cls: str = "") -> str:
+    th = "".join(f"<th {_CELL}>{h}</th>" for h in head)
+    body = []
+    for k, r in enumerate(rows):
+        style = f' style="background:{row_styles[k]}"' if row_styles and row_styles[k] else ""
+        body.append(f"<tr{style}>" + "".join(f"<td {_CELL}>{c}</td>" for c in r) + "</tr>")
+    klass = f' class="{cls}"' if cls else ""
+    return f"<table{klass} {_TABLE}><tr>{th}</tr>{''.join(body)}</table>"
+
+
+def decisions_table_html(view: StepView) -> str:
+    """The step's decision log as an HTML table, then the bonus line.
+
+    Sampled steps: target p, ``S_k`` and the coin the verifier compared (accept the first
+    child with ``u < S_k`` and ``p > 0``). Greedy steps: target p (softmax of the raw logits)
+    and whether the token is the target's argmax (no coin)."""
+    greedy = view.greedy
+    if greedy:
+        head = ["#", "depth", "parent", "node", "token", "target p", "= argmax?", "verdict"]
+    else:
+        head = ["#", "depth", "parent", "node", "token", "target p", "S_k", "coin", "verdict"]
+    rows, styles = [], []
+    for d in view.decisions:
+        common = [str(d.order), str(d.depth), str(d.parent), str(d.node), _tok(d.text), _p(d.target_p, d.target_p_upper)]
+        rows.append(common + (["yes" if d.verdict == "accept" else "no"] if greedy else [_num(d.mass), _num(d.coin)])
+                    + [d.verdict])
+        styles.append(_STATUS_BG["accepted" if d.verdict == "accept" else "rejected"])
+    return _table(head, rows, styles, "ddtree-decisions") + f"<p>{_bonus_sentence(view)}</p>"
+
+
+def _bonus_sentence(view: StepView) -> str:
+    b = view.bonus
+    if b.token < 0:
+        return (f"no bonus: the residual at node {b.node} is empty (mass {_num(b.residual_mass)}, coin "
+                f"{_num(b.coin)}): support exhausted")
+    if view.greedy:
+        return f"bonus {_tok(b.text)}: the target's argmax at node {b.node} (target p {_p(b.target_p, b.target_p_upper)})"
+    where = "the target row (a leaf)" if b.kind == "leaf" else "the residual (rejected siblings zeroed, renormalised)"
+    return (f"bonus {_tok(b.text)} drawn at node {b.node} from {where}: residual mass {_num(b.residual_mass)}, coin "
+            f"{_num(b.coin)}; target p {_p(b.target_p, b.target_p_upper)}, residual p {_num(b.residual_p)}")
+
+
+def _segments(view: StepView, node: int) -> list[tuple[int, float, float]]:
+    """``(child, S_{k-1}, S_k)`` for the drawn children of ``node`` (float32 running sums, as
+    the verifier accumulates them; sampled steps only)."""
+    out, mass = [], 0.0
+    for c in view.nodes[node].children:
+        child = view.nodes[c]
+        if c < 0 or child.accept_p is None:
+            continue
+        hi = float(np.float32(mass + child.accept_p))
+        out.append((c, mass, hi))
+        mass = hi
+    return out
+
+
+def children_html(view: StepView) -> str:
+    """The children of the node the walk stands on (the view's cursor; the root without one),
+    in sibling order: target p, their segment of the cumulative mass, the exact probability
+    that the walk accepts each once here (``accept p``) and from the root (``path p``), and
+    the status so far. Greedy: the argmax comparison instead of segments."""
+    cur = view.cursor
+    node = 0 if cur is None else cur.current
+    status_of = view.status
+    seg = {c: (lo, hi) for c, lo, hi in ([] if view.greedy else _segments(view, node))}
+    if view.greedy:
+        head = ["node", "token", "target p", "= argmax?", "accept p", "path p", "status"]
+    else:
+        head = ["node", "token", "target p", "segment [S_k-1, S_k)", "accept p", "path p", "status"]
+    rows, styles = [], []
+    for c in view.nodes[node].children:
+        child = view.nodes[c]
+        st = status_of(c)
+        if c < 0:
+            rows.append(["…", _e(child.text), "-", "-", "-", "-", "hidden"])
+            styles.append("")
+            continue
+        if view.greedy:
+            third = {"accepted": "yes", "rejected": "no"}.get(st, "?")
+        else:
+            lo, hi = seg[c]
+            third = f"[{_num(lo)}, {_num(hi)})"
+        rows.append([f"#{c}", _tok(child.text), _p(child.target_p, child.target_p_upper), third,
+                     _num(child.accept_p), _num(child.path_p), st])
+        styles.append(_STATUS_BG.get(st, ""))
+    if not rows:
+        return f"<p>node {node} is a leaf: no children to judge.</p>"
+    return _table(head, rows, styles, "ddtree-children")
+
+
+def mass_bar_svg(view: StepView, width: int = 640, coin: float | None = None) -> str:
+    """The cumulative-mass bar 0..1 of the current node's children (sampled steps): one
+    segment per child in sibling order (coloured by status so far, labelled ``#index``), the
+    residual after them grey, and the coin ``u`` drawn as a line. ``coin`` overrides the
+    recorded coin (what-if). Greedy steps: an empty string."""
+    if view.greedy:
+        return ""
+    cur = view.cursor
+    node = 0 if cur is None else cur.current
+    u = view.nodes[node].child_coin if coin is None else coin
+    h, top = 34, 14
+    colors = {"accepted": "#43a047", "rejected": "#e57373", "pending": "#b0bec5", "unvisited": "#cfd8dc"}
+    parts = [f'<svg class="ddtree-massbar" xmlns="http://www.w3.org/2000/svg" width="{width + 20}" height="{h + 26}">',
+             f'<rect x="10" y="{top}" width="{width}" height="{h}" fill="#eeeeee" stroke="#9e9e9e"/>']
+    for c, lo, hi in _segments(view, node):
+        x, w = 10 + lo * width, max((hi - lo) * width, 0.0)
+        st = view.status(c)
+        parts.append(f'<rect x="{x:.2f}" y="{top}" width="{w:.2f}" height="{h}" fill="{colors.get(st, "#cfd8dc")}" '
+                     f'stroke="#ffffff" stroke-width="0.5"><title>#{c} {_tok(view.nodes[c].text)}: '
+                     f'[{_num(lo)}, {_num(hi)})</title></rect>')
+        if w >= 22:
+            parts.append(f'<text x="{x + w / 2:.2f}" y="{top + h / 2 + 4}" font-size="10" text-anchor="middle" '
+                         f'font-family="monospace">#{c}</text>')
+    parts.append(f'<text x="10" y="{top + h + 12}" font-size="10" font-family="monospace">0</text>')
+    parts.append(f'<text x="{10 + width}" y="{top + h + 12}" font-size="10" text-anchor="end" '
+                 f'font-family="monospace">1</text>')
+    if u is not None and not math.isnan(u):
+        x = 10 + u * width
+        parts.append(f'<line class="ddtree-coin" x1="{x:.2f}" y1="4" x2="{x:.2f}" y2="{top + h + 4}" '
+                     f'stroke="#e65100" stroke-width="2.5"/>')
+        parts.append(f'<text x="{min(max(x, 30), width - 10):.2f}" y="11" font-size="10" text-anchor="middle" '
+                     f'font-family="monospace" fill="#e65100">u={_num(u)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def bonus_html(view: StepView, limit: int = 12) -> str:
+    """The bonus draw: the row's top tokens with target p and residual p (rejected siblings
+    struck out), the residual mass, the final coin and the chosen token. Greedy: the argmax."""
+    b = view.bonus
+    rows, styles = [], []
+    for t, text, p, rp in b.top[:limit]:
+        struck = t in b.rejected
+        tok = f"<s>{_tok(text)}</s>" if struck else _tok(text)
+        chosen = t == b.token
+        rows.append([str(t), tok, _num(p), "struck out" if struck else _num(rp), "◀ chosen" if chosen else ""])
+        styles.append("#e3f0ff" if chosen else "#fbe3e1" if struck else "")
+    head = ["token id", "token", "target p", "residual p" if not view.greedy else "-", ""]
+    table = _table(head, rows, styles, "ddtree-bonus") if rows else ""
+    shown = f"<p>top {min(limit, len(b.top))} stored tokens of node {b.node}'s row:</p>" if rows else ""
+    return f"<p><b>{_bonus_sentence(view)}</b></p>{shown}{table}"
+
+
+_PALETTE = ["#fde2e4", "#e2ece9", "#dfe7fd", "#fff1c1", "#e8dff5", "#d8f3dc", "#ffe5d9", "#cddafd"]
+
+
+def committed_html(run: RunTrace, request: int = 0) -> str:
+    """The request's generated text, each step's tokens on its own colour; a step's bonus
+    token is underlined. The prefill's first token is grey. Hover shows step and role."""
+    meta = run.metadata["requests"][request]
+    generated = list(meta["generated_token_ids"])
+    parts = []
+    if generated:
+        parts.append(f'<span title="prefill" style="background:#eeeeee">{html.escape(run.text(generated[0]))}</span>')
+    count = 1
+    for s in run.for_request(request):
+        color = _PALETTE[s.step % len(_PALETTE)]
+        emitted = s.emitted
+        for j, tok in enumerate(emitted):
+            if count >= len(generated):
+                break
+            role = "bonus" if j == len(emitted) - 1 and not bool(s.output.support_exhausted[0]) else "accepted draft"
+            deco = "text-decoration:underline;" if role == "bonus" else ""
+            parts.append(f'<span title="step {s.step}: {role}" style="background:{color};{deco}">'
+                         f"{html.escape(run.text(tok))}</span>")
+            count += 1
+    body = "".join(parts).replace("\n", "<br>")
+    return (f'<div style="font-family:monospace;white-space:pre-wrap;line-height:1.6">'
+            f"<b>{html.escape(meta['prompt'])}</b><br>{body}</div>")

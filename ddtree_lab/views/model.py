@@ -1,0 +1,587 @@
+"""The view model of one recorded step: :class:`StepView`, the only intermediate form.
+
+Every rendering (DOT/SVG picture, text tree, decision tables as text and HTML, the verify
+stepper widget, plots through :meth:`StepView.to_dict`) reads a :class:`StepView`; none reads
+a :class:`ddtree_lab.trace.StepTrace` directly. Lower once, render many ways.
+
+**One meaning per number** (docs/DESIGN.md, "Words"):
+
+* ``target p`` -- the target's probability of a node's token in its parent's row under the
+  request's sampling parameters. Sampled requests: ``StepTrace.child_probs`` (exact).
+  Greedy requests verify with one-hot rows, so their ``target p`` is the softmax of the raw
+  logits at temperature 1, read from the stored display rows (``top_probs``); a token
+  outside the stored top-M shows the smallest stored value as an upper bound (``p<x``).
+  SGLang greedy recordings store the argmax only: their ``target p`` is unknown (``None``).
+* ``residual p`` -- the bonus token's probability in the residual (rejected siblings zeroed,
+  renormalised): ``BonusDraw.token_prob``. At a leaf the residual is the row unchanged.
+* ``drafter q`` -- the drafter's probability of the node's token at its depth,
+  ``exp(draft_logprobs[d-1, rank])``.
+* ``accept p`` -- the exact probability that the walk accepts the node once it stands at
+  the node's parent: the verify row's value (sampled: ``target p``; greedy: 1 for the
+  argmax, 0 otherwise). ``path p`` is the product along the path: the probability that the
+  walk reaches and accepts the node; its sum over the tree is the exact expected number of
+  accepted draft tokens.
+
+**Decision cursor.** The walk is a list of events (``ddtree_lab.verify.events_of``:
+``consider`` a child, ``move`` to an accepted child, the final ``bonus`` draw).
+:meth:`StepView.at` gives the :class:`Cursor` after the first ``k`` events: the node the
+walk stands on, the siblings it has judged there, the verdict text, and each node's status
+so far. The stepper moves ``k``.
+
+**Collapse** (readable big trees): :func:`step_view` hides nodes by depth, by target p, by
+drafter q, or every unvisited node; the root, the accepted path and every visited sibling
+always stay. A parent's hidden children become one summary node that counts every hidden
+node below it.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable, Mapping
+
+from ..trace import RunTrace, StepTrace
+
+__all__ = ["NodeView", "DecisionRow", "BonusView", "Cursor", "StepView", "WalkEvent", "step_view", "token_label",
+           "walk_events", "STATUSES"]
+
+#: node statuses: root, accepted (on the accepted path), rejected (visited and rejected),
+#: unvisited (never reached), pending (cursor views: not judged yet), collapsed (a summary).
+STATUSES = ("root", "accepted", "rejected", "unvisited", "pending", "collapsed", "bonus")
+
+_VISIBLE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
+
+
+def token_label(text: str) -> str:
+    """A token's text made visible and quoted: spaces '␣', newlines '⏎', tabs '⇥', carriage
+    returns '␍', other control characters as ``\\xNN`` / ``\\uNNNN`` (so a label never holds
+    an invisible or line-breaking character)."""
+    out = []
+    for ch in text:
+        if ch in _VISIBLE:
+            out.append(_VISIBLE[ch])
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return "'" + "".join(out) + "'"
+
+
+@dataclass
+class NodeView:
+    """One drawn node.
+
+    ``index`` is the tree node index (the bonus: ``-1``; collapsed summaries: ``-2, -3, ...``).
+    Probabilities follow the module docstring; ``None`` where they do not apply or are
+    unknown. ``target_p_upper``: ``target_p`` is an upper bound (token outside the stored
+    top-M). ``hidden``: for a summary node, how many tree nodes it stands for. Decision
+    fields (``order``, ``coin``, ``mass_before``, ``mass``) are set on visited siblings:
+    ``order`` is the position of the node's decision in the walk (0-based), ``mass`` the
+    verifier's ``S_k``. ``child_coin``: the coin that decides among this node's children
+    (sampled only).
+    """
+
+    index: int
+    token: int
+    text: str
+    status: str
+    depth: int
+    rank: int
+    logw: float
+    parent: int = -1
+    target_p: float | None = None
+    target_p_upper: bool = False
+    drafter_q: float | None = None
+    accept_p: float | None = None
+    path_p: float | None = None
+    residual_p: float | None = None
+    children: list[int] = field(default_factory=list)
+    hidden: int = 0
+    order: int | None = None
+    coin: float | None = None
+    mass_before: float | None = None
+    mass: float | None = None
+    child_coin: float | None = None
+
+    def target_p_text(self, digits: int = 3) -> str:
+        """``p=0.123`` / ``p<1e-05`` (upper bound) / ``p=?`` (not recorded)."""
+        if self.target_p is None:
+            return "p=?"
+        return f"p{'<' if self.target_p_upper else '='}{self.target_p:.{digits}g}"
+
+    def drafter_q_text(self, digits: int = 2) -> str:
+        return "" if self.drafter_q is None or math.isnan(self.drafter_q) else f"q={self.drafter_q:.{digits}g}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class DecisionRow:
+    """One row of the decision table: the verdict on ``node`` (a child of ``parent``).
+
+    ``target_p`` is the node's target p (module docstring). ``verify_p`` is what the verifier
+    compared: the sampled rule's ``p`` (equal to ``target_p``), and for greedy rows 1.0 when
+    the token is the argmax (one-hot rows). ``mass`` is ``S_k`` (sampled only), ``coin`` the
+    node-level coin (sampled only).
+    """
+
+    order: int
+    depth: int
+    parent: int
+    node: int
+    token: int
+    text: str
+    target_p: float | None
+    target_p_upper: bool
+    verify_p: float
+    mass: float | None
+    coin: float | None
+    verdict: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class BonusView:
+    """The bonus draw: at ``node``, ``kind`` (argmax | residual | leaf | exhausted).
+
+    ``token`` is ``-1`` when the support was exhausted. ``target_p``: the token's target p in
+    the node's row (greedy: softmax). ``residual_p``: its probability in the residual
+    (sampled only). ``residual_mass``: the mass left after zeroing the rejected siblings.
+    ``rejected``: the rejected siblings' tokens (zeroed in the residual). ``top``: the row's
+    stored top tokens as ``(token, text, target p, residual p or None if struck out)``.
+    """
+
+    node: int
+    token: int
+    text: str
+    kind: str
+    target_p: float | None
+    target_p_upper: bool
+    residual_p: float | None
+    residual_mass: float | None
+    coin: float | None
+    rejected: list[int] = field(default_factory=list)
+    top: list[tuple[int, str, float, float | None]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class WalkEvent:
+    """One event of the verify walk (docs/DESIGN.md, "The walk"): ``kind`` is ``consider``
+    (``decision`` judged a child), ``move`` (the walk moved to ``node``) or ``bonus``
+    (``bonus`` is the final draw at ``node``)."""
+
+    kind: str
+    request: int
+    node: int
+    decision: object = None
+    bonus: object = None
+
+
+def _events_of(decisions, bonus) -> list[WalkEvent]:
+    out = []
+    for d in decisions:
+        out.append(WalkEvent("consider", d.request, d.node, d, None))
+        if d.verdict == "accept":
+            out.append(WalkEvent("move", d.request, d.node, d, None))
+    out.append(WalkEvent("bonus", bonus.request, bonus.node, None, bonus))
+    return out
+
+
+def walk_events(decisions, bonus) -> list:
+    """The walk's events from a recorded decision log: ``ddtree_lab.verify.events_of`` where
+    it exists, else the same list built here (consider / move / bonus, in walk order)."""
+    try:
+        from ..verify import events_of
+    except ImportError:
+        return _events_of(decisions, bonus)
+    return list(events_of(decisions, bonus))
+
+
+@dataclass
+class Cursor:
+    """The walk after its first ``k`` events (of ``total``).
+
+    ``current``: the node the walk stands on. ``path``: root and the nodes moved to so far.
+    ``considered``: the children of ``current`` judged so far, in sibling order. ``focus``:
+    the node of the last event (the one to highlight), ``-1`` for the bonus, ``None`` at the
+    start. ``status``: node index -> status as of this cursor (nodes not judged yet are
+    ``pending``; the root ``root``). ``bonus_done``: the bonus has been drawn. ``verdict``:
+    one sentence saying what the last event did. ``event``: the last event's kind.
+    """
+
+    k: int
+    total: int
+    current: int
+    path: list[int]
+    considered: list[int]
+    focus: int | None
+    status: dict[int, str]
+    bonus_done: bool
+    verdict: str
+    event: str | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class StepView:
+    """The view model of one step (module docstring).
+
+    Attributes:
+        title: one line naming step, request, sampling mode, size and outcome.
+        step, request, request_id: where the step comes from.
+        greedy: greedy verification (argmax comparison, no coins).
+        mode: ``greedy`` or the sampling parameters as text.
+        nodes: node index -> :class:`NodeView` (tree nodes and collapsed summaries; children
+            lists hold the drawn children in sibling order).
+        bonus: the :class:`BonusView`; ``bonus_parent``: the node it hangs off.
+        decisions: the decision table rows in walk order.
+        events: the walk events (see :func:`walk_events`).
+        accepted_path: root first.
+        hidden: tree nodes hidden by the collapse options.
+        expected_accept: the sum of ``path p`` over the draft nodes (exact expected number of
+            accepted draft tokens of this tree under the target-only rule).
+        cursor: the :class:`Cursor` when the view was made with one (:meth:`at`), else ``None``.
+    """
+
+    title: str
+    step: int
+    request: int
+    request_id: str
+    greedy: bool
+    mode: str
+    nodes: dict[int, NodeView]
+    bonus: BonusView | None
+    bonus_parent: int
+    decisions: list[DecisionRow]
+    events: list
+    accepted_path: list[int]
+    num_nodes: int
+    hidden: int = 0
+    expected_accept: float | None = None
+    cursor: Cursor | None = None
+
+    @property
+    def num_events(self) -> int:
+        return len(self.events)
+
+    def at(self, k: int) -> "StepView":
+        """This view with its decision cursor after the first ``k`` events (``0 <= k <=
+        num_events``). Raises ``ValueError`` naming the range when ``k`` is outside it."""
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= len(self.events):
+            raise ValueError(f"cursor k={k!r} is outside 0..{len(self.events)} (the step has {len(self.events)} walk events)")
+        return replace(self, cursor=_cursor(self, k))
+
+    def children_of(self, node: int) -> list[NodeView]:
+        """The drawn children of ``node`` in sibling order (summaries included)."""
+        return [self.nodes[c] for c in self.nodes[node].children]
+
+    def status(self, index: int) -> str:
+        """A node's status as of the cursor (the final status without one)."""
+        if self.cursor is not None and index in self.cursor.status:
+            return self.cursor.status[index]
+        return self.nodes[index].status
+
+    def to_dict(self) -> dict:
+        """Everything above as JSON-able plain data (for widgets and plots)."""
+        return {
+            "title": self.title, "step": self.step, "request": self.request, "request_id": self.request_id,
+            "greedy": self.greedy, "mode": self.mode, "num_nodes": self.num_nodes, "hidden": self.hidden,
+            "expected_accept": self.expected_accept, "accepted_path": list(self.accepted_path),
+            "bonus_parent": self.bonus_parent,
+            "nodes": [n.to_dict() for n in self.nodes.values()],
+            "bonus": None if self.bonus is None else self.bonus.to_dict(),
+            "decisions": [d.to_dict() for d in self.decisions],
+            "events": [{"kind": e.kind, "node": int(e.node)} for e in self.events],
+            "cursor": None if self.cursor is None else self.cursor.to_dict(),
+        }
+
+
+# -- lowering -----------------------------------------------------------------------------------
+
+
+def _texts(texts) -> Callable[[int], str]:
+    if isinstance(texts, RunTrace):
+        return texts.text
+    if texts is None:
+        return lambda t: f"<{int(t)}>"
+    if isinstance(texts, Mapping):
+        return lambda t: texts.get(int(t), f"<{int(t)}>")
+    raise TypeError(f"texts must be a RunTrace, a dict token id -> text, or None; got {type(texts).__name__}")
+
+
+def _display_p(step: StepTrace, row: int, token: int) -> tuple[float | None, bool]:
+    """The token's probability in node ``row``'s stored display row: exact when stored, else
+    the smallest stored value as an upper bound (a zero bound is exact)."""
+    if step.top_token_ids.numel() == 0:
+        return None, False
+    ids = step.top_token_ids[row].tolist()
+    if token in ids:
+        return float(step.top_probs[row, ids.index(token)]), False
+    bound = float(step.top_probs[row, -1])
+    return bound, bound > 0.0
+
+
+def _greedy_p_known(step: StepTrace) -> bool:
+    # SGLang greedy recordings store the target's argmax only (their display rows are one-hot).
+    return not (step.params.is_greedy and step.extra.get("source") == "sglang")
+
+
+def _mode(step: StepTrace) -> str:
+    p = step.params
+    if p.is_greedy:
+        return "greedy"
+    parts = [f"T={p.temperature:g}"]
+    if p.top_k > 0:
+        parts.append(f"top-k {p.top_k}")
+    if p.top_p < 1.0:
+        parts.append(f"top-p {p.top_p:g}")
+    if p.min_p:
+        parts.append(f"min-p {p.min_p:g}")
+    return " ".join(parts)
+
+
+def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None, collapse_unvisited: bool = False,
+              *, max_depth: int | None = None, min_target_p: float | None = None,
+              min_drafter_q: float | None = None, cursor: int | None = None) -> StepView:
+    """Lower a recorded step to its :class:`StepView`.
+
+    Args:
+        step: the recorded step.
+        texts: token id -> text (a :class:`RunTrace` works too; ``None`` shows ``<id>``).
+        collapse_unvisited: hide every node the walk never reached.
+        max_depth: hide nodes deeper than this.
+        min_target_p, min_drafter_q: hide nodes whose target p (its upper bound when the token
+            is outside the stored top-M) or drafter q is below the value.
+        cursor: set the decision cursor after this many walk events (see :meth:`StepView.at`).
+
+    The root, the accepted path and every visited sibling are never hidden; a hidden node
+    hides its subtree; each parent's hidden children become one summary node counting all
+    the nodes it hides.
+
+    Raises:
+        ValueError: a collapse option of the wrong type or range, or a cursor out of range.
+        TypeError: ``texts`` of the wrong type.
+    """
+    if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0):
+        raise ValueError(f"max_depth must be None or an int >= 0, got {max_depth!r}")
+    for name, v in (("min_target_p", min_target_p), ("min_drafter_q", min_drafter_q)):
+        if v is not None and not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
+            raise ValueError(f"{name} must be None or a number in [0, 1], got {v!r}")
+    lookup = _texts(texts)
+    n = step.num_nodes
+    greedy = step.params.is_greedy
+    p_known = _greedy_p_known(step)
+    parents = step.parents.tolist()
+    tokens = step.node_token_ids.tolist()
+    depths = step.depths.tolist()
+    ranks = step.ranks.tolist()
+    logws = step.node_logws.tolist()
+    child_probs = step.child_probs.tolist()
+    accepted = set(step.accepted_path)
+    decided = {d.node: (k, d) for k, d in enumerate(step.decisions)}
+    lp = step.draft_logprobs
+    coins = step.coins.tolist()
+
+    nodes: dict[int, NodeView] = {}
+    for i in range(n):
+        status = ("root" if i == 0 else "accepted" if i in accepted else
+                  "rejected" if i in decided else "unvisited")
+        node = NodeView(i, tokens[i], lookup(tokens[i]), status, depths[i], ranks[i], logws[i], parent=parents[i],
+                        child_coin=None if greedy or i >= len(coins) else coins[i])
+        if i:
+            if greedy:
+                node.target_p, node.target_p_upper = _display_p(step, parents[i], tokens[i]) if p_known else (None, False)
+            else:
+                node.target_p = child_probs[i]
+            node.accept_p = child_probs[i]
+            node.path_p = child_probs[i] * (nodes[parents[i]].path_p if parents[i] else 1.0)
+            d, r = depths[i], ranks[i]
+            if lp.numel() and 0 < d <= lp.shape[0] and 0 <= r < lp.shape[1]:
+                node.drafter_q = math.exp(float(lp[d - 1, r]))
+        if i in decided:
+            k, dec = decided[i]
+            node.order, node.mass = k, dec.cumulative_mass
+            node.coin = None if greedy else dec.coin
+        nodes[i] = node
+    for i in range(1, n):  # ascending index = sibling order (children in descending log-weight)
+        nodes[parents[i]].children.append(i)
+    for node in nodes.values():
+        before = 0.0
+        for c in node.children:
+            child = nodes[c]
+            if child.order is not None:
+                child.mass_before = before
+                before = child.mass if child.mass is not None else before
+    expected = sum(nodes[i].path_p for i in range(1, n)) if n > 1 else 0.0
+
+    rows = []
+    for k, d in enumerate(step.decisions):
+        node = nodes.get(d.node)
+        rows.append(DecisionRow(k, d.depth, d.parent, d.node, d.token, lookup(d.token),
+                                node.target_p if node else None, node.target_p_upper if node else False,
+                                d.target_prob, None if greedy else d.cumulative_mass,
+                                None if greedy else d.coin, d.verdict))
+    bonus = _bonus_view(step, lookup, greedy, p_known)
+    hidden = _collapse(nodes, collapse_unvisited, max_depth, min_target_p, min_drafter_q)
+    mode = _mode(step)
+    outcome = (f"accepted {step.accept_length} + bonus" if bonus.token >= 0
+               else f"accepted {step.accept_length}, support exhausted (no bonus)")
+    shown = f" ({hidden} hidden)" if hidden else ""
+    title = (f"step {step.step} · request {step.request_id} · {mode} · {n - 1} draft nodes{shown} · {outcome}")
+    view = StepView(title, step.step, step.request, step.request_id, greedy, mode, nodes, bonus, step.bonus.node,
+                    rows, walk_events(step.decisions, step.bonus), list(step.accepted_path), n, hidden, expected)
+    return view if cursor is None else view.at(cursor)
+
+
+def _bonus_view(step: StepTrace, lookup, greedy: bool, p_known: bool) -> BonusView:
+    b = step.bonus
+    rejected = [d.token for d in step.decisions if d.parent == b.node and d.verdict == "reject"]
+    if b.token >= 0 and (p_known or not greedy):
+        tp, upper = _display_p(step, b.node, b.token)
+    else:
+        tp, upper = None, False
+    top = []
+    if step.top_token_ids.numel() and (p_known or not greedy):
+        mass = b.residual_mass
+        for t, p in zip(step.top_token_ids[b.node].tolist(), step.top_probs[b.node].tolist()):
+            if p <= 0.0:
+                continue
+            struck = t in rejected
+            top.append((t, lookup(t), p, None if struck or greedy or not mass else p / mass))
+    return BonusView(b.node, b.token, lookup(b.token) if b.token >= 0 else "", b.kind, tp, upper,
+                     None if greedy else (b.token_prob if b.token >= 0 else None),
+                     None if greedy else b.residual_mass, None if greedy else b.coin, rejected, top)
+
+
+def _collapse(nodes: dict[int, NodeView], unvisited: bool, max_depth, min_target_p, min_drafter_q) -> int:
+    """Hide nodes per the options (see :func:`step_view`); returns how many were hidden."""
+    if not (unvisited or max_depth is not None or min_target_p is not None or min_drafter_q is not None):
+        return 0
+
+    def keep(node: NodeView) -> bool:
+        if node.status != "unvisited":
+            return True
+        if unvisited:
+            return False
+        if max_depth is not None and node.depth > max_depth:
+            return False
+        if min_target_p is not None and (node.target_p is None or node.target_p < min_target_p):
+            return False
+        if min_drafter_q is not None and (node.drafter_q is None or node.drafter_q < min_drafter_q):
+            return False
+        return True
+
+    def subtree(i: int) -> list[int]:
+        out, stack = [], [i]
+        while stack:
+            j = stack.pop()
+            out.append(j)
+            stack.extend(nodes[j].children)
+        return out
+
+    total, next_id = 0, -2
+    for i in sorted(k for k in nodes if k >= 0):
+        node = nodes.get(i)
+        if node is None:
+            continue
+        hide = [c for c in node.children if not keep(nodes[c])]
+        if not hide:
+            continue
+        best = nodes[hide[0]]
+        probs = [nodes[c].target_p for c in hide if nodes[c].target_p is not None]
+        count = 0
+        for c in hide:
+            for j in subtree(c):
+                nodes.pop(j)
+                count += 1
+        total += count
+        summary = NodeView(next_id, -1, f"+{count} hidden", "collapsed", best.depth, best.rank, best.logw,
+                           parent=i, target_p=max(probs) if probs else None, hidden=count)
+        summary.children = []
+        node.children = [c for c in node.children if c not in hide] + [next_id]
+        nodes[next_id] = summary
+        next_id -= 1
+    return total
+
+
+# -- the decision cursor ------------------------------------------------------------------------
+
+
+def _cursor(view: StepView, k: int) -> Cursor:
+    status = {i: ("root" if i == 0 else "pending") for i in view.nodes if i >= 0}
+    current, path, focus, bonus_done, last = 0, [0], None, False, None
+    for e in view.events[:k]:
+        last = e
+        if e.kind == "consider":
+            d = e.decision
+            if d.node in status:
+                status[d.node] = "accepted" if d.verdict == "accept" else "rejected"
+            focus = d.node
+        elif e.kind == "move":
+            current = int(e.node)
+            path.append(current)
+            focus = current
+        elif e.kind == "bonus":
+            bonus_done, focus = True, -1
+    for i, node in view.nodes.items():
+        if i < 0:
+            status[i] = node.status
+    considered = [c for c in view.nodes[current].children
+                  if c >= 0 and status.get(c) in ("accepted", "rejected")] if current in view.nodes else []
+    return Cursor(k, len(view.events), current, path, considered, focus, status, bonus_done,
+                  _verdict(view, last, current, k), None if last is None else last.kind)
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "?"
+    text = f"{x:.4g}"
+    return f"{x:.9g}" if text in ("0", "1") and x not in (0.0, 1.0) else text
+
+
+def _verdict(view: StepView, event, current: int, k: int) -> str:
+    """One sentence for the last event (the stepper's verdict line)."""
+    if event is None:
+        kids = [c for c in view.nodes[0].children if c >= 0]
+        rule = "follow the target's argmax" if view.greedy else "one coin per node, accept the first child with u < S_k"
+        return f"start at the root (node 0) with {len(kids)} children to judge; rule: {rule}"
+    if event.kind == "consider":
+        d = event.decision
+        node = view.nodes.get(d.node)
+        tok = token_label(node.text) if node else str(d.token)
+        if view.greedy:
+            if d.verdict == "accept":
+                return f"node {d.node} {tok} is the target's argmax at node {d.parent}: accept"
+            return f"node {d.node} {tok} is not the target's argmax at node {d.parent}: reject"
+        lo = node.mass_before if node and node.mass_before is not None else None
+        if d.verdict == "accept":
+            return (f"node {d.node} {tok}: coin u={_fmt(d.coin)} < S_k={_fmt(d.cumulative_mass)} "
+                    f"(segment [{_fmt(lo)}, {_fmt(d.cumulative_mass)})), p={_fmt(d.target_prob)} > 0: accept")
+        why = "p = 0" if d.target_prob <= 0.0 else f"u={_fmt(d.coin)} ≥ S_k={_fmt(d.cumulative_mass)}"
+        return f"node {d.node} {tok}: {why}: reject"
+    if event.kind == "move":
+        node = view.nodes.get(int(event.node))
+        depth = node.depth if node else "?"
+        kids = len([c for c in node.children if c >= 0]) if node else 0
+        tail = f"{kids} children to judge" if kids else "a leaf: the bonus comes next"
+        return f"move to node {int(event.node)} (depth {depth}); {tail}"
+    b = view.bonus
+    if b.token < 0:
+        return (f"bonus at node {b.node}: the residual is empty (mass {_fmt(b.residual_mass)}): "
+                "support exhausted, no bonus token")
+    tok = token_label(b.text)
+    if view.greedy:
+        return f"bonus at node {b.node}: the target's argmax {tok}"
+    if b.kind == "leaf":
+        return f"bonus at node {b.node} (a leaf): drawn from the target row with coin u={_fmt(b.coin)}: {tok}"
+    return (f"bonus at node {b.node}: drawn from the residual (mass {_fmt(b.residual_mass)}, {len(b.rejected)} "
+            f"rejected siblings zeroed) with coin u={_fmt(b.coin)}: {tok}, residual p={_fmt(b.residual_p)}")
