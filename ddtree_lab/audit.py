@@ -50,7 +50,8 @@ from .verify import VerifyOutput, verify_sampled, walk_sampled_batch
 __all__ = [
     "AuditCase", "ExactLaw", "AuditReport", "exact_law", "audit", "run_verifier", "case_from_step",
     "case_from_logits", "random_case", "step_logits", "plant_duplicate_sibling", "plain_sample",
-    "target_probs_topp_first", "PLANTED_FAULTS", "planted_fault", "check_tree_logits", "TreeLogitsCheck",
+    "target_probs_topp_first", "PLANTED_FAULTS", "planted_fault", "check_tree_logits", "TreeLogitsCheck", "check_recorded_rows",
+    "RecordedRowsCheck",
 ]
 
 Verifier = Callable[..., VerifyOutput]
@@ -317,7 +318,7 @@ def exact_law(case: AuditCase, kind: str = "auto", max_outcomes: int = 200_000) 
         kind = "sequence" if case.verify_input.num_rows * case.vocab_size <= 4096 else "first-depth"
     if kind not in ("sequence", "first-depth"):
         raise ValueError(f"kind must be 'sequence', 'first-depth' or 'auto', got {kind!r}")
-    probs = case.probs().double().numpy()
+    probs = case.probs().double().cpu().numpy()
     tokens = case.verify_input.node_token_ids[0].tolist()
     kids = {i: _dedup(k, tokens) for i, k in case.children().items()}
     if kind == "sequence":
@@ -484,7 +485,7 @@ def plain_sample(logits_row: torch.Tensor, params: SamplingParams, coins: torch.
     """The lab's plain (non-speculative) sampler, vectorised over coins: ``[D]`` tokens drawn
     by inverse CDF (float64 running sum in token-id order, as :func:`ddtree_lab.verify.residual_draw`)
     from ``target_probs`` of one ``[V]`` logit row; greedy: the argmax."""
-    p = target_probs(logits_row[None, None].float(), params)[0, 0].double()
+    p = target_probs(logits_row.cpu()[None, None].float(), params)[0, 0].double()
     cum = p.cumsum(0)
     idx = torch.searchsorted(cum, coins.double() * cum[-1], right=True).clamp(max=p.shape[0] - 1)
     positive = p.nonzero().flatten()
@@ -891,3 +892,85 @@ def check_tree_logits(target, prefix_ids: Sequence[int], verify_input: DDTreeVer
     diffs = [diffs[k] for k in order]
     bad = [c for c, d in zip(checked, diffs) if d > atol]
     return TreeLogitsCheck(checked, diffs, atol, bad[0] if bad else None)
+
+
+@dataclass
+class RecordedRowsCheck:
+    """Recorded child probabilities against plain causal forwards of the parents' paths.
+
+    ``checked``: nodes compared; ``diffs``: per node, |recorded p - causal p|; ``first_bad``: the
+    first node (in index order) over ``atol``, or None.
+    """
+
+    checked: list
+    diffs: list
+    atol: float
+    first_bad: int | None
+
+    def text(self) -> str:
+        worst = max(self.diffs) if self.diffs else 0.0
+        if self.first_bad is None:
+            return (f"recorded target p of {len(self.checked)} nodes match causal forwards "
+                    f"(max |diff| {worst:.3g} <= {self.atol:g})")
+        k = self.checked.index(self.first_bad)
+        return (f"node {self.first_bad}: recorded target p differs from a causal forward of its parent's path by "
+                f"{self.diffs[k]:.3g} (> {self.atol:g}): the tree forward that produced it (mask, positions) "
+                "is wrong there (the accept-length-stuck-at-1 symptom)")
+
+
+def _path_tokens(tokens: list[int], parents: list[int], i: int) -> list[int]:
+    path = []
+    while i != -1:
+        path.append(tokens[i])
+        i = parents[i]
+    return path[::-1]
+
+
+def _sample_nodes(n: int, sample: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return sorted(torch.randperm(max(n - 1, 0), generator=g)[: max(sample, 0)].add(1).tolist())
+
+
+@torch.no_grad()
+def check_recorded_rows(target, run, step, sample: int = 8, seed: int = 0, atol: float = 2e-3,
+                        nodes: Sequence[int] | None = None) -> RecordedRowsCheck:
+    """Compare a recorded step's target probabilities with plain causal forwards.
+
+    For each sampled draft node ``i`` (``seed`` fixed), run the target causally on the
+    committed prefix + the tokens of the path root..parent(i), apply the step's sampling
+    parameters (:func:`ddtree_lab.target_probs`) and compare ``p(token_i)`` with the recorded
+    ``child_probs[i]``. A tree forward with a wrong mask or wrong positions (an engine's or the
+    lab's) gives rows that differ; greedy steps compare the softmax of the raw logits.
+
+    Args:
+        target: the :class:`ddtree_lab.models.TargetModel` the trace was recorded with.
+        run, step: the trace and one of its steps.
+        sample: draft nodes compared (or ``nodes``).
+        atol: tolerance on the probability difference.
+
+    Raises:
+        ValueError: the trace lacks the request's token ids (see :func:`step_logits`).
+    """
+    reqs = {int(r["request"]): r for r in run.metadata.get("requests", [])}
+    if step.request not in reqs:
+        raise ValueError(f"request {step.request}: the trace's metadata has no token ids for it")
+    r = reqs[step.request]
+    committed = list(r["prompt_token_ids"]) + list(r["generated_token_ids"])
+    prefix = committed[: step.prefix_len]
+    tokens, parents = step.node_token_ids.tolist(), step.parents.tolist()
+    nodes = list(nodes) if nodes is not None else _sample_nodes(step.num_nodes, sample, seed)
+    params = SamplingParams(temperature=1.0) if step.params.is_greedy else step.params
+    checked, diffs = [], []
+    for i in nodes:
+        _, _, logits = target.prefill(prefix + _path_tokens(tokens, parents, parents[i]))
+        p = float(target_probs(logits[-1:][None].float().cpu(), params)[0, 0, tokens[i]])
+        want = float(step.child_probs[i]) if not step.params.is_greedy else None
+        if want is None:  # greedy traces store the verifier's one-hot rows: compare the display rows
+            row = step.top_token_ids[parents[i]].tolist()
+            want = float(step.top_probs[parents[i], row.index(tokens[i])]) if tokens[i] in row else None
+        if want is None:
+            continue
+        checked.append(int(i))
+        diffs.append(abs(p - want))
+    bad = [c for c, d in zip(checked, diffs) if d > atol]
+    return RecordedRowsCheck(checked, diffs, atol, bad[0] if bad else None)
