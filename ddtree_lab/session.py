@@ -1,18 +1,29 @@
 """Live DDTree decoding on a real target, one :class:`StepTrace` per request per step.
 
-One step for a batch of requests (Ringel & Romano, arXiv 2604.12989, §4; the reference
-``ddtree.py`` loop):
+One step for the batch of active requests (Ringel & Romano, arXiv 2604.12989, §4; the reference
+``ddtree.py`` loop), each stage timed under one name (``StepTrace.timings``, seconds):
 
-1. draft: the drafter's logits for the L-1 positions after each anchor -> draft top-k;
-2. build: :func:`ddtree_lab.build_tree` (whole batch);
-3. retrieve: :func:`ddtree_lab.compile_retrieve` (buffers, tree mask, positions);
-4. target: one tree forward per request over its ``1 + B`` nodes on top of its KV cache;
-5. verify: :func:`ddtree_lab.target_probs` then :func:`ddtree_lab.verify_sampled` for the whole
-   batch (greedy requests get one-hot rows, so the rule accepts exactly the argmax child);
-6. commit: keep exactly the accepted path in each KV cache; the bonus becomes the next anchor,
-   the hidden state of the last accepted node feeds the drafter.
+1. ``draft``: the drafter's logits for the L-1 positions after each anchor, then the draft
+   top-k (:func:`ddtree_lab.draft_topk_from_logits`);
+2. ``build``: :func:`ddtree_lab.build_tree` (whole batch, on the host: the draft top-k comes to
+   the host once per step, the one host synchronisation of a step on a GPU);
+3. ``compile``: :func:`ddtree_lab.compile_retrieve` (buffers, tree mask, positions);
+4. ``target``: ONE forward over every active request's tree
+   (:meth:`ddtree_lab.models.TargetModel.tree_forward_batch`: ragged trees padded to the batch's
+   N, each on top of its own KV-cache row);
+5. ``verify``: level ``full``: the full target rows (:func:`ddtree_lab.target_probs`) and the
+   chosen backend; levels ``light`` / ``off``: the backend on the raw logits, reading only the
+   rows the walk reaches (torch-lazy on CPU, Triton on CUDA by default);
+6. ``record``: the :class:`StepTrace` of each request at the recording level;
+7. ``commit``: each KV-cache row keeps exactly its accepted path
+   (:meth:`~ddtree_lab.models.TargetModel.keep_paths`), the drafter gets the features of the
+   root and the accepted nodes (``Drafter.commit``), the bonus becomes the next anchor, and
+   finished requests leave the batch.
 
-The session records every step; the views read the records and never the models.
+Recording levels (``record=``): ``full`` (everything a :class:`StepTrace` holds, every node's
+target row), ``light`` (buffers, draft top-k, decisions and only the rows the verifier read:
+the other nodes' ``child_probs`` are 0 and their top-M rows empty, ``top_token_ids`` -1),
+``off`` (outputs only: no StepTrace; the tokens, ``last_timings`` and ``stage_totals``).
 """
 
 from __future__ import annotations
@@ -31,7 +42,10 @@ from .trace import RunTrace, StepTrace, row_records
 from .tree import build_tree, draft_topk_from_logits
 from .verify import VerifyOutput, draw_coins, make_generators, residual_draw, verify_sampled
 
-__all__ = ["LiveSession", "RequestState"]
+__all__ = ["LiveSession", "RequestState", "RECORD_LEVELS", "STAGES"]
+
+RECORD_LEVELS = ("full", "light", "off")
+STAGES = ("draft", "build", "compile", "target", "verify", "record", "commit")
 
 
 @dataclass
@@ -45,10 +59,8 @@ class RequestState:
     params: SamplingParams
     generated: list[int] = field(default_factory=list)  # first token (from prefill) onwards
     finish_reason: str | None = None
-    cache: object = None
     prefix_len: int = 0
     anchor: int = -1
-    hidden: torch.Tensor | None = None
     generator: torch.Generator | None = None
 
     @property
@@ -69,6 +81,22 @@ def _request_output(out: VerifyOutput, b: int) -> VerifyOutput:
         bonus=[dataclasses.replace(out.bonus[b], request=0)], backend=out.backend)
 
 
+def default_backend(record: str, device) -> str:
+    """The verify backend a session uses when none is given: ``reference`` at level ``full``
+    (it computes the full rows anyway); otherwise ``triton`` on CUDA where the kernels import,
+    else ``torch-lazy``."""
+    if record == "full":
+        return "reference"
+    if torch.device(device).type == "cuda":
+        from .verify_backends import select_backend
+
+        try:
+            return "triton" if select_backend("triton", device)[0] == "triton" else "torch-lazy"
+        except RuntimeError:
+            return "torch-lazy"
+    return "torch-lazy"
+
+
 class LiveSession:
     """DDTree speculative decoding of a batch of prompts, live, recording each step.
 
@@ -84,21 +112,31 @@ class LiveSession:
             requests never share coins.
         max_depth, top1_spine, min_prob: passed to :func:`ddtree_lab.build_tree`.
         top_m: tokens kept per target row for display (see :mod:`ddtree_lab.trace`).
-        verify_backend: ``"reference"`` (default: :func:`ddtree_lab.verify_sampled` on
-            :func:`ddtree_lab.target_probs`), or ``"torch-lazy"``, ``"triton"``, ``"auto"``
-            through :func:`ddtree_lab.verify_tree` on the raw logits. The backend that ran is
-            recorded in every :class:`StepTrace` (``backend``).
+        verify_backend: ``"reference"`` (:func:`ddtree_lab.verify_sampled` on
+            :func:`ddtree_lab.target_probs`), ``"torch-lazy"``, ``"triton"`` or ``"auto"``
+            (:func:`ddtree_lab.verify_tree` on the raw logits); default
+            :func:`default_backend` of the level. Recorded in every :class:`StepTrace`.
+        record: ``"full"`` (default), ``"light"`` or ``"off"`` (module docstring).
+
+    The session sets torch's thread count once per process (:mod:`ddtree_lab.threads`).
 
     Raises:
-        ValueError: block size mismatch, or invalid parameters (naming the request).
+        ValueError: block size mismatch, unknown backend or level, or invalid parameters
+            (naming the request).
     """
 
     def __init__(self, target, drafter: Drafter, block_size: int | None = None, budget: int | Sequence[int] = 32,
                  sampling: SamplingParams | Sequence[SamplingParams] = SamplingParams(temperature=0.0),
                  seed: int = 0, max_depth: int | None = None, top1_spine: bool = False,
-                 min_prob: float | None = None, top_m: int = 16, verify_backend: str = "reference"):
+                 min_prob: float | None = None, top_m: int = 16, verify_backend: str | None = None,
+                 record: str = "full"):
         if block_size is not None and block_size != drafter.block_size:
             raise ValueError(f"block_size {block_size} != the drafter's block size {drafter.block_size}")
+        if record not in RECORD_LEVELS:
+            raise ValueError(f"record must be one of {RECORD_LEVELS}, got {record!r}")
+        from .threads import configure_threads
+
+        configure_threads()
         self.target = target
         self.drafter = drafter
         self.block_size = drafter.block_size
@@ -109,18 +147,31 @@ class LiveSession:
         self.top1_spine = top1_spine
         self.min_prob = min_prob
         self.top_m = top_m
+        self.record = record
         from .verify_backends import BACKENDS
 
+        if verify_backend is None:
+            verify_backend = default_backend(record, target.device)
         if verify_backend not in BACKENDS:
             raise ValueError(f"verify_backend must be one of {BACKENDS}, got {verify_backend!r}")
         self.verify_backend = verify_backend
         self.requests: list[RequestState] = []
         self.steps: list[StepTrace] = []
+        self.last_timings: dict[str, float] = {}
+        self.stage_totals: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        self.num_steps = 0
+        self._batch = None  # BatchCache of the active requests
+        self._rows: list[int] = []  # request index of each batch row
+
+    @property
+    def layer_ids(self) -> list[int] | None:
+        return list(getattr(self.drafter, "target_layer_ids", None) or []) or None
 
     # -- set-up ------------------------------------------------------------------------------
 
     def start(self, prompts: str | Sequence[str], chat: bool = True, request_ids: Sequence[str] | None = None) -> None:
-        """Prefill each prompt and emit its first token (the first anchor)."""
+        """Prefill every prompt in one batched forward, hand the drafter the prompts' features,
+        and emit each request's first token (the first anchor)."""
         if prompts is None or not isinstance(prompts, (str, list, tuple)):
             raise TypeError(f"prompts must be a string or a list of strings, got {type(prompts).__name__}")
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
@@ -140,72 +191,98 @@ class LiveSession:
 
         self._budgets = _budgets(self.budget, len(prompts))  # validated before any prefill
         gens = make_generators(params, device="cpu")
-        self.requests, self.steps = [], []
-        for b, (prompt, p, g) in enumerate(zip(prompts, params, gens)):
-            ids = self.target.encode_prompt(prompt, chat=chat)
-            cache, hidden, logits = self.target.prefill(ids)
-            probs = target_probs(logits[-1:][None], p)[0, 0]
+        self.requests, self.steps, self.num_steps = [], [], 0
+        self.stage_totals = dict.fromkeys(STAGES, 0.0)
+        ids_all = [self.target.encode_prompt(prompt, chat=chat) for prompt in prompts]
+        self.drafter.start(len(prompts))
+        state, feats, last = self.target.prefill_batch(ids_all, self.layer_ids)
+        for b, (prompt, ids, p, g) in enumerate(zip(prompts, ids_all, params, gens)):
+            self.drafter.commit(b, feats[b], 0)
+            probs = target_probs(last[b : b + 1, None].float().cpu(), p)[0, 0]
             u = float(torch.rand(1, generator=g))
             first, _, _ = residual_draw(probs, [], u)
             rid = str(request_ids[b]) if request_ids is not None else str(b)
-            st = RequestState(b, rid, prompt, ids, p, cache=cache, prefix_len=len(ids), anchor=first,
-                              hidden=hidden[-1], generator=g)
+            st = RequestState(b, rid, prompt, ids, p, prefix_len=len(ids), anchor=first, generator=g)
             st.generated.append(first)
             if first in self.target.eos_token_ids:
                 st.finish_reason = "eos"
             self.requests.append(st)
+        self._batch, self._rows = state, list(range(len(prompts)))
+        self._leave_finished()
+
+    def _leave_finished(self) -> None:
+        keep = [j for j, r in enumerate(self._rows) if not self.requests[r].finished]
+        if len(keep) != len(self._rows):
+            self.target.drop_rows(self._batch, keep)
+            self._rows = [self._rows[j] for j in keep]
 
     # -- one step ----------------------------------------------------------------------------
 
     def step(self, max_new_tokens: int) -> list[StepTrace]:
-        """One DDTree step for every unfinished request; returns their step traces."""
-        active = [r for r in self.requests if not r.finished]
+        """One DDTree step for every unfinished request, one batched target forward.
+
+        On a GPU the step synchronises with the host once: the draft top-k comes to the host
+        for the tree build; the buffers then go to the device and the target forward, verify
+        (level ``light`` / ``off`` with Triton) stay there until the accepted paths are read
+        back for the commit (the step's outputs).
+
+        Returns:
+            the step traces of the requests that took part (empty at level ``off``).
+        """
+        if self._batch is not None:
+            self._leave_finished()
+        active = [self.requests[r] for r in self._rows]
         if not active:
             return []
-        step_no = 1 + max((s.step for s in self.steps), default=-1)
+        step_no = self.num_steps
         bs = len(active)
-        timings = {}
-        t0 = time.perf_counter()
+        clock = _Clock(self.target.device)
         anchors = torch.tensor([r.anchor for r in active], dtype=torch.int64)
-        context = DraftContext([r.committed_ids for r in active], anchors, torch.stack([r.hidden for r in active]))
-        draft_logits = self.drafter.draft_logits(context).float().cpu()
+        prefix = torch.tensor([r.prefix_len for r in active], dtype=torch.int64)
+        context = DraftContext([r.request for r in active], anchors, prefix.clone(), [r.committed_ids for r in active])
+        draft_logits = self.drafter.draft_logits(context)
         budgets = [self._budgets[r.request] for r in active]
-        ids, lps = draft_topk_from_logits(draft_logits, k=min(max(budgets + [1]), draft_logits.shape[-1]))
-        timings["draft"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        ids, lps = draft_topk_from_logits(draft_logits.float(), k=min(max(budgets + [1]), draft_logits.shape[-1]))
+        ids, lps = ids.cpu(), lps.cpu()  # the step's one host synchronisation
+        clock.mark("draft")
         tree = build_tree(ids, lps, anchors, budgets, self.max_depth, top1_spine=self.top1_spine,
                           min_prob=self.min_prob)
-        timings["build"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        vi = compile_retrieve(tree, torch.tensor([r.prefix_len for r in active], dtype=torch.int64))
-        timings["retrieve"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        n_rows, vocab = vi.num_rows, self.target.vocab_size
-        logits = torch.zeros(bs, n_rows, vocab)
-        hidden = []
-        for b, r in enumerate(active):
-            fwd = self.target.tree_forward(r.cache, vi, b)
-            n = fwd.logits.shape[0]
-            logits[b, :n] = fwd.logits.cpu()
-            hidden.append(fwd.hidden.cpu())
-        timings["target"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        clock.mark("build")
+        vi = compile_retrieve(tree, prefix)
+        clock.mark("compile")
+        fwd = self.target.tree_forward_batch(self._batch, vi, self.layer_ids)
+        logits = fwd.logits
+        clock.mark("target")
         params = [r.params for r in active]
-        # Full rows are needed for the record (child probabilities, top-M, the bonus prefix),
-        # whichever backend verifies; the lazy / Triton backends still verify from the logits.
-        probs = target_probs(logits, params, num_nodes=vi.num_nodes)
-        coins, final = draw_coins([r.generator for r in active], n_rows)
+        coins, final = draw_coins([r.generator for r in active], vi.num_rows)
+        probs = None
+        if self.record == "full":
+            probs = target_probs(logits.cpu(), params, num_nodes=vi.num_nodes)
         if self.verify_backend == "reference":
+            if probs is None:
+                probs = target_probs(logits.cpu(), params, num_nodes=vi.num_nodes)
             out = verify_sampled(vi, probs, coins, final)
         else:
             from .verify_backends import verify_tree
 
-            out = verify_tree(vi, logits, params, coins, final, backend=self.verify_backend)
-        timings["verify"] = time.perf_counter() - t0
+            host = logits if self.verify_backend in ("triton", "auto") else logits.cpu()
+            out = verify_tree(vi, host, params, coins, final, backend=self.verify_backend)
+        clock.mark("verify")
         traces = []
-        for b, r in enumerate(active):
-            traces.append(self._record(step_no, b, r, ids, lps, tree, vi, logits, probs, coins, final, out, timings))
-            self._commit(r, out, b, hidden[b], max_new_tokens)
+        if self.record != "off":
+            for b, r in enumerate(active):
+                traces.append(self._record(step_no, b, r, ids, lps, tree, vi, logits, probs, coins, final, out,
+                                           {}))
+        clock.mark("record")
+        self._commit(active, out, fwd.hidden, vi.num_rows, max_new_tokens)
+        clock.mark("commit")
+        timings = clock.result()
+        for t in traces:
+            t.timings = dict(timings)
+        self.last_timings = timings
+        for k, v in timings.items():
+            self.stage_totals[k] += v
+        self.num_steps += 1
         self.steps.extend(traces)
         return traces
 
@@ -213,9 +290,13 @@ class LiveSession:
         n = int(tree.num_nodes[b])
         parents = tree.parents[b, :n]
         tokens = tree.node_token_ids[b, :n]
-        display = torch.softmax(logits[b, :n], -1) if r.params.is_greedy else probs[b, :n]
         bonus = out.bonus[b]
-        records = row_records(parents, tokens, probs[b, :n], display, bonus, self.top_m)
+        if probs is not None:  # full: every node's row
+            row_logits = logits[b, :n].float().cpu()
+            display = torch.softmax(row_logits, -1) if r.params.is_greedy else probs[b, :n]
+            records = row_records(parents, tokens, probs[b, :n], display, bonus, self.top_m)
+        else:
+            records = self._light_records(b, r, n, logits, out, bonus)
         local = vi.request(b)
         return StepTrace(
             step=step_no, request=r.request, request_id=r.request_id, prefix_len=r.prefix_len,
@@ -228,23 +309,52 @@ class LiveSession:
             final_mass=float(bonus.residual_mass), output=_request_output(out, b), timings=dict(timings),
             backend=out.backend)
 
-    def _commit(self, r: RequestState, out: VerifyOutput, b: int, hidden: torch.Tensor, max_new_tokens: int) -> None:
-        path = [i for i in out.accept_index[b].tolist() if i >= 0]
-        self.target.keep_path(r.cache, r.prefix_len, path)
-        r.prefix_len += len(path)
-        r.hidden = hidden[path[-1]]
-        emitted = [t for t in out.emitted_tokens[b].tolist() if t >= 0]
-        for t in emitted:
-            r.generated.append(t)
-            if t in self.target.eos_token_ids:
-                r.finish_reason = "eos"
-                break
-            if len(r.generated) >= max_new_tokens:
-                r.finish_reason = "length"
-                break
-        if bool(out.support_exhausted[b]) and r.finish_reason is None:
-            r.finish_reason = "support_exhausted"
-        r.anchor = int(out.bonus_token[b])
+    def _light_records(self, b, r, n, logits, out, bonus) -> dict[str, torch.Tensor]:
+        """Level ``light``: the trace's row fields from the rows the walk read only (the
+        parents of the judged children and the bonus row), the rest left empty."""
+        from .verify_backends import lazy_row_probs
+
+        m = min(self.top_m, logits.shape[-1])
+        child = torch.zeros(n)
+        for d in out.decisions[b]:
+            child[d.node] = d.target_prob
+        read = sorted({d.parent for d in out.decisions[b]} | ({bonus.node} if bonus.node >= 0 else set()))
+        top_ids = torch.full((n, m), -1, dtype=torch.int64)
+        top_p = torch.zeros(n, m)
+        if read:
+            rows = logits[b, read].float().cpu()
+            display = torch.softmax(rows, -1) if r.params.is_greedy else torch.stack(
+                [lazy_row_probs(row, r.params) for row in rows])
+            top = display.topk(m, -1)
+            top_ids[read], top_p[read] = top.indices, top.values.float()
+        prefix = torch.zeros(0)
+        if bonus.token >= 0:
+            row = lazy_row_probs(logits[b, bonus.node].float().cpu(), r.params)
+            prefix = row[: bonus.token + 1].clone()
+        return {"child_probs": child, "top_token_ids": top_ids, "top_probs": top_p, "final_row_prefix": prefix}
+
+    def _commit(self, active: list[RequestState], out: VerifyOutput, features: torch.Tensor, num_rows: int,
+                max_new_tokens: int) -> None:
+        paths = [[i for i in row if i >= 0] for row in out.accept_index.tolist()]
+        self.target.keep_paths(self._batch, paths, num_rows)
+        emitted_all = out.emitted_tokens.tolist()
+        for b, r in enumerate(active):
+            path = paths[b]
+            idx = torch.tensor(path, dtype=torch.int64, device=features.device)
+            self.drafter.commit(r.request, features[b].index_select(0, idx), r.prefix_len)
+            r.prefix_len += len(path)
+            for t in (t for t in emitted_all[b] if t >= 0):
+                r.generated.append(t)
+                if t in self.target.eos_token_ids:
+                    r.finish_reason = "eos"
+                    break
+                if len(r.generated) >= max_new_tokens:
+                    r.finish_reason = "length"
+                    break
+            if bool(out.support_exhausted[b]) and r.finish_reason is None:
+                r.finish_reason = "support_exhausted"
+            r.anchor = int(out.bonus_token[b])
+        self._leave_finished()
 
     # -- whole runs --------------------------------------------------------------------------
 
@@ -257,6 +367,7 @@ class LiveSession:
         for r in self.requests:
             if len(r.generated) >= max_new_tokens and not r.finished:
                 r.finish_reason = "length"
+        self._leave_finished()
         while any(not r.finished for r in self.requests):
             yield from self.step(max_new_tokens)
 
@@ -296,6 +407,7 @@ class LiveSession:
             "drafter": self.drafter.metadata(),
             "block_size": self.block_size, "budget": self.budget, "max_depth": self.max_depth,
             "top1_spine": self.top1_spine, "min_prob": self.min_prob, "top_m": self.top_m, "seed": self.seed,
+            "record": self.record, "num_steps": self.num_steps, "stage_totals": dict(self.stage_totals),
             "verifier": f"{self.verify_backend} (greedy requests: one-hot rows); see each step's backend",
             "requests": [{"request": r.request, "request_id": r.request_id, "prompt": r.prompt,
                           "prompt_token_ids": r.prompt_ids, "params": r.params.to_dict(),
@@ -311,3 +423,35 @@ class LiveSession:
         except ImportError:  # pragma: no cover - models extra missing
             pass
         return RunTrace(metadata=meta, steps=list(self.steps), token_texts=texts)
+
+
+class _Clock:
+    """Stage timings in seconds under the names of :data:`STAGES`.
+
+    On the host: ``time.perf_counter`` at each mark. On CUDA: a CUDA event at each mark (no
+    host synchronisation); :meth:`result` reads them after the step's commit, which has
+    already read the verify output back (host-side stages show as the time between their
+    events); reading them waits for the last event.
+    """
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+        self.marks: list[tuple[str, object]] = [("", self._now())]
+
+    def _now(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        self.marks.append((name, self._now()))
+
+    def result(self) -> dict[str, float]:
+        out = dict.fromkeys(STAGES, 0.0)
+        if self.cuda:
+            self.marks[-1][1].synchronize()
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
+            out[name] = a.elapsed_time(b) / 1e3 if self.cuda else b - a
+        return out

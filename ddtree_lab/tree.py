@@ -43,7 +43,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from ._checks import check_shape, check_tensor, first_true
+from ._checks import check_shape, check_tensor
 
 __all__ = [
     "DDTreeBuildResult",
@@ -143,9 +143,19 @@ def check_draft_topk(draft_token_ids: torch.Tensor, draft_logprobs: torch.Tensor
 
 
 def draft_topk_from_logits(
-    draft_logits: torch.Tensor, k: int | None = None, budget: int | None = None
+    draft_logits: torch.Tensor, k: int | None = None, budget: int | None = None, *, block_bytes: int = 1 << 21
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn raw draft logits into the draft top-k form that :func:`build_tree` takes.
+
+    No sort over the vocabulary. Rows are processed in blocks of about ``block_bytes`` (so
+    each block is read from memory once and stays in cache): per row, the maximum ``m`` and
+    the chunk maxima give a threshold ``t`` with at least ``K`` logits at or above it (the
+    ``K``-th largest of at least ``K`` chunk maxima); the normaliser
+    ``ls = log sum exp(x - m)`` is summed once (as ``exp2``); the candidates ``x >= t - eps``
+    (``eps`` a few float32 ulps, so that no logit left out can round to the ``K``-th
+    log-prob) are sorted stably by log-prob, descending, in ascending token-id order. Only
+    degenerate rows (more than a quarter of the vocabulary at the threshold, e.g. all logits
+    equal) fall back to a sort of the row.
 
     Args:
         draft_logits: ``[bs, L-1, V]`` floating, the drafter's logits for positions 1..L-1.
@@ -153,32 +163,92 @@ def draft_topk_from_logits(
             cannot change a tree of budget ``budget`` (a node of rank >= B has B better
             siblings, so it is never among the B best prefixes).
         budget: used for the default ``k``; one of ``k`` or ``budget`` is required.
+        block_bytes: working-set size of one block of rows (a tuning knob, no effect on
+            the result).
 
     Returns:
-        ``(draft_token_ids [bs, L-1, K] int64, draft_logprobs [bs, L-1, K] float32)``, each
-        row sorted by descending log-prob (log-softmax over the full vocabulary, float32);
+        ``(draft_token_ids [bs, L-1, K] int64, draft_logprobs [bs, L-1, K] float32)``, on
+        the device of ``draft_logits``, each row sorted by descending log-prob
+        ``(x - m) - ls`` (float32; equal to ``torch.log_softmax`` within float32 rounding);
         equal log-probs are ordered by ascending token id.
 
     Raises:
-        ValueError: bad shape, NaN logits, or neither ``k`` nor ``budget`` given.
+        ValueError: bad shape, NaN / ``+inf`` logits or a row of only ``-inf`` (naming
+            request and depth), ``budget`` or ``k`` out of range (naming the argument given).
     """
     check_tensor("draft_logits", draft_logits, dtype=(torch.float32, torch.float16, torch.bfloat16, torch.float64), ndim=3)
     vocab = draft_logits.shape[-1]
     if k is None:
         if budget is None:
             raise ValueError("draft_topk_from_logits needs k or budget")
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"budget must be an int >= 1 (K = min(budget, V={vocab})), got {budget!r}")
         k = min(int(budget), vocab)
-    if not 1 <= k <= vocab:
-        raise ValueError(f"k must be in [1, V={vocab}], got {k}")
-    for what, bad in (("NaN", torch.isnan(draft_logits).any(-1)), ("+inf", torch.isposinf(draft_logits).any(-1)),
-                      ("every entry -inf", torch.isneginf(draft_logits).all(-1))):
-        where = first_true(bad)
-        if where is not None:
-            raise ValueError(f"draft_logits, request {where[0]}, depth {where[1] + 1}: {what}")
-    logprobs = torch.log_softmax(draft_logits.float(), dim=-1)
-    # Stable sort: equal log-probs keep ascending token id (torch.topk gives no such promise).
-    values, indices = torch.sort(logprobs, dim=-1, descending=True, stable=True)
-    return indices[..., :k].contiguous(), values[..., :k].contiguous()
+    elif isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab:
+        raise ValueError(f"k must be an int in [1, V={vocab}], got {k!r}")
+    bs, depth = draft_logits.shape[:2]
+    rows = draft_logits.reshape(bs * depth, vocab)
+    ids_out = torch.empty(bs * depth, k, dtype=torch.int64, device=rows.device)
+    lp_out = torch.empty(bs * depth, k, dtype=torch.float32, device=rows.device)
+    if rows.shape[0] == 0:
+        return ids_out.view(bs, depth, k), lp_out.view(bs, depth, k)
+    chunk = max(1, vocab // (4 * k))  # >= 4K chunks where V allows: a tight threshold
+    nch = vocab // chunk
+    body = nch * chunk
+    per = max(1, min(rows.shape[0], block_bytes // (4 * vocab)))
+    buf = torch.empty(per, vocab, dtype=torch.float32, device=rows.device)  # exp2 scratch
+    log2e = 1.4426950408889634
+    for r0 in range(0, rows.shape[0], per):
+        blk = rows[r0 : r0 + per].float()
+        n = blk.shape[0]
+        chunks = blk[:, :body].reshape(n, nch, chunk)
+        cmax = chunks.amax(-1)  # [n, nch]
+        m = cmax.amax(-1, keepdim=True)
+        if body < vocab:
+            m = torch.maximum(m, blk[:, body:].amax(-1, keepdim=True))
+        _check_row_max(m[:, 0], r0, depth)  # NaN and +inf propagate through max; all -inf stays -inf
+        t = cmax.topk(k, -1, sorted=False).values.amin(-1, keepdim=True) if nch > k else cmax.amin(-1, keepdim=True)
+        tmp = torch.sub(blk, m, out=buf[:n])
+        tmp.mul_(log2e).exp2_()
+        ls = tmp.sum(-1, keepdim=True).log_()
+        thr = t - ((t - m).abs() + ls.abs() + 1.0) * 2.0**-20  # 8 ulps of the log-probs' scale below t
+        # candidates: the elements >= thr of the chunks whose maximum reaches thr, and of the tail
+        cr, cc = (cmax >= thr).nonzero(as_tuple=True)
+        pr, pj = (chunks[cr, cc] >= thr[cr]).nonzero(as_tuple=True)
+        rr, col = cr[pr], cc[pr] * chunk + pj
+        if body < vocab:
+            tr, tj = (blk[:, body:] >= thr).nonzero(as_tuple=True)
+            rr, col = torch.cat([rr, tr]), torch.cat([col, tj + body])
+        count = torch.bincount(rr, minlength=n)
+        big = count > max(k, vocab // 4)
+        if bool(big.any()):  # degenerate rows (e.g. all logits equal): sort them whole
+            for i in big.nonzero()[:, 0].tolist():
+                val, idx = torch.sort((blk[i] - m[i]) - ls[i], descending=True, stable=True)
+                lp_out[r0 + i], ids_out[r0 + i] = val[:k], idx[:k]
+            ok = ~big[rr]
+            rr, col = rr[ok], col[ok]
+            count = count.masked_fill(big, 0)
+        vals = (blk[rr, col] - m[rr, 0]) - ls[rr, 0]
+        # order: row ascending, log-prob descending, token id ascending (three stable sorts)
+        o = torch.sort(col, stable=True).indices
+        o = o[torch.sort(vals[o], descending=True, stable=True).indices]
+        o = o[torch.sort(rr[o], stable=True).indices]
+        starts = torch.cumsum(count, 0) - count
+        live = (~big).nonzero()[:, 0]
+        take = (starts[live, None] + torch.arange(k, device=blk.device)).reshape(-1)
+        lp_out[r0 + live] = vals[o[take]].view(-1, k)
+        ids_out[r0 + live] = col[o[take]].view(-1, k)
+    return ids_out.view(bs, depth, k), lp_out.view(bs, depth, k)
+
+
+def _check_row_max(m: torch.Tensor, r0: int, depth: int) -> None:
+    """Raise for the first row (flat index ``r0 + i``) whose maximum is NaN, +inf or -inf."""
+    bad = torch.isnan(m) | torch.isinf(m)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        what = "NaN" if torch.isnan(m[i]) else "+inf" if m[i] > 0 else "every entry -inf"
+        row = r0 + i
+        raise ValueError(f"draft_logits, request {row // depth}, depth {row % depth + 1}: {what}")
 
 
 MAX_BUDGET = 1 << 16  # far above engine budgets (DDTree: 256-512); guards against runaway inputs

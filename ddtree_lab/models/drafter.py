@@ -17,26 +17,43 @@ __all__ = ["DraftContext", "Drafter"]
 
 @dataclass
 class DraftContext:
-    """What a drafter may read for one step of a batch.
+    """What a drafter may read for one step of a batch (row ``b`` = request ``requests[b]``).
 
     Attributes:
-        committed_ids: per request, every committed token id (prompt included, anchor last).
+        requests: per row, the request index the session gave to :meth:`Drafter.commit`.
         anchor_token_ids: ``[bs]`` int64, the last committed token (the tree root).
-        target_hidden: ``[bs, H]`` float32, the target's last-layer (post-norm) hidden state
-            at the position before the anchor (the one whose logits produced the anchor).
+        positions: ``[bs]`` int64, the anchor's position (tokens committed before it); the
+            drafter has been handed the features of positions ``0 .. positions[b]-1``.
+        committed_ids: per row, every committed token id (prompt included, anchor last).
     """
 
-    committed_ids: list[list[int]]
+    requests: list[int]
     anchor_token_ids: torch.Tensor
-    target_hidden: torch.Tensor
+    positions: torch.Tensor
+    committed_ids: list[list[int]]
 
 
 @runtime_checkable
 class Drafter(Protocol):
-    """A block drafter: ``block_size`` L, one pass per step."""
+    """A block drafter: ``block_size`` L, one pass per step, fed the target's features.
+
+    Lifecycle (docs/DESIGN.md, "Drafters"): ``start(num_requests)`` once per run;
+    ``commit(request, features, start)`` after prefill (every prompt token) and after every
+    step (the root and the accepted nodes); ``draft_logits(context)`` once per step.
+    """
 
     name: str
     block_size: int
+    target_layer_ids: list[int]  # layer l's output is HF hidden_states[l + 1]
+
+    def start(self, num_requests: int) -> None:
+        """Forget every request; requests ``0 .. num_requests-1`` follow."""
+        ...
+
+    def commit(self, request: int, features: torch.Tensor, start: int) -> None:
+        """Crop the request's cache to ``start`` positions, then append ``features``
+        ``[n_new, k*H]`` (positions ``start .. start+n_new-1``)."""
+        ...
 
     def draft_logits(self, context: DraftContext) -> torch.Tensor:
         """Draft logits ``[bs, L-1, V]`` float32 for positions 1..L-1 after the anchor."""

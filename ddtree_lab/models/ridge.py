@@ -61,6 +61,8 @@ class RidgeDrafter:
         self.name = name
         self.block_size = int(heads.shape[0]) + 1
         self.record = record or {}
+        self.target_layer_ids = [int(target.model.config.num_hidden_layers) - 1]  # post-norm last layer
+        self._features: list[torch.Tensor | None] = []
 
     @classmethod
     def load(cls, target, path: str | Path | None = None) -> "RidgeDrafter":
@@ -99,9 +101,40 @@ class RidgeDrafter:
         x = torch.cat([target_hidden.float().to(self.basis.device), self.target.embed(anchor_token_ids), ones], dim=1)
         return x @ self.basis
 
+    def start(self, num_requests: int) -> None:
+        """Forget every request (the :class:`ddtree_lab.models.Drafter` lifecycle)."""
+        self._features = [None] * int(num_requests)
+
+    def commit(self, request: int, features: torch.Tensor, start: int) -> None:
+        """Keep the request's features of positions ``0 .. start-1``, append ``features``
+        ``[n_new, H]`` (only the last committed row is read when drafting).
+
+        Raises:
+            IndexError: an unknown request. ValueError: ``start`` past the committed features.
+        """
+        if not 0 <= request < len(self._features):
+            raise IndexError(f"request {request} was not started (start({len(self._features)}) was called)")
+        old = self._features[request]
+        have = 0 if old is None else old.shape[0]
+        if not 0 <= start <= have:
+            raise ValueError(f"request {request}: commit start {start} outside [0, {have}] committed positions")
+        new = features.detach().float().to(self.basis.device)
+        self._features[request] = new if old is None or start == 0 else torch.cat([old[:start], new])
+
     @torch.no_grad()
     def draft_logits(self, context: DraftContext) -> torch.Tensor:
-        x = self.features(context.anchor_token_ids, context.target_hidden)
+        """``[bs, L-1, V]`` float32 from the feature at ``positions[b] - 1`` and the anchor.
+
+        Raises:
+            ValueError: a request whose features before the anchor were not committed.
+        """
+        rows = []
+        for b, r in enumerate(context.requests):
+            feats, pos = self._features[r] if 0 <= r < len(self._features) else None, int(context.positions[b])
+            if feats is None or not 1 <= pos <= feats.shape[0]:
+                raise ValueError(f"request {r}: no committed feature at position {pos - 1} (commit before drafting)")
+            rows.append(feats[pos - 1])
+        x = self.features(context.anchor_token_ids, torch.stack(rows))
         z = torch.einsum("br,jrh->bjh", x, self.heads)
         return self.target.lm_head(z) / self.temperatures[None, :, None]
 

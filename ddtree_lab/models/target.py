@@ -32,7 +32,7 @@ import torch
 
 from ..retrieve import DDTreeVerifyInput
 
-__all__ = ["TargetModel", "TreeForward", "load_default_target", "default_target_gguf", "cache_dir"]
+__all__ = ["TargetModel", "TreeForward", "BatchCache", "load_default_target", "default_target_gguf", "cache_dir"]
 
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
 
@@ -68,12 +68,39 @@ class TreeForward:
     """Output of :meth:`TargetModel.tree_forward` for one request.
 
     Attributes:
-        logits: ``[N, V]`` float32, row ``i`` = target logits after node ``i``.
-        hidden: ``[N, H]`` float32, last-layer (post-norm) hidden state of each node.
+        logits: ``[N, V]`` float32 (``[bs, N, V]`` from :meth:`TargetModel.tree_forward_batch`),
+            row ``i`` = target logits after node ``i``.
+        hidden: ``[N, k*H]`` float32 (batched: ``[bs, N, k*H]``), the node features
+            (:meth:`TargetModel.layer_features`; default the last-layer post-norm hidden state).
     """
 
     logits: torch.Tensor
     hidden: torch.Tensor
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool ``allowed`` -> additive float mask (0 where allowed, the dtype's minimum elsewhere)."""
+    zero = torch.zeros((), dtype=dtype)
+    return torch.where(allowed, zero, torch.tensor(torch.finfo(dtype).min, dtype=dtype))
+
+
+@dataclass
+class BatchCache:
+    """The KV cache of a batch of live requests, right-padded (one row per active request).
+
+    Attributes:
+        cache: a ``transformers`` ``DynamicCache`` with batch ``bs``; row ``b`` holds its
+            request's committed tokens in columns ``0 .. lengths[b]-1``; later columns are
+            padding that every mask hides.
+        lengths: ``[bs]`` int64 (host), committed tokens in each row's cache.
+    """
+
+    cache: object
+    lengths: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.shape[0])
 
 
 class TargetModel:
@@ -175,9 +202,31 @@ class TargetModel:
             self._cache_kw = "cache" if "cache" in params else "past_key_values"
         return {self._cache_kw: cache}
 
+    def layer_features(self, hidden_states, layer_ids: list[int] | None) -> torch.Tensor:
+        """The features of every position: HF ``hidden_states[l + 1]`` for ``l`` in ``layer_ids``
+        concatenated on the last axis, ``[..., k*H]`` float32 (z-lab's convention: layer ``l``'s
+        output). ``None`` means the last layer's post-norm output (``hidden_states[-1]``).
+
+        Raises:
+            ValueError: a layer id outside ``[0, num_layers)``.
+        """
+        if layer_ids is None:
+            return hidden_states[-1].float()
+        num = len(hidden_states) - 1
+        for l in layer_ids:
+            if isinstance(l, bool) or not isinstance(l, int) or not 0 <= l < num:
+                raise ValueError(f"layer_ids: {l!r} is not a layer of this target (0..{num - 1})")
+        return torch.cat([hidden_states[l + 1] for l in layer_ids], dim=-1).float()
+
     @torch.no_grad()
-    def prefill(self, token_ids: list[int]):
-        """Run ``token_ids`` causally. Returns ``(cache, hidden [T, H], logits [T, V])``."""
+    def prefill(self, token_ids: list[int], layer_ids: list[int] | None = None):
+        """Run ``token_ids`` causally (one request).
+
+        Returns:
+            ``(cache, features [T, k*H], logits [T, V])``: a ``DynamicCache`` of ``T``
+            positions, the features of :meth:`layer_features` (default: last-layer post-norm
+            hidden state, ``k*H = H``) and float32 logits.
+        """
         from transformers import DynamicCache
 
         if not token_ids:
@@ -185,7 +234,176 @@ class TargetModel:
         ids = torch.tensor([token_ids], dtype=torch.int64, device=self.device)
         cache = DynamicCache()
         out = self.model(ids, **self._cache_arg(cache), use_cache=True, output_hidden_states=True)
-        return cache, out.hidden_states[-1][0].float(), out.logits[0].float()
+        return cache, self.layer_features(out.hidden_states, layer_ids)[0], out.logits[0].float()
+
+    # -- batched forwards (one forward per step for the whole batch) ---------------------------
+
+    def _decoder_forward(self, ids, cache, mask, positions):
+        """The decoder (no LM head) over ``ids [bs, n]``; returns its hidden states tuple."""
+        base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
+        out = base(input_ids=ids, **self._cache_arg(cache), attention_mask=mask, position_ids=positions,
+                   use_cache=True, output_hidden_states=True)
+        return out.hidden_states
+
+    @torch.no_grad()
+    def prefill_batch(self, prompts: list[list[int]], layer_ids: list[int] | None = None):
+        """Prefill a batch of prompts of different lengths in one forward (right padding).
+
+        Args:
+            prompts: per request, its token ids (non-empty).
+            layer_ids: as :meth:`layer_features`.
+
+        Returns:
+            ``(state, features, last_logits)``: a :class:`BatchCache` holding each request's
+            prompt (``lengths[b] = len(prompts[b])``), per request its features
+            ``[len_b, k*H]`` float32, and ``[bs, V]`` float32 logits at each prompt's last token.
+
+        Raises:
+            ValueError: no prompts, or an empty prompt (naming the request).
+        """
+        from transformers import DynamicCache
+
+        if not prompts:
+            raise ValueError("prefill_batch needs at least one prompt")
+        for b, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"request {b}: prefill needs at least one token")
+        dev, bs = self.device, len(prompts)
+        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int64)
+        t = int(lengths.max())
+        ids = torch.zeros(bs, t, dtype=torch.int64)
+        for b, p in enumerate(prompts):
+            ids[b, : len(p)] = torch.tensor(p, dtype=torch.int64)
+        col = torch.arange(t)
+        # causal, and never a padding column of another position (padding rows see their prefix)
+        allowed = (col[None, None, :] <= col[None, :, None]) & (col[None, None, :] < lengths[:, None, None])
+        allowed |= torch.eye(t, dtype=torch.bool)[None]
+        mask = _additive(allowed[:, None], self.dtype).to(dev)
+        positions = col.expand(bs, t).to(dev)
+        cache = DynamicCache()
+        hs = self._decoder_forward(ids.to(dev), cache, mask, positions)
+        feats = self.layer_features(hs, layer_ids)
+        last = hs[-1][torch.arange(bs, device=dev), (lengths - 1).to(dev)]
+        logits = self.lm_head(last)
+        state = BatchCache(cache=cache, lengths=lengths.clone())
+        return state, [feats[b, : len(p)] for b, p in enumerate(prompts)], logits
+
+    @torch.no_grad()
+    def tree_forward_batch(self, state: "BatchCache", verify_input: DDTreeVerifyInput,
+                           layer_ids: list[int] | None = None) -> "TreeForward":
+        """Score every request's tree in one forward over the whole batch.
+
+        Row ``b`` of ``verify_input`` belongs to row ``b`` of ``state``. The ragged trees are
+        run padded to the batch's ``N``: a ``[bs, 1, N, C + N]`` additive mask lets a node see
+        its request's ``lengths[b]`` cached columns (never the padding columns after them) and
+        its ancestors-or-self in the tree; positions are ``verify_input.positions``
+        (``prefix_len + depth``). Afterwards the cache holds ``C + N`` columns per row; call
+        :meth:`keep_paths`. On a GPU nothing here synchronises with the host (the length
+        check reads host tensors only).
+
+        Returns:
+            :class:`TreeForward` with ``logits [bs, N, V]`` float32 and ``features
+            [bs, N, k*H]`` float32 (padding rows are finite and meaningless).
+
+        Raises:
+            ValueError: batch sizes differ, or a request's root position is not its cached
+                length (naming the request).
+        """
+        bs, n = verify_input.node_token_ids.shape
+        if bs != state.batch_size:
+            raise ValueError(f"verify_input has {bs} requests, the batch cache {state.batch_size}")
+        root = verify_input.positions[:, 0].cpu()
+        bad = (root != state.lengths).nonzero()
+        if bad.numel():
+            b = int(bad[0, 0])
+            raise ValueError(f"request {b}: root position {int(root[b])} != cached prefix length {int(state.lengths[b])}")
+        dev = self.device
+        c = state.cache.get_seq_length() if state.lengths.numel() else 0
+        prefix_ok = torch.arange(c)[None, :] < state.lengths[:, None]  # [bs, C]
+        allowed = torch.cat([prefix_ok[:, None, :].expand(bs, n, c), verify_input.tree_mask.cpu()], dim=2)
+        mask = _additive(allowed[:, None], self.dtype).to(dev)
+        tokens = verify_input.node_token_ids.clamp(min=0).to(dev)  # padding rows: token 0, masked off
+        hs = self._decoder_forward(tokens, state.cache, mask, verify_input.positions.to(dev))
+        logits = self.lm_head(hs[-1])
+        return TreeForward(logits=logits, hidden=self.layer_features(hs, layer_ids))
+
+    @staticmethod
+    def keep_paths(state: "BatchCache", paths: list[list[int]], num_rows: int) -> None:
+        """Compact the batch cache in place after :meth:`tree_forward_batch`: request ``b``
+        keeps its ``lengths[b]`` prefix columns followed by exactly the tree nodes
+        ``paths[b]`` (local indices, root first, in depth order), moved to columns
+        ``lengths[b] ..``; ``lengths`` grows by ``len(paths[b])`` and the cache is cut to the
+        longest request (right padding).
+
+        Args:
+            num_rows: ``N`` of the tree forward (its columns are the last ``N`` of the cache).
+        """
+        cache = state.cache
+        total = cache.get_seq_length()
+        base = total - num_rows
+        src_b, src_c, dst_c = [], [], []
+        for b, path in enumerate(paths):
+            p = int(state.lengths[b])
+            for j, i in enumerate(path):
+                src_b.append(b)
+                src_c.append(base + i)
+                dst_c.append(p + j)
+        new_len = state.lengths + torch.tensor([len(p) for p in paths], dtype=torch.int64)
+        keep = int(new_len.max()) if new_len.numel() else 0
+        if src_b:
+            sb, sc, dc = (torch.tensor(v, dtype=torch.int64) for v in (src_b, src_c, dst_c))
+            for layer in cache.layers:
+                d = layer.keys.device
+                sb_, sc_, dc_ = sb.to(d), sc.to(d), dc.to(d)
+                k = layer.keys[sb_, :, sc_]  # [m, heads, dim]; read before writing
+                v = layer.values[sb_, :, sc_]
+                layer.keys[sb_, :, dc_] = k
+                layer.values[sb_, :, dc_] = v
+        for layer in cache.layers:
+            layer.keys = layer.keys[:, :, :keep].contiguous()
+            layer.values = layer.values[:, :, :keep].contiguous()
+        state.lengths = new_len
+
+    @staticmethod
+    def drop_rows(state: "BatchCache", keep: list[int]) -> None:
+        """Remove finished requests from the batch: keep only rows ``keep`` (in that order)
+        and cut the cache to the longest remaining request."""
+        idx = torch.tensor(keep, dtype=torch.int64)
+        state.lengths = state.lengths[idx]
+        cut = int(state.lengths.max()) if len(keep) else 0
+        for layer in state.cache.layers:
+            i = idx.to(layer.keys.device)
+            layer.keys = layer.keys.index_select(0, i)[:, :, :cut].contiguous()
+            layer.values = layer.values.index_select(0, i)[:, :, :cut].contiguous()
+
+    @torch.no_grad()
+    def greedy_decode_batch(self, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = True
+                            ) -> list[list[int]]:
+        """Plain greedy decoding of a batch, one token per request per forward (the baseline
+        of ``benchmarks/live_step.py``); finished requests leave the batch."""
+        state, _, logits = self.prefill_batch(prompts)
+        outs = [[int(t)] for t in logits.argmax(-1).tolist()]
+        rows = list(range(len(prompts)))
+        while True:
+            done = [len(outs[r]) >= max_new_tokens or (stop_at_eos and outs[r][-1] in self.eos_token_ids)
+                    for r in rows]
+            if all(done):
+                return outs
+            if any(done):
+                keep = [j for j, d in enumerate(done) if not d]
+                self.drop_rows(state, keep)
+                rows = [rows[j] for j in keep]
+            bs = len(rows)
+            c = state.cache.get_seq_length()
+            allowed = torch.cat([torch.arange(c)[None, :] < state.lengths[:, None],
+                                 torch.ones(bs, 1, dtype=torch.bool)], dim=1)
+            mask = _additive(allowed[:, None, None], self.dtype).to(self.device)
+            ids = torch.tensor([[outs[r][-1]] for r in rows], device=self.device)
+            hs = self._decoder_forward(ids, state.cache, mask, state.lengths[:, None].to(self.device))
+            nxt = self.lm_head(hs[-1][:, -1]).argmax(-1).tolist()
+            self.keep_paths(state, [[0]] * bs, 1)
+            for r, t in zip(rows, nxt):
+                outs[r].append(int(t))
 
     @torch.no_grad()
     def tree_forward(self, cache, verify_input: DDTreeVerifyInput, request: int = 0) -> TreeForward:
