@@ -130,7 +130,7 @@ def _threads(n: int | None) -> str:
         from .threads import configure_threads  # picks from cores, quota and load
 
         choice = configure_threads()
-        return str(getattr(choice, "threads", torch.get_num_threads()))
+        return f"{torch.get_num_threads()} ({choice.reason})"
     except ImportError:
         torch.set_num_threads(1)
         return "1"
@@ -541,7 +541,6 @@ def _read_prompts(args) -> tuple[list[str], list[dict], list[str]]:
 def cmd_record(args) -> int:
     """Run a live DDTree session over the prompts and write its trace."""
     import dataclasses
-    import inspect
 
     from .sampling import SamplingParams
     from .session import LiveSession
@@ -572,15 +571,7 @@ def cmd_record(args) -> int:
 
         target = _load_model(args.target or "default")
         drafter = RidgeDrafter.load(target, args.drafter) if args.drafter else RidgeDrafter.load(target)
-    kw = {}
-    sig = inspect.signature(LiveSession.__init__).parameters
-    if args.level != "full":
-        if "record" in sig:
-            kw["record"] = args.level
-        elif "level" in sig:
-            kw["level"] = args.level
-        else:
-            raise CLIError("--level light|off needs a ddtree_lab with recording levels (LiveSession(record=...))")
+    kw = {"record": args.level}
     if args.backend is not None:
         kw["verify_backend"] = args.backend
     session = LiveSession(target, drafter, budget=args.budget, sampling=params, seed=args.seed, **kw)
@@ -681,7 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--level", choices=["full", "light", "off"], default="full", help="recording level")
     p.add_argument("--backend", choices=["reference", "torch-lazy", "triton", "auto"], help="verify backend")
-    p.add_argument("--threads", type=int, help="torch threads (default: chosen for this machine)")
+    p.add_argument("--threads", type=int, help="torch threads (default: ddtree_lab.threads picks them for this machine)")
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("-o", "--out", required=True, help="trace file to write")

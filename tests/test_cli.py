@@ -157,6 +157,10 @@ def test_record_inline_and_jsonl(tmp_path, capsys):
     assert params["a"]["temperature"] == 0.7 and params["a"]["top_k"] == 20 and params["a"]["seed"] == 5
     assert params["1"]["temperature"] == 0.0
     assert main(["replay", str(out2)]) == 0
+    light = tmp_path / "light.ddtrace.safetensors"
+    assert main(["record", "--prompt", "Say hi.", "--budget", "4", "--max-new-tokens", "3", "--quiet", "--level",
+                 "light", "-o", str(light)]) == 0
+    assert dl.load_trace(light).metadata["record"] == "light"
 
 
 def test_record_bad_input(tmp_path, capsys):
