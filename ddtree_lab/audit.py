@@ -167,16 +167,25 @@ def case_from_step(step, texts=None) -> AuditCase:
         ValueError: a step with no stored rows.
     """
     n = step.num_nodes
-    if step.top_token_ids.numel() == 0:
-        raise ValueError(f"step {step.step}, request {step.request}: the trace stores no target rows")
-    ids = sorted(set(step.top_token_ids.flatten().tolist()) | set(step.node_token_ids.tolist()))
+    where = f"step {step.step}, request {step.request}"
+    if step.child_probs is None or step.node_token_ids is None:
+        raise ValueError(f"{where}: the trace stores no target probabilities (recording level "
+                         f"{getattr(step, 'level', '?')}); audit it with a model")
+    missing = torch.isnan(step.child_probs[1:]).nonzero().flatten().add(1).tolist()
+    if missing:
+        raise ValueError(f"{where}: child_probs missing at nodes {missing[:5]} (recording level "
+                         f"{getattr(step, 'level', '?')}); audit a full trace, or give a model")
+    top_ids = step.top_token_ids if step.top_token_ids is not None else torch.zeros(n, 0, dtype=torch.int64)
+    top_p = step.top_probs if step.top_probs is not None else torch.zeros(n, 0)
+    ids = sorted(set(top_ids.flatten().tolist()) | set(step.node_token_ids.tolist()))
     ids = [t for t in ids if t >= 0]
     index = {t: k for k, t in enumerate(ids)}
     rest = len(ids)
     probs = torch.zeros(n, rest + 1, dtype=torch.float64)
     for i in range(n):
-        for t, p in zip(step.top_token_ids[i].tolist(), step.top_probs[i].tolist()):
-            probs[i, index[t]] = p
+        for t, p in zip(top_ids[i].tolist(), top_p[i].tolist()):
+            if t >= 0 and p == p:
+                probs[i, index[t]] = p
     for i in range(1, n):
         probs[int(step.parents[i]), index[int(step.node_token_ids[i])]] = float(step.child_probs[i])
     probs[:, rest] = (1.0 - probs[:, :rest].sum(-1)).clamp(min=0.0)

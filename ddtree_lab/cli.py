@@ -408,26 +408,28 @@ def _trace_problems(step) -> list[str]:
     vi = step.verify_input()
     problems: list[str] = []
     finder = getattr(retrieve, "find_retrieve_problems", None)
-    logws = step.node_logws[None] if not torch.isnan(step.node_logws).any() else None
-    kw = dict(retrieve_index=vi.retrieve_index, node_logws=logws, depths=vi.depths)
-    if finder is not None:
-        problems += [str(p) for p in finder(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes, **kw)]
+    logws = step.node_logws[None] if step.node_logws is not None and not torch.isnan(step.node_logws).any() else None
+    n = step.num_nodes
+    if int(step.positions[0]) != step.prefix_len:
+        problems.append(f"node 0: position {int(step.positions[0])} != prefix length {step.prefix_len}")
+    if finder is not None:  # every invariant: links, cycles, depths, positions, mask, duplicate tokens
+        problems += [str(p) for p in finder(vi, node_logws=logws)]
     else:
+        kw = dict(retrieve_index=vi.retrieve_index, node_logws=logws, depths=vi.depths)
         p = retrieve.find_retrieve_problem(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes, **kw)
         if p is not None:
             problems.append(str(p))
-    n = step.num_nodes
-    pos = step.positions.tolist()
-    dep = step.depths.tolist()
-    for i in range(n):
-        if pos[i] != step.prefix_len + dep[i]:
-            problems.append(f"node {i}: position {pos[i]} != prefix length {step.prefix_len} + depth {dep[i]}")
+        pos, dep = step.positions.tolist(), step.depths.tolist()
+        for i in range(1, n):
+            if pos[i] != pos[0] + dep[i]:
+                problems.append(f"node {i}: position {pos[i]} != root position {pos[0]} + depth {dep[i]}")
     if not problems:
         parents, _ = retrieve.decode_retrieve(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes)
         bad = (parents[0, :n] != step.parents).nonzero().flatten().tolist()
         for i in bad:
             problems.append(f"node {i}: recorded parent {int(step.parents[i])} but the buffers link it under "
                             f"{int(parents[0, i])}")
+    if not problems and finder is None:
         tokens = step.node_token_ids.tolist()
         children: dict[int, list[int]] = {}
         for i in range(1, n):
@@ -499,9 +501,9 @@ def _vi_problems(vi) -> list[str]:
     from . import retrieve
 
     finder = getattr(retrieve, "find_retrieve_problems", None)
-    kw = dict(retrieve_index=vi.retrieve_index, depths=vi.depths)
     if finder is not None:
-        return [str(p) for p in finder(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes, **kw)]
+        return [str(p) for p in finder(vi)]
+    kw = dict(retrieve_index=vi.retrieve_index, depths=vi.depths)
     p = retrieve.find_retrieve_problem(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes, **kw)
     return [] if p is None else [str(p)]
 
