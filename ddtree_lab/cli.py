@@ -126,14 +126,10 @@ def _threads(n: int | None) -> str:
     if n is not None:
         torch.set_num_threads(n)
         return f"{n} (--threads)"
-    try:
-        from .threads import configure_threads  # picks from cores, quota and load
+    from .threads import configure_threads  # picks from cores, quota and load
 
-        choice = configure_threads()
-        return f"{torch.get_num_threads()} ({choice.reason})"
-    except ImportError:
-        torch.set_num_threads(1)
-        return "1"
+    choice = configure_threads()
+    return f"{torch.get_num_threads()} ({choice.reason})"
 
 
 # -- verbs ----------------------------------------------------------------------------------
@@ -759,7 +755,10 @@ def _one_line(exc: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .threads import configure_threads
+
     try:
+        configure_threads()  # DDTREE_LAB_THREADS=N overrides; record / audit --threads N too
         return args.func(args)
     except CLIError as exc:
         print(f"ddtree-lab {args.command}: {_one_line(exc)}", file=sys.stderr)

@@ -241,3 +241,13 @@ def test_big_tree_fits_a_notebook_column_when_collapsed():
     assert step.num_nodes == 257
     w, h = views.svg_size(views.step_svg(step, texts, collapse_unvisited=True))
     assert w <= 1100, w
+
+
+def test_children_table_sums_up_the_children_not_judged_past_the_limit():
+    run = dl.load_trace(TRACE)
+    step = next(s for s in run.steps if s.num_nodes > 20 and len([d for d in s.decisions if d.parent == 0]) < 5)
+    view = views.step_view(step, run).at(0)
+    table = views.children_html(view, limit=6)
+    kids = view.nodes[0].children
+    assert f"{len(kids) - 6} more children" in table and table.count("<tr") == 1 + 6 + 1
+    assert f"#{kids[5]}<" in table and f"#{kids[6]}<" not in table
