@@ -161,7 +161,8 @@ def case_from_step(step, texts=None) -> AuditCase:
     on the softmax rows), so the audit checks the walk and the final draw, not the
     temperature / top-k / top-p transforms (use :func:`step_logits` and a model for those).
     The accepted-depth law is exact; the first-token law is exact on the stored tokens and
-    pools the rest.
+    pools the rest (a fault that only moves mass among unstored tokens, e.g. a reused coin
+    on a bundle that stores no display rows, is invisible there: audit with a model).
 
     Raises:
         ValueError: a step with no stored rows.

@@ -290,7 +290,8 @@ def _replay_bundle(args) -> int:
     diffs = getattr(result, "differences", result if isinstance(result, list) else [])
     for d in diffs:
         print(f"{args.trace}: {d}")
-    exactness = "bit for bit" if args.backend != "triton" else "within the Triton kernel tolerance"
+    exactness = ("within the Triton kernel tolerance (recorded by the Triton backend)"
+                 if b.step.backend.startswith("triton") else "bit for bit")
     if diffs:
         print(f"{args.trace}: {len(diffs)} differences with {args.backend}")
         return EXIT_PROBLEM
@@ -366,9 +367,7 @@ def cmd_audit(args) -> int:
     elif _kind_of(args.source) == "bundle":
         bundle = _bundle_module()
         b = bundle.load_bundle(args.source)
-        if not hasattr(bundle, "audit_case"):
-            raise CLIError(f"{args.source}: this ddtree_lab.bundle cannot make an audit case")
-        cases = [bundle.audit_case(b)]
+        cases = [au.case_from_step(b.step, b.token_texts)]
     else:
         run = _load_trace(args.source)
         step = _find_step(run, args.step, args.request, args.source)
@@ -760,6 +759,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         configure_threads()  # DDTREE_LAB_THREADS=N overrides; record / audit --threads N too
         return args.func(args)
+    except BrokenPipeError:  # e.g. `ddtree-lab info TRACE | head`
+        sys.stdout = open(os.devnull, "w")
+        return 0
     except CLIError as exc:
         print(f"ddtree-lab {args.command}: {_one_line(exc)}", file=sys.stderr)
     except (ValueError, TypeError, KeyError, OSError, RuntimeError, AssertionError) as exc:

@@ -114,6 +114,23 @@ def test_audit_verb(tmp_path, capsys):
     assert main(["audit", "--random", "1", "--draws", "1000"]) == 0
 
 
+def test_bundle_verb_and_the_verbs_on_a_bundle(tmp_path, capsys):
+    out = tmp_path / "bug"
+    assert main(["bundle", str(SAMPLED), "--step", "27", "--request", "1", "-o", str(out)]) == 0
+    assert "step 27, request 1" in capsys.readouterr().out
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    assert size <= 200_000 and (out / "README.md").exists()
+    assert main(["replay", str(out)]) == 0
+    assert "bit for bit" in capsys.readouterr().out
+    assert main(["doctor", str(out)]) == 0
+    assert "0 problems" in capsys.readouterr().out
+    assert main(["audit", str(out), "--draws", "1000"]) == 0
+    assert "consistent with lossless" in capsys.readouterr().out
+    assert main(["audit", str(out), "--draws", "1000", "--verifier", "threshold"]) == 1
+    assert main(["bundle", str(SAMPLED), "--step", "27", "--request", "1", "-o", "/no/such/dir/b"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
 def test_doctor_reports_every_problem(tmp_path, capsys):
     assert main(["doctor", str(TRACE)]) == 0
     assert "113 steps checked, 0 problems" in capsys.readouterr().out
@@ -196,6 +213,22 @@ def test_cli_bad_input(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     assert main(["render", str(TRACE), "--step", "1", "--request", "0", "-o", str(tmp_path / "x.jpg")]) == 2
     assert "suffix" in capsys.readouterr().err
+
+
+def test_a_corrupted_data_region_is_refused_in_one_line(tmp_path):
+    data = bytearray(TRACE.read_bytes())
+    header = int.from_bytes(data[:8], "little")
+    for k in range(8 + header + 1000, 8 + header + 1064):  # flip bytes inside the tensors
+        data[k] ^= 0xFF
+    bad = tmp_path / "flipped.ddtrace.safetensors"
+    bad.write_bytes(bytes(data))
+    for args in (["info", bad], ["replay", bad], ["render", bad, "--step", "0", "--request", "0"], ["audit", bad,
+                 "--step", "0", "--request", "0"], ["doctor", bad], ["bundle", bad, "--step", "0", "--request", "0",
+                                                                        "-o", tmp_path / "b"]):
+        rc, out, err = run_cli(*args)
+        assert rc == 2, (args, out, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert "checksum" in err or "sha256" in err.lower(), err
 
 
 def test_errors_are_one_line_without_traceback(tmp_path):
