@@ -348,9 +348,12 @@ def _top_logits(logits: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tenso
     m = min(m, vocab)
     if n == 0 or m == 0:
         return torch.zeros(n, m, dtype=torch.int64), torch.zeros(n, m, dtype=torch.float32)
-    kth = logits.topk(m, -1).values[:, -1:]
-    width = int((logits >= kth).sum(-1).max())  # every entry tied with the m-th value fits
-    cand = logits.topk(width, -1)
+    cand = logits.topk(min(m + 8, vocab), -1)
+    kth = cand.values[:, m - 1 : m]
+    if cand.values.shape[1] < vocab and bool((cand.values[:, -1:] >= kth).any()):
+        # ties with the m-th value reach past the candidates: take every entry tied with it
+        width = int((logits >= kth).sum(-1).max())
+        cand = logits.topk(width, -1)
     order = cand.indices.sort(-1).indices  # ascending token id ...
     ids, vals = cand.indices.gather(-1, order), cand.values.gather(-1, order)
     order = torch.sort(vals, dim=-1, descending=True, stable=True).indices[:, :m]  # ... then descending logit

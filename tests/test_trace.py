@@ -354,3 +354,15 @@ def test_replay_differences_lists_every_difference():
 def test_levels_and_stages_are_named_once():
     assert LEVELS == ("full", "light", "off")
     assert STAGES == ("draft", "build", "compile", "target", "verify", "record", "commit")
+
+
+def test_top_logits_order_equals_a_stable_sort_with_and_without_ties():
+    from ddtree_lab.trace import _top_logits
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        vocab, n, m = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 300), (1, 5), (1, 80)))
+        x = torch.randn(n, vocab, generator=g) if trial % 3 == 0 else torch.randint(-3, 3, (n, vocab), generator=g).float()
+        ids, vals = _top_logits(x, m)
+        order = torch.sort(-x, dim=-1, stable=True).indices[:, : min(m, vocab)]
+        assert torch.equal(ids, order) and torch.equal(vals, x.gather(-1, order))
