@@ -75,15 +75,8 @@ def _bundle_module():
 
 
 def _sglang():
-    """The SGLang interop functions (the ``ddtree_lab.sglang`` package, or the older modules)."""
-    try:
-        from . import sglang as sg
-
-        if hasattr(sg, "load_recording"):
-            return sg
-    except ImportError:
-        pass
-    from . import sglang_recorder as sg  # older layout
+    """The SGLang interop package (imports sglang itself only to run its kernels)."""
+    from . import sglang as sg
 
     return sg
 
@@ -302,20 +295,10 @@ def _replay_bundle(args) -> int:
 def _replay_recording(path: str, backend: str) -> int:
     sg = _sglang()
     results = sg.replay_recording(sg.load_recording(path), backend)
-    if hasattr(sg, "replay_report"):
-        for line in sg.replay_report(results):
-            print(line)
-        counts = sg.count_verdicts(results)
-        return EXIT_PROBLEM if counts.get("differs", 0) - counts.get("by design", 0) > 0 else 0
-    bad = 0
-    for r in results:
-        unexplained = r.replayable and r.differences and not r.explanation
-        bad += bool(unexplained)
-        status = "same" if r.agrees else (r.explanation if not r.replayable
-                                          else "; ".join(r.differences))
-        print(f"step {r.step} row {r.row} {r.request_id} {r.kind}: {status}")
-    print(f"{len(results)} rows, {bad} unexplained differences")
-    return EXIT_PROBLEM if bad else 0
+    for line in sg.replay_report(results):
+        print(line)
+    counts = sg.count_verdicts(results)
+    return EXIT_PROBLEM if counts.get("differs", 0) - counts.get("by design", 0) > 0 else 0
 
 
 def cmd_replay(args) -> int:
@@ -447,20 +430,10 @@ def cmd_doctor(args) -> int:
     if kind == "recording":
         sg = _sglang()
         rec = sg.load_recording(args.source)
-        finder = getattr(sg, "find_sglang_buffer_problem", None)
-        if finder is None:
-            from .sglang_bridge import find_sglang_buffer_problem as finder
-        for k, step in enumerate(rec.steps):
-            for row in range(len(step["rows"])):
-                checked += 1
-                try:
-                    vi = sg.step_verify_input(step, row)
-                    problems = _vi_problems(vi)
-                except ValueError as exc:
-                    problems = [str(exc)]
-                for p in problems:
-                    found += 1
-                    print(f"{args.source}: call {step.get('call', k)}, row {row}: {p}")
+        checked = rec.num_rows
+        for p in sg.recording_problems(rec):  # links, coins, SGLang's outputs against the buffers
+            found += 1
+            print(f"{args.source}: {p}")
     elif kind == "bundle":
         bundle = _bundle_module()
         b = bundle.load_bundle(args.source)
@@ -490,17 +463,6 @@ def cmd_doctor(args) -> int:
                 found += 1
     print(f"{checked} {'rows' if kind == 'recording' else 'steps'} checked, {found} problems")
     return EXIT_PROBLEM if found else 0
-
-
-def _vi_problems(vi) -> list[str]:
-    from . import retrieve
-
-    finder = getattr(retrieve, "find_retrieve_problems", None)
-    if finder is not None:
-        return [str(p) for p in finder(vi)]
-    kw = dict(retrieve_index=vi.retrieve_index, depths=vi.depths)
-    p = retrieve.find_retrieve_problem(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes, **kw)
-    return [] if p is None else [str(p)]
 
 
 def _read_prompts(args) -> tuple[list[str], list[dict], list[str]]:
@@ -601,12 +563,7 @@ def cmd_sglang(args) -> int:
         out = Path(args.out)
         if not out.parent.exists():
             raise CLIError(f"{args.out}: directory {out.parent} does not exist")
-        if hasattr(sg, "convert"):
-            path = sg.convert(args.recording, out)
-        else:
-            from .trace import save_trace
-
-            path = save_trace(sg.recording_to_trace(sg.load_recording(args.recording)), out)
+        path = sg.convert(args.recording, out)
         print(f"{args.recording} -> {path}")
         return 0
     raise CLIError(f"unknown sglang command {args.sglang_cmd!r}")

@@ -150,6 +150,22 @@ def test_doctor_reports_every_problem(tmp_path, capsys):
     assert "2 problems" in out
 
 
+def test_doctor_on_a_broken_sglang_recording(tmp_path, capsys):
+    from ddtree_lab import sglang as sg
+
+    rec = sg.load_recording(RECORDING)
+    sib = rec.steps[0]["tensors"]["retrive_next_sibling"]
+    first = int(rec.steps[0]["tensors"]["retrive_next_token"][0, 0])
+    second = int(sib[0, first])
+    assert second >= 0
+    sib[0, second] = first  # the root's children loop: SGLang's sibling walk would never end
+    path = tmp_path / "broken"
+    sg.save_recording(rec.steps, path, rec.metadata)
+    assert main(["doctor", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "row 0" in out and ("cycle" in out or "twice" in out) and "1 problems" in out
+
+
 def test_doctor_with_the_model(capsys):
     assert main(["doctor", str(SAMPLED), "--model", "default", "--step", "27", "--request", "1", "--sample", "2"]) == 0
     assert "match causal forwards" in capsys.readouterr().out
