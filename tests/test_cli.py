@@ -80,6 +80,8 @@ def test_replay_reports_each_difference(tmp_path, capsys):
     assert main(["replay", str(bad)]) == 1
     out = capsys.readouterr().out
     assert "step 3, request 0" in out and "accept_length" in out and "1 differ" in out
+    assert main(["replay", str(TRACE), "--step", "3", "--request", "0"]) == 0
+    assert "1 steps replayed bit for bit" in capsys.readouterr().out
     assert main(["replay", str(TRACE), "--backend", "triton"]) == 2
     assert "bundle" in capsys.readouterr().err
 
@@ -129,6 +131,16 @@ def test_bundle_verb_and_the_verbs_on_a_bundle(tmp_path, capsys):
     assert main(["audit", str(out), "--draws", "1000", "--verifier", "threshold"]) == 1
     assert main(["bundle", str(SAMPLED), "--step", "27", "--request", "1", "-o", "/no/such/dir/b"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_audit_with_the_model_audits_the_transforms(capsys):
+    args = ["audit", str(SAMPLED), "--step", "27", "--request", "1", "--model", "default", "--draws", "1500",
+            "--temperature", "0.5"]
+    assert main(args) == 0
+    assert main(args + ["--verifier", "temperature-1"]) == 1
+    assert "verdict: LOSSY" in capsys.readouterr().out
+    assert main(["audit", str(SAMPLED), "--step", "27", "--request", "1", "--top-k", "3"]) == 2
+    assert "--model" in capsys.readouterr().err
 
 
 def test_doctor_reports_every_problem(tmp_path, capsys):
