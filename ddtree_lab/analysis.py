@@ -43,7 +43,7 @@ import torch
 from .sampling import SamplingParams
 
 __all__ = [
-    "reach_probabilities", "expected_accept_length", "drafter_estimate", "step_table", "acceptance_by_depth",
+    "reach_probabilities", "expected_accept_length", "tau", "setting_label", "step_seconds", "drafter_estimate", "step_table", "acceptance_by_depth",
     "sibling_ranks", "accepted_sibling_ranks", "throughput", "sibling_conditioned_quality", "LooksGreedy",
     "looks_greedy", "token_prob_bounds", "TunerData", "TunerResult",
 ]
@@ -89,7 +89,9 @@ def drafter_estimate(step) -> float:
     return float(step.node_logws[1:].double().exp().sum())
 
 
-def _tau(step) -> int:
+def tau(step) -> int:
+    """Observed tau of a step: accepted draft tokens + 1 (the bonus; 0 when the support was
+    exhausted)."""
     return step.accept_length + (0 if bool(step.output.support_exhausted[0]) else 1)
 
 
@@ -100,7 +102,7 @@ def step_table(steps: Sequence) -> list[dict]:
     (observed + bonus)."""
     return [{"step": s.step, "request": s.request, "request_id": s.request_id, "setting": setting_label(s.params),
              "budget": s.num_nodes - 1, "observed": s.accept_length, "expected": expected_accept_length(s),
-             "drafter": drafter_estimate(s), "tau": _tau(s)} for s in steps]
+             "drafter": drafter_estimate(s), "tau": tau(s)} for s in steps]
 
 
 def setting_label(params: SamplingParams) -> str:
@@ -459,8 +461,8 @@ def token_prob_bounds(row_logits: torch.Tensor, row_logsumexp: torch.Tensor, voc
                 s_lo, s_hi = lin(s1_lo), pm(s1_hi)
             s_hi = torch.minimum(s_hi, n_tail * torch.exp(z[:, -1]))
             s_lo = torch.minimum(s_lo, s_hi)
-    else:
-        s_lo = s_hi = torch.zeros(num_rows, dtype=torch.float64)
+    else:  # the top M is the whole row
+        s1_lo = s1_hi = s_lo = s_hi = torch.zeros(num_rows, dtype=torch.float64)
 
     # top-k
     k = params.top_k

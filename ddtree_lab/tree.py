@@ -143,7 +143,7 @@ def check_draft_topk(draft_token_ids: torch.Tensor, draft_logprobs: torch.Tensor
 
 
 def draft_topk_from_logits(
-    draft_logits: torch.Tensor, k: int | None = None, budget: int | None = None, *, block_bytes: int = 1 << 21
+    draft_logits: torch.Tensor, k: int | None = None, budget: int | None = None, *, block_bytes: int = 1 << 23
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn raw draft logits into the draft top-k form that :func:`build_tree` takes.
 
@@ -155,7 +155,8 @@ def draft_topk_from_logits(
     (``eps`` a few float32 ulps, so that no logit left out can round to the ``K``-th
     log-prob) are sorted stably by log-prob, descending, in ascending token-id order. Only
     degenerate rows (more than a quarter of the vocabulary at the threshold, e.g. all logits
-    equal) fall back to a sort of the row.
+    equal) fall back to a sort of the row, and vocabularies of 2^18 tokens or more to the
+    stable sort of every row.
 
     Args:
         draft_logits: ``[bs, L-1, V]`` floating, the drafter's logits for positions 1..L-1.
@@ -192,7 +193,14 @@ def draft_topk_from_logits(
     lp_out = torch.empty(bs * depth, k, dtype=torch.float32, device=rows.device)
     if rows.shape[0] == 0:
         return ids_out.view(bs, depth, k), lp_out.view(bs, depth, k)
-    chunk = max(1, vocab // (4 * k))  # >= 4K chunks where V allows: a tight threshold
+    if vocab >= 1 << 18:  # beyond the sort key's column bits: the plain stable sort
+        for r0 in range(0, rows.shape[0], 64):
+            blk = rows[r0 : r0 + 64].float()
+            _check_row_max(blk.amax(-1), r0, depth)
+            val, idx = torch.sort(torch.log_softmax(blk, -1), dim=-1, descending=True, stable=True)
+            lp_out[r0 : r0 + 64], ids_out[r0 : r0 + 64] = val[:, :k], idx[:, :k]
+        return ids_out.view(bs, depth, k), lp_out.view(bs, depth, k)
+    chunk = max(1, vocab // (16 * k))  # >= 16K chunks where V allows: a tight threshold
     nch = vocab // chunk
     body = nch * chunk
     per = max(1, min(rows.shape[0], block_bytes // (4 * vocab)))
@@ -201,21 +209,21 @@ def draft_topk_from_logits(
     for r0 in range(0, rows.shape[0], per):
         blk = rows[r0 : r0 + per].float()
         n = blk.shape[0]
-        chunks = blk[:, :body].reshape(n, nch, chunk)
-        cmax = chunks.amax(-1)  # [n, nch]
+        # strided chunks: chunk c holds columns c, c + nch, c + 2*nch, ... (a vectorised max)
+        chunks = blk[:, :body].view(n, chunk, nch)
+        cmax = chunks.amax(1)  # [n, nch]
         m = cmax.amax(-1, keepdim=True)
         if body < vocab:
             m = torch.maximum(m, blk[:, body:].amax(-1, keepdim=True))
         _check_row_max(m[:, 0], r0, depth)  # NaN and +inf propagate through max; all -inf stays -inf
         t = cmax.topk(k, -1, sorted=False).values.amin(-1, keepdim=True) if nch > k else cmax.amin(-1, keepdim=True)
-        tmp = torch.sub(blk, m, out=buf[:n])
-        tmp.mul_(log2e).exp2_()
-        ls = tmp.sum(-1, keepdim=True).log_()
+        tmp = torch.sub(blk, m, out=buf[:n])  # exact 0 at the maximum: ls >= 0, log-probs <= 0
+        ls = tmp.mul_(log2e).exp2_().sum(-1, keepdim=True).log_()
         thr = t - ((t - m).abs() + ls.abs() + 1.0) * 2.0**-20  # 8 ulps of the log-probs' scale below t
         # candidates: the elements >= thr of the chunks whose maximum reaches thr, and of the tail
         cr, cc = (cmax >= thr).nonzero(as_tuple=True)
-        pr, pj = (chunks[cr, cc] >= thr[cr]).nonzero(as_tuple=True)
-        rr, col = cr[pr], cc[pr] * chunk + pj
+        pr, pj = (chunks[cr, :, cc] >= thr[cr]).nonzero(as_tuple=True)
+        rr, col = cr[pr], pj * nch + cc[pr]
         if body < vocab:
             tr, tj = (blk[:, body:] >= thr).nonzero(as_tuple=True)
             rr, col = torch.cat([rr, tr]), torch.cat([col, tj + body])
@@ -228,17 +236,23 @@ def draft_topk_from_logits(
             ok = ~big[rr]
             rr, col = rr[ok], col[ok]
             count = count.masked_fill(big, 0)
-        vals = (blk[rr, col] - m[rr, 0]) - ls[rr, 0]
-        # order: row ascending, log-prob descending, token id ascending (three stable sorts)
-        o = torch.sort(col, stable=True).indices
-        o = o[torch.sort(vals[o], descending=True, stable=True).indices]
-        o = o[torch.sort(rr[o], stable=True).indices]
+        vals = (blk[rr, col] - m[rr, 0]) - ls[rr, 0] + 0.0  # + 0.0: no -0.0
+        # one sort on (row asc, log-prob desc, token id asc): an int64 key from the float bits
+        o = torch.sort(_order_key(rr, vals, col)).indices
         starts = torch.cumsum(count, 0) - count
         live = (~big).nonzero()[:, 0]
-        take = (starts[live, None] + torch.arange(k, device=blk.device)).reshape(-1)
-        lp_out[r0 + live] = vals[o[take]].view(-1, k)
-        ids_out[r0 + live] = col[o[take]].view(-1, k)
+        take = o[(starts[live, None] + torch.arange(k, device=blk.device)).reshape(-1)]
+        lp_out[r0 + live] = vals[take].view(-1, k)
+        ids_out[r0 + live] = col[take].view(-1, k)
     return ids_out.view(bs, depth, k), lp_out.view(bs, depth, k)
+
+
+def _order_key(rows: torch.Tensor, vals: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """int64 keys ordering by row ascending, ``vals`` (float32, no NaN) descending, column
+    ascending: ``row << 50 | desc(vals) << 18 | col`` (rows < 2^13, columns < 2^18)."""
+    u = vals.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    asc = torch.where(u >= 0x80000000, 0xFFFFFFFF - u, u | 0x80000000)  # float order as uint32
+    return (rows << 50) | ((0xFFFFFFFF - asc) << 18) | cols
 
 
 def _check_row_max(m: torch.Tensor, r0: int, depth: int) -> None:

@@ -165,3 +165,34 @@ def test_looks_greedy_flags_a_sampled_request_verified_greedily(greedy_run, samp
     assert not any(f.flagged for f in honest)
     assert not any(f.flagged for f in analysis.looks_greedy(greedy_run.steps))  # greedy is greedy
     assert "looks greedy" in flags[0].message
+
+
+# -- the greedy-vs-sampling figures read traces only ----------------------------------------------
+
+
+def test_compare_figures_on_fixture_traces(sampled_run, greedy_run):
+    from ddtree_lab.views import compare
+
+    steps = sampled_run.steps + [dataclasses.replace(s, request=s.request + 10) for s in greedy_run.steps]
+    assert compare.settings_of(steps) == ["T=0.8", "greedy"]
+    fig = compare.calibration_figure(steps)
+    exact = [t for t in fig.data if t.name == "exact expected"]
+    assert len(exact) == 2 and list(exact[1].y) == [r["expected"] for r in analysis.step_table(
+        sorted(greedy_run.steps, key=lambda s: (s.step, s.request)))]
+    acc = compare.acceptance_figure(steps)
+    assert list(acc.data[0].y) == analysis.acceptance_by_depth(sampled_run.steps)["rate"]
+    ranks = compare.sibling_rank_figure(steps)
+    assert sum(sum(t.y) for t in ranks.data) == sum(s.accept_length for s in steps)
+    tau = compare.tau_distribution_figure(steps)
+    assert sorted(tau.data[1].x) == sorted(analysis.tau(s) for s in greedy_run.steps)
+    q = compare.sibling_quality_figure(steps)
+    assert [t.name for t in q.data] == ["T=0.8", "greedy"]
+    assert len(compare.throughput_figure(steps).data[0].y) == 6
+    rows = {r["setting"]: r for r in compare.summary_rows(steps)}
+    assert rows["greedy"]["observed"] == rows["greedy"]["exact expected"]
+    html = compare.trees_html(sampled_run, step=2)
+    assert html.count("<svg") == len([s for s in sampled_run.steps if s.step == 2])
+    with pytest.raises(ValueError, match="no request has decoding step 999"):
+        compare.trees_html(sampled_run, step=999)
+    table = compare.looks_greedy_html(steps)
+    assert "LOOKS GREEDY" not in table and table.count("<tr>") == 1 + 6

@@ -60,7 +60,8 @@ def bounds_for(logits, m, rows, tokens, params):
 def _exact_expected(params: SamplingParams, m: int, logits: torch.Tensor) -> bool:
     """Cases where the stored data determine the value (module docstring of analysis)."""
     top = torch.sort(logits.float(), -1, descending=True).values
-    if params.is_greedy:
+    m = min(m, logits.shape[-1])
+    if params.is_greedy or m == logits.shape[-1]:
         return True
     if 0 < params.top_k <= m:
         return bool((top[:, params.top_k - 1] > top[:, m - 1]).all())
@@ -167,7 +168,11 @@ def make_step(logits_rows: torch.Tensor, n: int, m: int, seed: int, step: int = 
     node_logits[1:] = rows[parents[1:], tokens[1:]]
     s = SimpleNamespace(step=step, request=0, request_id="0", params=params, parents=parents, depths=depths,
                         node_token_ids=tokens, num_nodes=n, accept_length=0, row_logit_ids=ids, row_logits=top,
-                        row_logsumexp=lse, node_logits=node_logits)
+                        row_logsumexp=lse, node_logits=node_logits,
+                        output=SimpleNamespace(support_exhausted=torch.tensor([False])))
+    probs = full_probs(rows, params)
+    s.child_probs = torch.zeros(n)
+    s.child_probs[1:] = probs[parents[1:], tokens[1:]].float()
     return s
 
 
@@ -214,3 +219,142 @@ def test_tuner_data_refuses_v1_steps():
         analysis.TunerData.from_steps([s], 100)
     with pytest.raises(ValueError, match="budget"):
         analysis.TunerData.from_steps([make_step(torch.randn(4, 50), 4, 8, 0)], 50).analyse(SamplingParams(), -1)
+
+
+# -- the tuner widget, without a browser -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_run():
+    from ddtree_lab.trace import RunTrace
+
+    g = torch.Generator().manual_seed(5)
+    steps = []
+    for k in range(6):
+        rows = torch.randn(20, 300, generator=g) * 2.5
+        s = make_step(rows, 12 + k, 16, seed=k, step=k, params=SamplingParams(temperature=0.8))
+        s.accept_length = k % 3
+        steps.append(s)
+    return RunTrace(metadata={"vocab_size": 300}, steps=steps, token_texts={i: f"t{i}" for i in range(300)})
+
+
+def test_tuner_widget_state_follows_simulated_slider_moves(small_run):
+    from ddtree_lab.views import tuner as tv
+
+    t = tv.Tuner(small_run)
+    assert "ddtree-expected-tau" in t.expected_tau._dom_classes
+    assert t.top_p.description == "top-p" and t.temperature.description == "temperature"
+    data = t.state.data
+    first = t.expected_tau.value
+    assert first == tv.expected_tau_text(data, SamplingParams(temperature=0.8), 16)
+    t.top_p.value = 0.5  # as a browser slider move would
+    after = t.expected_tau.value
+    assert after == tv.expected_tau_text(small_run, tv.params_from_controls(0.8, 0, 0.5, 0.0), 16)
+    assert after == tv.expected_tau_text(data, tv.params_from_controls(0.8, 0, 0.5, 0.0), 16)
+    assert after != first
+    t.top_k.value = 3  # inside the stored top-M: exact
+    assert "±" not in t.expected_tau.value and "exact" in t.summary.value
+    t.top_k.value = 0
+    t.top_p.value = 1.0
+    t.temperature.value = 0.5  # tail outside the stored top-16 of 300: bounded
+    assert "±" in t.expected_tau.value and "bounded" in t.summary.value
+    lo, hi = data.analyse(SamplingParams(temperature=0.5), 16).mean_tau
+    mid, half = (float(x) for x in t.expected_tau.value.split(" ± "))
+    assert mid - half <= lo + 1e-3 and hi - 1e-3 <= mid + half
+    t.budget.value = 3
+    assert "[3]" in t.tree.value and "[4]" not in t.tree.value
+    before = t.tree.value
+    t.step.value = 4
+    assert t.tree.value != before and "step 4" in t.tree.value
+    t.temperature.value = 0.0
+    assert t.expected_tau.value == tv.expected_tau_text(data, SamplingParams(temperature=0.0), 3)
+
+
+def test_tuner_live_button_calls_the_given_function(small_run):
+    from ddtree_lab.views import tuner as tv
+
+    calls = []
+
+    def live(params, budget):
+        calls.append((params, budget))
+        return small_run.steps[:2]
+
+    t = tv.Tuner(small_run, live=live)
+    t.top_p.value = 0.9
+    t.live_button.click()
+    assert calls == [(tv.params_from_controls(0.8, 0, 0.9, 0.0), 16)]
+    assert "observed mean τ <b>1.500</b>" in t.live_out.value  # accept lengths 0 and 1, + bonus
+    assert t.expected_tau.value in t.live_out.value
+    assert tv.Tuner(small_run).live_button.disabled
+
+
+def test_tuner_refuses_a_v1_run():
+    from ddtree_lab import load_trace
+    from ddtree_lab.views import tuner as tv
+    from pathlib import Path
+
+    run = load_trace(Path(__file__).resolve().parent / "data" / "v1_t08_three_steps.ddtrace.safetensors")
+    with pytest.raises(ValueError, match="format v1|vocab_size"):
+        tv.Tuner(run)
+    with pytest.raises(ValueError, match=r"step \d+, request \d+: no 'row_logit_ids' \(a trace format v1 step\)"):
+        analysis.TunerData.from_steps(run.steps, 49152)
+
+
+# -- a real recorded run (trace format v2) --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live_v2_run(target, drafter):
+    from ddtree_lab import LiveSession
+
+    torch.set_num_threads(1)
+    session = LiveSession(target, drafter, budget=32, sampling=[
+        SamplingParams(temperature=0.8, seed=3), SamplingParams(temperature=1.0, top_p=0.9, seed=4),
+        SamplingParams(temperature=0.6, top_k=20, seed=5), SamplingParams(temperature=0.0)])
+    return session.run(["Explain why the sky is blue in two sentences."] * 4, max_new_tokens=8)
+
+
+def test_reanalysis_at_the_recorded_parameters_contains_what_the_verifier_read(live_v2_run):
+    """Each request's own parameters: the re-analysed node probabilities bound the recorded
+    ``child_probs`` (the library's float32 rows) and the expected accept length bounds the
+    value computed from them; greedy and top-k <= M are exact."""
+    run = live_v2_run
+    for r in range(4):
+        steps = run.for_request(r)
+        data = analysis.TunerData.from_steps(steps, run.metadata["vocab_size"])
+        p = steps[0].params
+        res = data.analyse(p)
+        rec = torch.cat([s.child_probs[1:] for s in steps]).double()
+        draft = data.node_local > 0
+        lo, hi = res.node_lo[draft], res.node_hi[draft]
+        assert bool(((lo * (1 - 1e-4) - 1e-7 <= rec) & (rec <= hi * (1 + 1e-4) + 1e-7)).all()), p
+        exp = torch.tensor([analysis.expected_accept_length(s) for s in steps], dtype=torch.float64)
+        assert bool((res.expected_lo - 1e-3 <= exp).all() and (exp <= res.expected_hi + 1e-3).all())
+        if p.is_greedy or 0 < p.top_k <= data.top_m:
+            assert res.max_error < 1e-9
+    # a smaller budget from the same recording is the tree's prefix
+    data = analysis.TunerData.from_run(run)
+    full, half = data.analyse(SamplingParams(temperature=0.8)), data.analyse(SamplingParams(temperature=0.8), 16)
+    assert bool((half.expected_hi <= full.expected_hi + 1e-12).all())
+
+
+def test_tuner_on_the_v2_fixture_trace():
+    """The notebook's set-up: the T = 0.8 fixture; moving top-p left changes the shown value,
+    which equals expected_tau_text for the controls (what the browser test compares)."""
+    from pathlib import Path
+
+    from ddtree_lab import load_trace
+    from ddtree_lab.views import tuner as tv
+
+    run = load_trace(Path(__file__).resolve().parent.parent / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors")
+    t = tv.Tuner(run)
+    assert (t.temperature.value, t.top_k.value, t.top_p.value, t.budget.value) == (0.8, 0, 1.0, 32)
+    before = t.expected_tau.value
+    t.top_p.value = 0.95
+    assert t.expected_tau.value != before
+    assert t.expected_tau.value == tv.expected_tau_text(run, tv.params_from_controls(0.8, 0, 0.95, 0.0), 32)
+    # the recorded parameters predict the observed mean tau of the recording within sampling noise
+    res = t.state.data.analyse(SamplingParams(temperature=0.8), 32)
+    obs = t.state.data.observed.double()
+    se = float((obs - (res.expected_lo + res.expected_hi) / 2).std()) / len(obs) ** 0.5
+    assert abs(float(obs.mean()) - sum(res.mean_expected) / 2) < 4 * se

@@ -1,0 +1,255 @@
+"""Greedy against temperature sampling: figures over the steps of one (mixed-parameter) batch.
+
+Every figure reads :class:`ddtree_lab.trace.StepTrace` records only (live or loaded) and
+groups them by *setting*, the request's sampling parameters as text
+(:func:`ddtree_lab.analysis.setting_label`). The numbers come from :mod:`ddtree_lab.analysis`:
+
+* :func:`tau_figure` / :func:`tau_distribution_figure` -- tau (accepted draft tokens + bonus)
+  per step and its distribution;
+* :func:`calibration_figure` -- per step the observed accept length, the exact expected one
+  under the target-only rule (no lossless verifier beats it on that tree) and the drafter's
+  own estimate;
+* :func:`acceptance_figure` -- acceptance rate by depth; :func:`sibling_rank_figure` -- which
+  sibling was accepted at each depth; :func:`throughput_figure` -- tokens/s;
+* :func:`sibling_quality_figure` -- the drafter's top-1 hit rate after a rank-0 or a lower
+  sibling;
+* :func:`trees_html` -- one step's trees side by side; :func:`looks_greedy_html` -- the
+  looks-greedy flag; :func:`summary_html` -- one row per setting.
+
+Figures are ``plotly.graph_objects.Figure`` objects (no pandas needed).
+"""
+
+from __future__ import annotations
+
+import html
+import statistics
+from typing import Sequence
+
+from .. import analysis
+from ..trace import RunTrace
+
+__all__ = ["settings_of", "tau_figure", "tau_distribution_figure", "calibration_figure", "acceptance_figure",
+           "sibling_rank_figure", "throughput_figure", "sibling_quality_figure", "trees_html", "looks_greedy_html",
+           "summary_rows", "summary_html"]
+
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
+
+
+def _steps(run_or_steps) -> list:
+    return list(run_or_steps.steps if isinstance(run_or_steps, RunTrace) else run_or_steps)
+
+
+def settings_of(steps: Sequence) -> list[str]:
+    """The settings present, in order of first request."""
+    seen: list[str] = []
+    for s in sorted(steps, key=lambda s: s.request):
+        label = analysis.setting_label(s.params)
+        if label not in seen:
+            seen.append(label)
+    return seen
+
+
+def _by_setting(steps) -> dict[str, list]:
+    out: dict[str, list] = {label: [] for label in settings_of(steps)}
+    for s in steps:
+        out[analysis.setting_label(s.params)].append(s)
+    return out
+
+
+def _color(k: int) -> str:
+    return COLORS[k % len(COLORS)]
+
+
+def tau_figure(run_or_steps):
+    """tau per decoding step, one line per request, coloured by setting."""
+    import plotly.graph_objects as go
+
+    steps = _steps(run_or_steps)
+    settings = settings_of(steps)
+    fig = go.Figure()
+    for r in sorted({s.request for s in steps}):
+        mine = sorted((s for s in steps if s.request == r), key=lambda s: s.step)
+        label = analysis.setting_label(mine[0].params)
+        fig.add_trace(go.Scatter(x=[s.step for s in mine], y=[analysis.tau(s) for s in mine], mode="lines+markers",
+                                 name=f"request {mine[0].request_id} · {label}",
+                                 line={"color": _color(settings.index(label))}))
+    fig.update_layout(title="τ per step (accepted draft tokens + bonus)", xaxis_title="decoding step",
+                      yaxis_title="τ", height=320, margin={"t": 40, "b": 40})
+    return fig
+
+
+def tau_distribution_figure(run_or_steps):
+    """Histogram of tau per setting (overlaid, normalised to a fraction of steps)."""
+    import plotly.graph_objects as go
+
+    steps = _steps(run_or_steps)
+    fig = go.Figure()
+    for k, (label, mine) in enumerate(_by_setting(steps).items()):
+        taus = [analysis.tau(s) for s in mine]
+        fig.add_trace(go.Histogram(x=taus, name=f"{label} (mean {statistics.mean(taus):.2f})", histnorm="probability",
+                                   xbins={"size": 1}, opacity=0.6, marker_color=_color(k)))
+    fig.update_layout(barmode="overlay", title="distribution of τ per setting", xaxis_title="τ",
+                      yaxis_title="fraction of steps", height=300, margin={"t": 40, "b": 40})
+    return fig
+
+
+def calibration_figure(run_or_steps):
+    """Per step: observed accept length, exact expected (sum of target path products) and the
+    drafter's estimate (sum of drafter path probabilities); one panel per setting."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    steps = _steps(run_or_steps)
+    groups = _by_setting(steps)
+    fig = make_subplots(rows=len(groups), cols=1, shared_xaxes=False, subplot_titles=list(groups), vertical_spacing=0.12)
+    for k, (label, mine) in enumerate(groups.items()):
+        table = analysis.step_table(sorted(mine, key=lambda s: (s.step, s.request)))
+        x = [f"{r['step']}/{r['request_id']}" for r in table]
+        for name, key, style in (("observed", "observed", {"color": "#222222"}),
+                                 ("exact expected", "expected", {"color": "#1b7f3b", "dash": "dot"}),
+                                 ("drafter estimate", "drafter", {"color": "#b3261e", "dash": "dash"})):
+            fig.add_trace(go.Scatter(x=x, y=[r[key] for r in table], mode="lines+markers", name=name, line=style,
+                                     legendgroup=name, showlegend=k == 0), row=k + 1, col=1)
+    fig.update_layout(title="accept length per step: observed, exact expected (target-only rule), drafter estimate",
+                      height=260 * len(groups) + 60, margin={"t": 60, "b": 40})
+    fig.update_xaxes(title_text="step / request", type="category")
+    fig.update_yaxes(title_text="accepted draft tokens")
+    return fig
+
+
+def acceptance_figure(run_or_steps):
+    """Acceptance rate at each depth (accepted / offered) per setting."""
+    import plotly.graph_objects as go
+
+    steps = _steps(run_or_steps)
+    fig = go.Figure()
+    for k, (label, mine) in enumerate(_by_setting(steps).items()):
+        a = analysis.acceptance_by_depth(mine)
+        fig.add_trace(go.Scatter(x=a["depth"], y=a["rate"], mode="lines+markers", name=label,
+                                 customdata=list(zip(a["accepted"], a["offered"])),
+                                 hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]}<extra></extra>",
+                                 line={"color": _color(k)}))
+    fig.update_layout(title="acceptance by depth (accepted / offered)", xaxis_title="depth",
+                      yaxis_title="acceptance rate", yaxis_range=[0, 1.05], height=300, margin={"t": 40, "b": 40})
+    return fig
+
+
+def sibling_rank_figure(run_or_steps, max_rank: int = 4):
+    """Which sibling was accepted at each depth: stacked counts of the accepted node's sibling
+    rank (0 = first child, ``max_rank``+ pooled), one panel per setting."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    steps = _steps(run_or_steps)
+    groups = _by_setting(steps)
+    fig = make_subplots(rows=1, cols=len(groups), subplot_titles=list(groups), shared_yaxes=True)
+    shades = ["#1b7f3b", "#7fbf7b", "#fdb863", "#e66101", "#b2182b"]
+    for k, (label, mine) in enumerate(groups.items()):
+        rows = analysis.accepted_sibling_ranks(mine)
+        depths = sorted({r["depth"] for r in rows}) or [1]
+        for rank in range(max_rank + 1):
+            counts = [sum(1 for r in rows if r["depth"] == d and min(r["sibling_rank"], max_rank) == rank) for d in depths]
+            fig.add_trace(go.Bar(x=depths, y=counts, name=f"sibling {rank}{'+' if rank == max_rank else ''}",
+                                 marker_color=shades[rank % len(shades)], legendgroup=str(rank), showlegend=k == 0),
+                          row=1, col=k + 1)
+    fig.update_layout(barmode="stack", title="accepted sibling rank by depth", height=300, margin={"t": 60, "b": 40})
+    fig.update_xaxes(title_text="depth")
+    fig.update_yaxes(title_text="accepted nodes", col=1)
+    return fig
+
+
+def throughput_figure(run_or_steps):
+    """Tokens per second per request (its emitted tokens over its steps' recorded time)."""
+    import plotly.graph_objects as go
+
+    steps = _steps(run_or_steps)
+    t = analysis.throughput(steps)
+    settings = settings_of(steps)
+    fig = go.Figure(go.Bar(x=[f"request {r['request']} · {r['setting']}" for r in t["per_request"]],
+                           y=[r["tokens_per_s"] or 0.0 for r in t["per_request"]],
+                           marker_color=[_color(settings.index(r["setting"])) for r in t["per_request"]],
+                           text=[f"{r['tokens']} tok / {r['seconds']:.1f} s" for r in t["per_request"]]))
+    batch = t["batch_tokens_per_s"]
+    fig.update_layout(title=f"tokens/s per request (batch: {batch:.2f} tokens/s)" if batch else "tokens/s",
+                      yaxis_title="tokens / s", height=300, margin={"t": 40, "b": 40})
+    return fig
+
+
+def sibling_quality_figure(run_or_steps):
+    """The drafter's top-1 hit rate at depth d+1 after the root, a rank-0 or a lower-ranked
+    accepted node at depth d (:func:`ddtree_lab.analysis.sibling_conditioned_quality`)."""
+    import plotly.graph_objects as go
+
+    steps = _steps(run_or_steps)
+    rows = [r for r in analysis.sibling_conditioned_quality(steps) if r["depth"] == "all"]
+    fig = go.Figure()
+    for k, label in enumerate(settings_of(steps)):
+        mine = {r["after"]: r for r in rows if r["setting"] == label}
+        cats = [c for c in ("root", "rank 0", "rank > 0") if c in mine]
+        fig.add_trace(go.Bar(x=[f"after {c}" for c in cats], y=[mine[c]["rate"] for c in cats], name=label,
+                             text=[f"{mine[c]['hits']}/{mine[c]['total']}" for c in cats], marker_color=_color(k)))
+    fig.update_layout(barmode="group", title="drafter top-1 = the target's next token, by what was accepted before",
+                      yaxis_title="hit rate", yaxis_range=[0, 1.05], height=300, margin={"t": 40, "b": 40})
+    return fig
+
+
+def trees_html(run: RunTrace, step: int, collapse_unvisited: bool = True) -> str:
+    """The trees of decoding step ``step`` of every request, side by side (scrollable).
+
+    Raises:
+        ValueError: no request has that step.
+    """
+    from .dot import step_svg
+
+    chosen = sorted((s for s in run.steps if s.step == step), key=lambda s: s.request)
+    if not chosen:
+        raise ValueError(f"no request has decoding step {step} (steps {min(s.step for s in run.steps)}.."
+                         f"{max(s.step for s in run.steps)})")
+    cells = []
+    for s in chosen:
+        label = html.escape(f"request {s.request_id} · {analysis.setting_label(s.params)} · τ = {analysis.tau(s)}")
+        cells.append(f'<div style="flex:0 0 auto;max-width:48%;overflow:auto;border:1px solid #ddd;padding:4px">'
+                     f"<b>{label}</b>{step_svg(s, run, collapse_unvisited=collapse_unvisited)}</div>")
+    return f'<div class="ddtree-trees" style="display:flex;gap:8px;overflow-x:auto">{"".join(cells)}</div>'
+
+
+def looks_greedy_html(run_or_steps, min_tokens: int = 16, alpha: float = 1e-3) -> str:
+    """The looks-greedy check of every request (:func:`ddtree_lab.analysis.looks_greedy`),
+    flagged requests in red."""
+    flags = analysis.looks_greedy(_steps(run_or_steps), min_tokens=min_tokens, alpha=alpha)
+    rows = []
+    for f in flags:
+        style = ' style="background:#fbe3e1;color:#b3261e;font-weight:bold"' if f.flagged else ""
+        verdict = "LOOKS GREEDY" if f.flagged else "ok"
+        rows.append(f"<tr{style}><td>{f.request}</td><td>{html.escape(f.setting)}</td><td>{f.tokens}</td>"
+                    f"<td>{f.argmax_tokens}</td><td>{'n/a (greedy)' if f.setting == 'greedy' else f'{f.log10_p:.1f}'}</td>"
+                    f"<td>{verdict}</td></tr>")
+    return ('<table class="ddtree-looks-greedy"><tr><th>request</th><th>setting</th><th>tokens</th>'
+            "<th>argmax tokens</th><th>log10 P(all argmax | lossless)</th><th>verdict</th></tr>"
+            f"{''.join(rows)}</table>")
+
+
+def summary_rows(run_or_steps) -> list[dict]:
+    """Per setting: steps, mean tau, mean observed / exact expected / drafter-estimated
+    accept length, tokens/s."""
+    steps = _steps(run_or_steps)
+    out = []
+    for label, mine in _by_setting(steps).items():
+        table = analysis.step_table(mine)
+        per = analysis.throughput(mine)["per_request"]
+        tokens, seconds = sum(r["tokens"] for r in per), sum(r["seconds"] for r in per)
+        out.append({"setting": label, "steps": len(mine),
+                    "mean τ": round(statistics.mean(r["tau"] for r in table), 3),
+                    "observed": round(statistics.mean(r["observed"] for r in table), 3),
+                    "exact expected": round(statistics.mean(r["expected"] for r in table), 3),
+                    "drafter estimate": round(statistics.mean(r["drafter"] for r in table), 3),
+                    "tokens/s": round(tokens / seconds, 2) if seconds > 0 else None})
+    return out
+
+
+def summary_html(run_or_steps) -> str:
+    """:func:`summary_rows` as an HTML table."""
+    rows = summary_rows(run_or_steps)
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0]) if rows else ""
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
+    return f'<table class="ddtree-compare-summary"><tr>{head}</tr>{body}</table>'

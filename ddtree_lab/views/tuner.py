@@ -1,0 +1,324 @@
+"""The top-k / top-p / budget tuner: re-analyse a recorded run under other parameters.
+
+Sliders for temperature, top-k, top-p, min-p and the budget ``B' <= B`` drive
+:meth:`ddtree_lab.analysis.TunerData.analyse` on a recorded run (trace format v2): per step and
+on average the exact expected tau (accepted draft tokens + bonus) under the target-only rule,
+the target mass the tree covers at each depth, and the selected step's tree with each node's
+target probability and reach probability -- all from the trace, no model. Where the trace's
+top-M logits do not determine a value, the interval the stored data allow is shown.
+
+A "run live" button calls a function the notebook passes in (``live(params, budget) ->
+RunTrace | list of StepTrace``); the widget never touches a model. It then shows the observed
+tau of the new run beside the tau predicted from the recording.
+
+Discoverable for browser tests: slider descriptions ``temperature``, ``top-k``, ``top-p``,
+``min-p``, ``budget B'``, ``step``; the mean expected tau is the text of an ``HTML`` widget with
+CSS class ``ddtree-expected-tau``, equal to :func:`expected_tau_text` for the same settings.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Callable
+
+from .. import analysis
+from ..analysis import TunerData, TunerResult
+from ..sampling import SamplingParams
+from ..trace import RunTrace
+
+__all__ = ["TunerState", "Tuner", "expected_tau_text", "params_from_controls", "reach_tree_dot", "bars_svg"]
+
+EXPECTED_TAU_CLASS = "ddtree-expected-tau"
+
+
+def params_from_controls(temperature: float, top_k: int, top_p: float, min_p: float) -> SamplingParams:
+    """The :class:`SamplingParams` a slider position means (``top_k = 0`` and ``min_p = 0``: off)."""
+    return SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
+                          min_p=float(min_p) if min_p else None)
+
+
+def _interval_text(lo: float, hi: float, digits: int = 3) -> str:
+    """``x`` when the interval is a point at ``digits`` decimals, else ``mid ± half``."""
+    mid, half = (lo + hi) / 2, (hi - lo) / 2
+    if half < 0.5 * 10 ** -digits:
+        return f"{mid:.{digits}f}"
+    return f"{mid:.{digits}f} ± {half:.{digits}f}"
+
+
+def _prob_text(lo: float, hi: float) -> str:
+    """A probability to 3 significant digits, or the interval ``[lo, hi]`` when its ends differ
+    at 3 significant digits."""
+    a, b = f"{lo:.3g}", f"{hi:.3g}"
+    return a if a == b else f"[{a}, {b}]"
+
+
+def expected_tau_text(result_or_data: TunerResult | TunerData | RunTrace, params: SamplingParams | None = None,
+                      budget: int | None = None) -> str:
+    """The mean expected tau over the packed steps as the tuner displays it: ``"2.345"``, or
+    ``"2.345 ± 0.012"`` where the stored top-M logits do not determine it (the midpoint and
+    half-width of the rigorous interval).
+
+    Args:
+        result_or_data: a :class:`TunerResult`, or :class:`TunerData` (or the recorded
+            :class:`RunTrace`) with ``params`` and ``budget`` (None: the recorded budget) to
+            analyse. A browser test reading the widget's ``ddtree-expected-tau`` text compares
+            it with ``expected_tau_text(run, params_from_controls(T, k, p, min_p), budget)``.
+    """
+    if isinstance(result_or_data, RunTrace):
+        result_or_data = TunerData.from_run(result_or_data)
+    if isinstance(result_or_data, TunerData):
+        if params is None:
+            raise ValueError("params are required with TunerData")
+        result_or_data = result_or_data.analyse(params, budget)
+    lo, hi = result_or_data.mean_tau
+    return _interval_text(lo, hi)
+
+
+def bars_svg(values_lo, values_hi, labels, title: str, width: int = 640, height: int = 150, ymax: float | None = None,
+             highlight: int | None = None, css_class: str = "") -> str:
+    """A small bar chart as inline SVG: bars at the interval midpoints, whiskers where
+    ``hi > lo``; ``highlight`` marks one bar."""
+    lo, hi = [float(v) for v in values_lo], [float(v) for v in values_hi]
+    n = max(len(lo), 1)
+    top = ymax if ymax is not None else max(hi + [1e-9])
+    pad_l, pad_b, pad_t = 36, 18, 18
+    w = (width - pad_l - 4) / n
+    h = height - pad_b - pad_t
+    parts = [f'<svg class="{css_class}" width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" '
+             f'style="font:10px sans-serif">', f'<text x="{pad_l}" y="12">{html.escape(title)}</text>',
+             f'<text x="2" y="{pad_t + 8}">{top:.2g}</text><text x="2" y="{pad_t + h}">0</text>',
+             f'<line x1="{pad_l}" y1="{pad_t + h}" x2="{width - 4}" y2="{pad_t + h}" stroke="#999"/>']
+    for k, (a, b) in enumerate(zip(lo, hi)):
+        mid = (a + b) / 2
+        x = pad_l + k * w
+        bh = h * min(mid / top, 1.0) if top > 0 else 0.0
+        color = "#b3261e" if k == highlight else "#1f77b4"
+        parts.append(f'<rect x="{x + 0.1 * w:.1f}" y="{pad_t + h - bh:.1f}" width="{max(0.8 * w, 1):.1f}" '
+                     f'height="{bh:.1f}" fill="{color}"><title>{html.escape(str(labels[k]))}: '
+                     f'{html.escape(_interval_text(a, b))}</title></rect>')
+        if b - a > 1e-9 and top > 0:
+            y1, y2 = pad_t + h - h * min(a / top, 1), pad_t + h - h * min(b / top, 1)
+            parts.append(f'<line x1="{x + 0.5 * w:.1f}" y1="{y1:.1f}" x2="{x + 0.5 * w:.1f}" y2="{y2:.1f}" '
+                         f'stroke="#000" stroke-width="1"/>')
+    if n <= 20:
+        for k, lab in enumerate(labels):
+            parts.append(f'<text x="{pad_l + (k + 0.5) * w:.1f}" y="{height - 4}" text-anchor="middle">'
+                         f"{html.escape(str(lab))}</text>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def reach_tree_dot(data: TunerData, result: TunerResult, k: int, texts=None) -> str:
+    """DOT source of packed step ``k``'s tree of budget ``B'`` (left to right): node index,
+    token, its target p in its parent's row and its reach probability (the chance the walk
+    accepts it) under the analysed parameters, intervals where the trace leaves them open;
+    fill darkness follows the reach probability; nodes beyond ``B'`` are left out."""
+    from .model import _texts, token_label
+
+    lookup = _texts(texts)
+    step = data.steps[k]
+    sl = data.step_nodes(k)
+    n = min(step.num_nodes, result.budget + 1)
+    lines = ["digraph reach {", '  graph [rankdir=LR, nodesep=0.05, ranksep=0.25, fontname="Helvetica", fontsize=11,',
+             f'         label="step {step.step} · request {step.request_id} · '
+             f'{analysis.setting_label(result.params)} · B\'={n - 1} · expected τ = '
+             f'{_interval_text(float(result.expected_lo[k]) + 1, float(result.expected_hi[k]) + 1)}", labelloc=t];',
+             '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=9, margin="0.04,0.02"];']
+    for i in range(n):
+        g = sl.start + i
+        tok = int(step.node_token_ids[i])
+        text = token_label(lookup(tok)).replace("\\", "\\\\").replace('"', '\\"')
+        if i == 0:
+            lines.append(f'  n0 [label="[0] {text}\\nroot", fillcolor="#dbe9f6"];')
+            continue
+        rlo, rhi = float(result.reach_lo[g]), float(result.reach_hi[g])
+        shade = int(245 - 150 * min(max((rlo + rhi) / 2, 0.0), 1.0))
+        fill = f"#{shade:02x}{min(shade + 10, 255):02x}{shade:02x}"
+        p = _prob_text(float(result.node_lo[g]), float(result.node_hi[g]))
+        lines.append(f'  n{i} [label="[{i}] {text}\\ntarget p={p}\\nreach={_prob_text(rlo, rhi)}", fillcolor="{fill}"];')
+    for i in range(1, n):
+        lines.append(f"  n{int(step.parents[i])} -> n{i};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class TunerState:
+    """The tuner's state without widgets: packed data, the chosen parameters and step.
+
+    Attributes:
+        data: :class:`TunerData` of the recorded run.
+        temperature, top_k, top_p, min_p, budget, step: the controls (``top_k = 0``,
+            ``min_p = 0``: off; ``step``: packed step index).
+    """
+
+    data: TunerData
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    budget: int
+    step: int = 0
+
+    @classmethod
+    def from_run(cls, run: RunTrace) -> "TunerState":
+        """Start from the run's first step's recorded parameters and its largest budget."""
+        data = TunerData.from_run(run)
+        p = data.steps[0].params
+        return cls(data, p.temperature, p.top_k, p.top_p, p.min_p or 0.0, int(data.recorded_budget.max()))
+
+    @property
+    def params(self) -> SamplingParams:
+        return params_from_controls(self.temperature, self.top_k, self.top_p, self.min_p)
+
+    def result(self) -> TunerResult:
+        return self.data.analyse(self.params, self.budget)
+
+    def expected_tau_text(self) -> str:
+        return expected_tau_text(self.result())
+
+
+class Tuner:
+    """The ipywidgets tuner over a recorded run (module docstring).
+
+    Args:
+        run: a :class:`RunTrace` in trace format v2.
+        live: optional ``live(params, budget) -> RunTrace | list[StepTrace]`` behind the "run
+            live" button.
+
+    Attributes:
+        temperature, top_k, top_p, min_p, budget, step: the sliders; expected_tau: the HTML
+        widget (class ``ddtree-expected-tau``); widget: the whole view (a VBox).
+
+    Raises:
+        ValueError: the run is not trace format v2.
+    """
+
+    def __init__(self, run: RunTrace, live: Callable | None = None):
+        import ipywidgets as w
+
+        self.run = run
+        self.state = TunerState.from_run(run)
+        self.live = live
+        st, data = self.state, self.state.data
+        cu = {"continuous_update": False, "style": {"description_width": "80px"}, "layout": {"width": "420px"}}
+        self.temperature = w.FloatSlider(value=st.temperature, min=0.0, max=2.0, step=0.05, description="temperature",
+                                         readout_format=".2f", **cu)
+        self.top_k = w.IntSlider(value=st.top_k, min=0, max=max(200, st.top_k), description="top-k", **cu)
+        self.top_p = w.FloatSlider(value=st.top_p, min=0.05, max=1.0, step=0.05, description="top-p",
+                                   readout_format=".2f", **cu)
+        self.min_p = w.FloatSlider(value=st.min_p, min=0.0, max=0.5, step=0.01, description="min-p",
+                                   readout_format=".2f", **cu)
+        self.budget = w.IntSlider(value=st.budget, min=0, max=int(data.recorded_budget.max()), description="budget B'",
+                                  **cu)
+        self.step = w.IntSlider(value=0, min=0, max=data.num_steps - 1, description="step", **cu)
+        for s, cls in ((self.temperature, "temperature"), (self.top_k, "top-k"), (self.top_p, "top-p"),
+                       (self.min_p, "min-p"), (self.budget, "budget"), (self.step, "step")):
+            s.add_class(f"ddtree-tuner-{cls}")
+        self.expected_tau = w.HTML()
+        self.expected_tau.add_class(EXPECTED_TAU_CLASS)
+        self.summary = w.HTML()
+        self.per_step = w.HTML()
+        self.cover = w.HTML()
+        self.step_cover = w.HTML()
+        self.tree = w.HTML()
+        self.live_button = w.Button(description="run live with these parameters", disabled=live is None,
+                                    layout={"width": "260px"})
+        self.live_button.add_class("ddtree-tuner-live")
+        self.live_out = w.HTML()
+        self.live_out.add_class("ddtree-tuner-live-result")
+        for s in (self.temperature, self.top_k, self.top_p, self.min_p, self.budget):
+            s.observe(self._on_params, names="value")
+        self.step.observe(self._on_step, names="value")
+        self.live_button.on_click(self._on_live)
+        self.result: TunerResult | None = None
+        self._update()
+        head = w.HTML("<b>expected τ (mean over the recorded steps, target-only rule):</b>&nbsp;")
+        self.widget = w.VBox([
+            w.HBox([w.VBox([self.temperature, self.top_k, self.top_p, self.min_p]), w.VBox([self.budget, self.step])]),
+            w.HBox([head, self.expected_tau]), self.summary, self.per_step, self.cover, self.step_cover,
+            self.tree,
+            w.HBox([self.live_button]), self.live_out])
+
+    def _ipython_display_(self):  # pragma: no cover - notebook display
+        from IPython.display import display
+
+        display(self.widget)
+
+    def _sync(self) -> None:
+        st = self.state
+        st.temperature, st.top_k, st.top_p = self.temperature.value, self.top_k.value, self.top_p.value
+        st.min_p, st.budget, st.step = self.min_p.value, self.budget.value, self.step.value
+
+    def _on_params(self, change=None) -> None:
+        self._update()
+
+    def _on_step(self, change=None) -> None:
+        self._sync()
+        self._draw_step()
+
+    def _update(self) -> None:
+        self._sync()
+        st = self.state
+        self.result = res = st.result()
+        self.expected_tau.value = expected_tau_text(res)
+        lo, hi = res.mean_expected
+        exact = res.max_error < 5e-4
+        recorded = [s.params for s in st.data.steps]
+        observed = float(st.data.observed.double().mean()) + 1
+        self.summary.value = (
+            f"<div>{html.escape(analysis.setting_label(res.params))}, B' = {res.budget}: mean expected accepted draft "
+            f"tokens {html.escape(_interval_text(lo, hi))} over {st.data.num_steps} steps; "
+            + ("exact (the stored top-M logits determine it)" if exact else
+               f"<span style='color:#b3261e'>bounded: the largest per-step interval is ±{res.max_error:.3f} "
+               "(the value depends on logits outside the stored top-M)</span>")
+            + f". Recorded run: {html.escape(analysis.setting_label(recorded[0]))}, observed mean τ {observed:.3f}.</div>")
+        taus_lo = (res.expected_lo + 1).tolist()
+        taus_hi = (res.expected_hi + 1).tolist()
+        labels = [f"step {s.step} / req {s.request_id}" for s in st.data.steps]
+        self.per_step.value = bars_svg(taus_lo, taus_hi, labels, "expected τ per recorded step (red: selected)",
+                                       highlight=st.step, css_class="ddtree-tuner-per-step")
+        clo, chi = res.mean_cover
+        self.cover.value = bars_svg(clo.tolist(), chi.tolist(), [str(d + 1) for d in range(clo.shape[0])],
+                                    "target mass the tree covers at each depth (mean over steps)", ymax=1.0,
+                                    css_class="ddtree-tuner-cover")
+        self._draw_step()
+
+    def _draw_step(self) -> None:
+        from .dot import render_svg
+
+        k = self.state.step
+        res = self.result
+        s = self.state.data.steps[k]
+        self.step_cover.value = bars_svg(res.cover_lo[k].tolist(), res.cover_hi[k].tolist(),
+                                         [str(d + 1) for d in range(res.cover_lo.shape[1])],
+                                         f"step {s.step} / request {s.request_id}: target mass covered at each depth",
+                                         ymax=1.0, css_class="ddtree-tuner-step-cover")
+        self.tree.value = render_svg(reach_tree_dot(self.state.data, res, k, self.run))
+
+    def _on_live(self, button=None) -> None:
+        if self.live is None:
+            return
+        params, budget = self.state.params, self.state.budget
+        self.live_out.value = "running live…"
+        try:
+            got = self.live(params, budget)
+        except Exception as exc:  # shown to the user, not swallowed
+            self.live_out.value = f"<span style='color:#b3261e'>live run failed: {html.escape(repr(exc))}</span>"
+            raise
+        steps = list(got.steps if isinstance(got, RunTrace) else got)
+        self.live_out.value = live_comparison_html(steps, self.result)
+
+
+def live_comparison_html(steps, predicted: TunerResult) -> str:
+    """Observed mean tau of a live run beside the tau predicted from the recording."""
+    if not steps:
+        return "live run produced no steps"
+    obs = sum(analysis.tau(s) for s in steps) / len(steps)
+    exact = sum(analysis.expected_accept_length(s) for s in steps) / len(steps) + 1
+    lo, hi = predicted.mean_tau
+    return (f'<div class="ddtree-tuner-live-text">live run ({len(steps)} steps, '
+            f"{html.escape(analysis.setting_label(predicted.params))}, B' = {predicted.budget}): observed mean τ "
+            f"<b>{obs:.3f}</b>, its trees' exact expected τ {exact:.3f}; predicted from the recording "
+            f"<b>{html.escape(_interval_text(lo, hi))}</b></div>")

@@ -1,0 +1,148 @@
+"""Write labs/03_greedy_vs_sampling.ipynb and labs/04_topk_topp_tuner.ipynb from their cell
+sources (the builder and executor of scripts/make_notebooks.py), then execute them in place.
+
+    python scripts/make_notebooks_tuner.py [--no-execute] [names...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_notebooks import LABS, build  # noqa: E402
+
+SETUP = """import torch
+torch.set_num_threads(1)  # the lab's machines are small and shared
+import plotly.io as pio
+pio.renderers.default = "plotly_mimetype"  # JupyterLab renders the figures; the notebook stays small
+import ddtree_lab as dl
+from ddtree_lab import lab
+from IPython.display import HTML, SVG, display"""
+
+GREEDY_VS_SAMPLING = [
+    ("md", """# 03 · Greedy against temperature sampling on one live batch
+
+One live batch on the embedded default target (SmolLM2-135M-Instruct) with the ridge drafter,
+the **same prompt** under three settings: greedy (T = 0), T = 0.7, and T = 1.0 with top-p 0.9.
+Every figure below reads the recorded `StepTrace`s only (`ddtree_lab.views.compare`), so the
+same cells work on a loaded trace file.
+
+Words: *accept length* counts accepted draft tokens; *τ* = accept length + 1 (the bonus
+token). The **exact expected accept length** of a step's tree under the target-only rule is
+the sum over its nodes of the product of target probabilities along each node's path; no
+lossless verifier can beat it on that tree. The **drafter's estimate** is the same sum with the
+drafter's path probabilities: the gap between the two is the drafter's calibration."""),
+    ("code", SETUP + """
+from ddtree_lab.views import compare
+
+target, drafter = lab.load_default()
+settings = [dl.SamplingParams(temperature=0.0),
+            dl.SamplingParams(temperature=0.7, seed=1),
+            dl.SamplingParams(temperature=1.0, top_p=0.9, seed=2)]
+prompt = "Explain why the sky is blue in two sentences."
+session = dl.LiveSession(target, drafter, budget=32, sampling=settings)
+run = session.run([prompt] * len(settings), max_new_tokens=24)
+HTML(compare.summary_html(run))"""),
+    ("md", "## τ per step and its distribution"),
+    ("code", "compare.tau_figure(run)"),
+    ("code", "compare.tau_distribution_figure(run)"),
+    ("md", """## Calibration: observed, exact expected, drafter's estimate
+
+Greedy rows are one-hot, so for T = 0 the exact expectation equals what was accepted. For
+sampled requests the observed value scatters around the exact expectation; the drafter's
+estimate sits above it where the drafter is over-confident."""),
+    ("code", "compare.calibration_figure(run)"),
+    ("md", "## Acceptance by depth and which sibling was accepted"),
+    ("code", "compare.acceptance_figure(run)"),
+    ("code", "compare.sibling_rank_figure(run)"),
+    ("md", """## Sibling-conditioned drafter quality
+
+How often the drafter's best token at depth d+1 is the token the target emits there, split by
+whether the node accepted at depth d was the drafter's rank-0 token or a lower-ranked sibling.
+A block drafter proposes all depths at once, implicitly assuming its own top tokens, so its
+quality tends to drop after a lower sibling is accepted."""),
+    ("code", "compare.sibling_quality_figure(run)"),
+    ("md", "## Tokens per second (from the recorded stage timings)"),
+    ("code", "compare.throughput_figure(run)"),
+    ("md", "## The trees of one step, side by side"),
+    ("code", "HTML(compare.trees_html(run, step=1))"),
+    ("md", """## Does a sampled request look greedy?
+
+A sampled request whose emitted tokens were *all* the target argmax is suspicious (a serving
+engine that verifies sampled requests greedily produces exactly this). The table gives the
+probability of that under the request's own law if the verifier is lossless; a request is
+flagged when it is below 10⁻³ over at least 16 tokens."""),
+    ("code", "HTML(compare.looks_greedy_html(run))"),
+]
+
+TUNER = [
+    ("md", """# 04 · Top-k / top-p / budget tuner on a recorded run
+
+Move the sliders: the tuner re-analyses every recorded step of a trace (format v2) under the
+chosen temperature, top-k, top-p, min-p and budget B' ≤ the recorded B, **without running a
+model**: per step and on average the exact expected τ under the target-only rule, the target
+mass the tree covers at each depth, and the selected step's tree with each node's target
+probability `p` and its reach probability (the chance the walk accepts it).
+
+The trace stores each row's top-64 raw logits, every node's own logit and the row's
+log-sum-exp. Whatever depends only on the top 64 (every top-k ≤ 64, at any temperature, and
+top-p / min-p cuts inside them) is exact; elsewhere the value shown is the midpoint ± half of
+the interval the stored data allow (a rigorous bound: `ddtree_lab.analysis.token_prob_bounds`).
+
+The budget works from one recording because the first B' nodes of a best-first tree are
+exactly the tree of budget B'. The button re-runs the prompts live with the chosen parameters
+(through the function below, the widget never touches a model) and shows the observed τ beside
+the predicted one."""),
+    ("code", SETUP + """
+from pathlib import Path
+from ddtree_lab.views.tuner import Tuner
+
+run = dl.load_trace(Path("..") / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors")
+print(f"{len(run.steps)} recorded steps, {len(run.metadata['requests'])} requests, "
+      f"recorded B = {run.metadata['budget']}")"""),
+    ("code", """target, drafter = lab.load_default()
+prompts = [r["prompt"] for r in run.metadata["requests"]][:1]
+
+def live(params, budget):
+    \"\"\"Re-run the first recorded prompt live (24 tokens) with the tuner's parameters.\"\"\"
+    session = dl.LiveSession(target, drafter, budget=max(budget, 1), sampling=params)
+    return session.run(prompts, max_new_tokens=24)
+
+tuner = Tuner(run, live=live)
+tuner"""),
+    ("md", "The same numbers without widgets (what a test or a script reads):"),
+    ("code", """from ddtree_lab.views.tuner import expected_tau_text
+for p in [dl.SamplingParams(temperature=0.8), dl.SamplingParams(temperature=0.8, top_k=20),
+          dl.SamplingParams(temperature=1.0, top_p=0.9), dl.SamplingParams(temperature=0.0)]:
+    for budget in (32, 8):
+        print(f"{str(p.to_dict()):<72} B'={budget:<3} expected τ = {expected_tau_text(tuner.state.data, p, budget)}")"""),
+    ("md", "Pressing the button (here from code) runs the live re-run and shows observed against predicted:"),
+    ("code", """tuner.live_button.click()
+HTML(tuner.live_out.value)"""),
+]
+
+NOTEBOOKS = {"03_greedy_vs_sampling.ipynb": GREEDY_VS_SAMPLING, "04_topk_topp_tuner.ipynb": TUNER}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--no-execute", action="store_true")
+    ap.add_argument("names", nargs="*", help="notebooks to write (default: both)")
+    args = ap.parse_args()
+    for name, cells in NOTEBOOKS.items():
+        if args.names and name not in args.names:
+            continue
+        nb = build(cells)
+        if not args.no_execute:
+            NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(LABS)}}).execute()
+        nbformat.write(nb, LABS / name)
+        print(f"wrote labs/{name}")
+
+
+if __name__ == "__main__":
+    main()
