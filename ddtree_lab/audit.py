@@ -761,8 +761,9 @@ class AuditReport:
 
 def _findings(case: AuditCase, threshold_single: float, threshold_acc: float) -> list[str]:
     out = []
-    if threshold_single < 1.0 or threshold_acc < 1.0:
-        out.append(f"thresholds below 1 (threshold_single = {threshold_single}, threshold_acc = {threshold_acc})")
+    if threshold_single < 1.0 or threshold_acc != 1.0:  # verify.is_lossy: anything else changes the rule
+        out.append(f"lossy thresholds (threshold_single = {threshold_single}, threshold_acc = {threshold_acc}; "
+                   "exact needs threshold_single >= 1 and threshold_acc == 1)")
     tokens = case.verify_input.node_token_ids[0].tolist()
     for node, kids in case.children().items():
         seen: dict[int, int] = {}
@@ -791,8 +792,8 @@ def audit(case: AuditCase, verifier: Verifier | str = "reference", draws: int = 
         alpha: significance level of the verdict.
         sampler: the plain sampler to compare: ``"lab"`` (:func:`plain_sample`), ``None``, or
             a callable ``(logits_row [V], params, coins [D]) -> [D] int64``.
-        threshold_single, threshold_acc: passed to the built-in backends; below 1 they are
-            reported as lossy.
+        threshold_single, threshold_acc: passed to the built-in backends (every value SGLang
+            accepts); ``threshold_single < 1`` or ``threshold_acc != 1`` is reported lossy.
         chunk: copies of the step per verifier call.
 
     Returns:
