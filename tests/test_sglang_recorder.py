@@ -478,3 +478,18 @@ def test_a_converted_row_bundles_and_replays(tmp_path):
     step = next(s for s in run.steps if s.extra["verdict"] == "differs")
     bundle.save_bundle(bundle.make_bundle(run, step), tmp_path)
     assert bundle.replay_bundle(tmp_path).ok
+
+
+def test_recording_problems_name_every_broken_row():
+    recording = sr.load_recording(FIXTURE)
+    assert sr.recording_problems(recording) == []
+    t = recording.steps[0]["tensors"]
+    first = int(t["retrive_next_token"][1, 0])
+    t["retrive_next_sibling"][1, first] = first  # a node that is its own next sibling: SGLang's walk would hang
+    recording.steps[1]["tensors"]["uniform_samples"][2, 3] = 1.0
+    recording.steps[2]["tensors"]["predicts"][0, 0] += 1  # predicts disagree with the accepted token
+    problems = sr.recording_problems(recording)
+    assert len(problems) == 3, problems
+    assert problems[0].startswith("step 0 (call 0), row 1 (req-1): ") and str(first) in problems[0]
+    assert problems[1] == "step 1 (call 1), row 2 (req-2): node 3: coin 1.0 is not in [0, 1)"
+    assert problems[2].startswith("step 2 (call 2), row 0 (req-0): SGLang's output: predicts")
