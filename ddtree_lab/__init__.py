@@ -16,8 +16,8 @@ terms in the README, "Terms"):
   StepTrace constructor), :func:`compare_outputs` (the one output comparator, giving
   :class:`Difference` s); bug-report bundles of one step in ``ddtree_lab.bundle``;
 * views: ``ddtree_lab.views`` (DOT/SVG/text/HTML) and ``ddtree_lab.lab`` (notebook calls);
-* SGLang interop (modules :mod:`ddtree_lab.sglang_bridge`, :mod:`ddtree_lab.sglang_recorder`;
-  sglang itself is imported only to run its kernels): :func:`to_sglang_buffers`,
+* SGLang interop (package :mod:`ddtree_lab.sglang`; sglang itself is imported only to run
+  its kernels): :func:`to_sglang_buffers`,
   :func:`from_sglang_buffers`, :class:`SGLangVerifyBuffers`, :class:`TreeMaskMode`,
   :func:`verify_output_from_sglang`, :func:`verify_output_to_sglang`,
   :class:`SGLangRecorder`, :func:`load_recording`, :func:`replay_recording`;
@@ -37,15 +37,15 @@ from .sampling import SamplingParams as SamplingParams
 from .sampling import greedy_params as greedy_params
 from .sampling import normalize_params as normalize_params
 from .sampling import target_probs as target_probs
-from .sglang_bridge import SGLangVerifyBuffers as SGLangVerifyBuffers
-from .sglang_bridge import TreeMaskMode as TreeMaskMode
-from .sglang_bridge import from_sglang_buffers as from_sglang_buffers
-from .sglang_bridge import to_sglang_buffers as to_sglang_buffers
-from .sglang_bridge import verify_output_from_sglang as verify_output_from_sglang
-from .sglang_bridge import verify_output_to_sglang as verify_output_to_sglang
-from .sglang_recorder import SGLangRecorder as SGLangRecorder
-from .sglang_recorder import load_recording as load_recording
-from .sglang_recorder import replay_recording as replay_recording
+from .sglang import SGLangRecorder as SGLangRecorder
+from .sglang import SGLangVerifyBuffers as SGLangVerifyBuffers
+from .sglang import TreeMaskMode as TreeMaskMode
+from .sglang import from_sglang_buffers as from_sglang_buffers
+from .sglang import load_recording as load_recording
+from .sglang import replay_recording as replay_recording
+from .sglang import to_sglang_buffers as to_sglang_buffers
+from .sglang import verify_output_from_sglang as verify_output_from_sglang
+from .sglang import verify_output_to_sglang as verify_output_to_sglang
 from .tree import DDTreeBuildResult as DDTreeBuildResult
 from .tree import build_tree as build_tree
 from .tree import build_tree_reference as build_tree_reference

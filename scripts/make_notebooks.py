@@ -71,6 +71,102 @@ for step in loaded.steps:
 print(f"replayed {len(loaded.steps)} steps bit for bit; file {path.stat().st_size / 1e3:.0f} kB")"""),
 ]
 
+SGLANG = [
+    ("md", """# 06 · SGLang: recorded verify steps, replayed by the lab
+
+This notebook opens a **recording of SGLang's own verify kernels**, replays every recorded row
+with the lab's verifiers, shows where SGLang and the lab disagree and why, and draws the
+recorded trees with the lab's views (a recording converts to lab step traces).
+
+The embedded recording (`fixtures/sglang_cpu_recording`) was made on a CPU by running SGLang's
+Triton kernels under `TRITON_INTERPRET=1` through the lab's recorder
+(`scripts/make_sglang_fixture.py`): a greedy tree verify of three DDTree trees, two batches of
+SGLang's chain sampler with one-hot draft probabilities (the target-only rule), and one batch
+of its rejection sampler with real draft probabilities.
+
+**Your own recording.** Start SGLang with the recorder switched on (every scheduler process
+inherits it):
+
+```bash
+DDTREE_LAB_SGLANG_RECORD=/tmp/rec \\
+PYTHONPATH=$(ddtree-lab sglang hook-dir):$PYTHONPATH \\
+python -m sglang.launch_server --model-path ... --speculative-algorithm EAGLE ...
+```
+
+then set `RECORDING` below to `/tmp/rec/sglang-rank0-pid<PID>` and run all cells. Nothing
+here needs sglang installed or a GPU."""),
+    ("code", """from IPython.display import HTML, SVG, display
+
+from ddtree_lab import lab, sglang, views
+
+RECORDING = "../fixtures/sglang_cpu_recording"
+recording = sglang.load_recording(RECORDING)
+meta = recording.metadata
+print(f"{len(recording)} recorded verify calls, {recording.num_rows} rows; {meta['source']}, "
+      f"sglang {meta['sglang']}, torch {meta['torch']}, interpreted Triton: {meta['triton_interpret']}")
+for i, step in enumerate(recording.steps):
+    print(f"  step {i}: {step['kind']:6s} kernel {step['kernel']}, N = {step['draft_token_num']}, "
+          f"requests {step['request_ids']}")"""),
+    ("md", """## Replay every recorded row with the lab's reference verifier
+
+One line per request and step: `agrees`, `differs` (with the by-design explanation when the
+lab knows one) or `not replayable` (SGLang ran something the lab does not implement)."""),
+    ("code", """results = sglang.replay_recording(recording, backend="reference")
+print("\\n".join(sglang.replay_report(results)))"""),
+    ("md", """## The recording as lab step traces
+
+`recording_to_trace` turns every replayable row into a lab `StepTrace` (request ids from
+SGLang, the lab's decision log, SGLang's own output and the verdict in `step.extra`), so the
+lab's summaries, views, `ddtree-lab render` and `dl.replay` work on it. Draft log-weights and
+ranks are not recorded by SGLang: the views show them as `nan` / `-1`."""),
+    ("code", """run = sglang.recording_to_trace(recording)
+display(HTML(lab.summary_html(run)))
+for skipped in run.metadata["skipped_rows"]:
+    print(f"skipped: step {skipped['step']} {skipped['request_id']}: {skipped['why']}")"""),
+    ("md", """## A recorded tree
+
+Step 0, request `req-0`: the DDTree tree SGLang verified greedily, drawn by the lab's views:
+the accepted path green, siblings the walk rejected red, nodes never reached grey, the bonus
+token a blue box."""),
+    ("code", """first = run.steps[0]
+display(SVG(views.step_svg(first, run)))
+display(HTML(views.decisions_table_html(views.step_view(first, run))))"""),
+    ("md", """## A sampled step, decision by decision
+
+Step 1 ran SGLang's chain sampler with one-hot draft probabilities, i.e. the target-only rule:
+accept node *i+1* iff the coin at node *i* is `< p_i(token)`. The lab's decision log shows each
+coin and the mass it was compared with."""),
+    ("code", """sampled = max((s for s in run.steps if s.step == 1), key=lambda s: s.extra["sglang_accept_length"])
+print(f"request {sampled.request_id}: SGLang accepted {sampled.extra['sglang_accept_length']} draft tokens, "
+      f"lab {sampled.accept_length}")
+display(HTML(views.decisions_table_html(views.step_view(sampled, run))))
+display(SVG(views.step_svg(sampled, run)))"""),
+    ("md", """## Where SGLang and the lab differ
+
+Step 2, `req-1`: the drafted token holds all of the root row's float32 mass (`1 - 2**-24`)
+and the coin equals it. SGLang compares `u < S` in float32, rejects the token, and draws its
+bonus from an empty residual: token `V - 1`, which the target gives probability 0. In exact
+arithmetic the token holds the whole row, `S = 1 > u`, and the lab accepts it and walks on.
+The drawing is the lab's walk; SGLang's output is in the replay line."""),
+    ("code", """for s in run.steps:
+    if s.extra["verdict"] == "differs":
+        print(f"step {s.step} {s.request_id}:")
+        for line in s.extra["differences"]:
+            print("   ", line)
+        print("   explanation:", s.extra["explanation"])
+        display(HTML(views.decisions_table_html(views.step_view(s, run))))
+        display(SVG(views.step_svg(s, run)))"""),
+    ("md", """## Every lab backend
+
+The same replay with each of the lab's verify backends present in this checkout. Every backend
+gets the same input (the recorded rows' logarithms at temperature 1), so they classify every
+row alike."""),
+    ("code", """from ddtree_lab.sglang.kernels import lab_verifiers
+
+for backend in lab_verifiers():
+    print(f"{backend}: {sglang.replay_report(sglang.replay_recording(recording, backend))[-1]}")"""),
+]
+
 VERIFY_STEPPER = [
     ("md", """# 02 · The verify stepper: one decision at a time
 
@@ -141,7 +237,7 @@ live"""),
 print(f"{len(live.steps)} live steps recorded; showing step {live.trace.step}")"""),
 ]
 
-NOTEBOOKS = {"01_live_step.ipynb": LIVE_STEP, "02_verify_stepper.ipynb": VERIFY_STEPPER}
+NOTEBOOKS = {"01_live_step.ipynb": LIVE_STEP, "02_verify_stepper.ipynb": VERIFY_STEPPER, "06_sglang.ipynb": SGLANG}
 
 
 def build(cells) -> nbformat.NotebookNode:

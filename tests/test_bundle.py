@@ -131,7 +131,7 @@ def test_save_bundle_refuses_what_it_was_not_asked_for(sampled, tmp_path):
 
 
 def test_bundles_of_an_sglang_recording_replay(tmp_path):
-    from ddtree_lab.sglang_recorder import load_recording, recording_to_trace
+    from ddtree_lab.sglang import load_recording, recording_to_trace
 
     run = recording_to_trace(load_recording(RECORDING))
     assert run.steps

@@ -215,4 +215,4 @@ def committed_html(run: RunTrace, request: int = 0) -> str:
             count += 1
     body = "".join(parts).replace("\n", "<br>")
     return (f'<div style="font-family:monospace;white-space:pre-wrap;line-height:1.6">'
-            f"<b>{html.escape(meta['prompt'])}</b><br>{body}</div>")
+            f"<b>{html.escape(meta.get('prompt') or '(prompt not recorded)')}</b><br>{body}</div>")
