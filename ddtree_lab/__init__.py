@@ -12,10 +12,12 @@ terms in the README, "Terms"):
   :func:`draw_coins`, :func:`make_generators`;
 * live decoding and traces: :class:`LiveSession` (``ddtree_lab.models`` holds the target
   adapter, ``ddtree_lab.models`` also the drafters), :class:`StepTrace`, :class:`RunTrace`,
-  :func:`save_trace`, :func:`load_trace`, :func:`replay`;
+  :func:`save_trace`, :func:`load_trace`, :func:`replay`, :func:`make_step_trace` (the one
+  StepTrace constructor), :func:`compare_outputs` (the one output comparator, giving
+  :class:`Difference` s); bug-report bundles of one step in ``ddtree_lab.bundle``;
 * views: ``ddtree_lab.views`` (DOT/SVG/text/HTML) and ``ddtree_lab.lab`` (notebook calls);
-* SGLang interop (modules :mod:`ddtree_lab.sglang_bridge`, :mod:`ddtree_lab.sglang_recorder`;
-  sglang itself is imported only to run its kernels): :func:`to_sglang_buffers`,
+* SGLang interop (package :mod:`ddtree_lab.sglang`; sglang itself is imported only to run
+  its kernels): :func:`to_sglang_buffers`,
   :func:`from_sglang_buffers`, :class:`SGLangVerifyBuffers`, :class:`TreeMaskMode`,
   :func:`verify_output_from_sglang`, :func:`verify_output_to_sglang`,
   :class:`SGLangRecorder`, :func:`load_recording`, :func:`replay_recording`;
@@ -35,24 +37,27 @@ from .sampling import SamplingParams as SamplingParams
 from .sampling import greedy_params as greedy_params
 from .sampling import normalize_params as normalize_params
 from .sampling import target_probs as target_probs
-from .sglang_bridge import SGLangVerifyBuffers as SGLangVerifyBuffers
-from .sglang_bridge import TreeMaskMode as TreeMaskMode
-from .sglang_bridge import from_sglang_buffers as from_sglang_buffers
-from .sglang_bridge import to_sglang_buffers as to_sglang_buffers
-from .sglang_bridge import verify_output_from_sglang as verify_output_from_sglang
-from .sglang_bridge import verify_output_to_sglang as verify_output_to_sglang
-from .sglang_recorder import SGLangRecorder as SGLangRecorder
-from .sglang_recorder import load_recording as load_recording
-from .sglang_recorder import replay_recording as replay_recording
+from .sglang import SGLangRecorder as SGLangRecorder
+from .sglang import SGLangVerifyBuffers as SGLangVerifyBuffers
+from .sglang import TreeMaskMode as TreeMaskMode
+from .sglang import from_sglang_buffers as from_sglang_buffers
+from .sglang import load_recording as load_recording
+from .sglang import replay_recording as replay_recording
+from .sglang import to_sglang_buffers as to_sglang_buffers
+from .sglang import verify_output_from_sglang as verify_output_from_sglang
+from .sglang import verify_output_to_sglang as verify_output_to_sglang
 from .tree import DDTreeBuildResult as DDTreeBuildResult
 from .tree import build_tree as build_tree
 from .tree import build_tree_reference as build_tree_reference
 from .tree import check_draft_topk as check_draft_topk
 from .tree import draft_topk_from_logits as draft_topk_from_logits
+from .trace import Difference as Difference
 from .trace import ReplayMismatch as ReplayMismatch
 from .trace import RunTrace as RunTrace
 from .trace import StepTrace as StepTrace
 from .trace import TraceFormatError as TraceFormatError
+from .trace import compare_outputs as compare_outputs
+from .trace import make_step_trace as make_step_trace
 from .trace import load_trace as load_trace
 from .trace import replay as replay
 from .trace import save_trace as save_trace

@@ -12,7 +12,7 @@ from .trace import RunTrace
 from .views import committed_html, decisions_table_html, step_svg, step_view, to_text
 
 __all__ = ["load_default", "show_step", "show_steps", "show_text", "step_browser", "decisions_html", "summary",
-           "summary_html", "step_text"]
+           "summary_html", "step_text", "verify_stepper", "live_more", "fixture_trace"]
 
 
 def load_default(device: str = "cpu"):
@@ -112,3 +112,41 @@ def summary_html(run: RunTrace) -> str:
 def step_text(run: RunTrace, step_index: int) -> str:
     """The plain-text tree of one recorded step."""
     return to_text(step_view(run.steps[step_index], run))
+
+
+def fixture_trace(name: str = "smollm2_t08_b32") -> RunTrace:
+    """A recorded run shipped in ``fixtures/traces/`` (``smollm2_greedy_b32``, ``smollm2_t08_b32``).
+
+    Raises:
+        FileNotFoundError: no such fixture (the message lists the ones there are).
+    """
+    from pathlib import Path
+
+    from .trace import load_trace
+
+    folder = Path(__file__).resolve().parent.parent / "fixtures" / "traces"
+    path = folder / f"{name}.ddtrace.safetensors"
+    if not path.exists():
+        have = sorted(p.name.removesuffix(".ddtrace.safetensors") for p in folder.glob("*.ddtrace.safetensors"))
+        raise FileNotFoundError(f"no fixture trace {name!r} in {folder} (there are: {have})")
+    return load_trace(path)
+
+
+def live_more(session, max_new_tokens: int):
+    """A callable for :func:`verify_stepper`'s live button: one more step of ``session`` (a
+    started :class:`ddtree_lab.LiveSession`) up to ``max_new_tokens`` per request, then the
+    run so far. The stepper calls it; the stepper itself never touches the model."""
+    def more() -> RunTrace:
+        session.step(max_new_tokens)
+        return session.trace()
+
+    return more
+
+
+def verify_stepper(run: RunTrace, request: int | None = None, step: int = 0, more=None,
+                   collapse_unvisited: bool = True):
+    """The verify stepper widget (:class:`ddtree_lab.views.VerifyStepper`) on ``run``; display
+    it as a cell's last value. ``more``: see :func:`live_more`."""
+    from .views import VerifyStepper
+
+    return VerifyStepper(run, request=request, step=step, more=more, collapse_unvisited=collapse_unvisited)

@@ -21,9 +21,10 @@ One step for the batch of active requests (Ringel & Romano, arXiv 2604.12989, §
    finished requests leave the batch.
 
 Recording levels (``record=``): ``full`` (everything a :class:`StepTrace` holds, every node's
-target row), ``light`` (buffers, draft top-k, decisions and only the rows the verifier read:
-the other nodes' ``child_probs`` are 0 and their top-M rows empty, ``top_token_ids`` -1),
-``off`` (outputs only: no StepTrace; the tokens, ``last_timings`` and ``stage_totals``).
+target row and its top-64 raw logits), ``light`` (buffers, draft top-k, decisions and only the
+rows the verifier read: ``child_probs`` of the visited nodes' children, NaN elsewhere, no
+top-M rows: those fields are None, see :func:`ddtree_lab.trace.make_step_trace`), ``off``
+(outputs only: no StepTrace; the tokens, ``last_timings`` and ``stage_totals``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import torch
 from .models.drafter import DraftContext, Drafter
 from .retrieve import compile_retrieve
 from .sampling import SamplingParams, normalize_params, target_probs
-from .trace import RunTrace, StepTrace, row_records
+from .trace import TOP_M_LOGITS, RunTrace, StepTrace, make_step_trace
 from .tree import build_tree, draft_topk_from_logits
 from .verify import VerifyOutput, draw_coins, make_generators, residual_draw, verify_sampled
 
@@ -288,50 +289,17 @@ class LiveSession:
 
     def _record(self, step_no, b, r, ids, lps, tree, vi, logits, probs, coins, final, out, timings) -> StepTrace:
         n = int(tree.num_nodes[b])
-        parents = tree.parents[b, :n]
-        tokens = tree.node_token_ids[b, :n]
-        bonus = out.bonus[b]
-        if probs is not None:  # full: every node's row
-            row_logits = logits[b, :n].float().cpu()
-            display = torch.softmax(row_logits, -1) if r.params.is_greedy else probs[b, :n]
-            records = row_records(parents, tokens, probs[b, :n], display, bonus, self.top_m)
-        else:
-            records = self._light_records(b, r, n, logits, out, bonus)
         local = vi.request(b)
-        return StepTrace(
-            step=step_no, request=r.request, request_id=r.request_id, prefix_len=r.prefix_len,
-            draft_token_ids=ids[b].clone(), draft_logprobs=lps[b].clone(), node_token_ids=tokens.clone(),
-            parents=parents.clone(), depths=tree.depths[b, :n].clone(), ranks=tree.ranks[b, :n].clone(),
-            node_logws=tree.node_logws[b, :n].clone(), retrieve_index=local.retrieve_index[0, :n].clone(),
-            retrieve_next_token=local.retrieve_next_token[0, :n].clone(),
-            retrieve_next_sibling=local.retrieve_next_sibling[0, :n].clone(), positions=vi.positions[b, :n].clone(),
-            params=r.params, coins=coins[b, :n].clone(), final_coin=float(final[b]), **records,
-            final_mass=float(bonus.residual_mass), output=_request_output(out, b), timings=dict(timings),
+        return make_step_trace(
+            step=step_no, request=r.request, request_id=r.request_id, prefix_len=r.prefix_len, params=r.params,
+            output=_request_output(out, b), level=self.record,
+            node_token_ids=tree.node_token_ids[b, :n], parents=tree.parents[b, :n], depths=tree.depths[b, :n],
+            ranks=tree.ranks[b, :n], node_logws=tree.node_logws[b, :n],
+            retrieve_next_token=local.retrieve_next_token[0, :n], retrieve_next_sibling=local.retrieve_next_sibling[0, :n],
+            positions=vi.positions[b, :n], draft_token_ids=ids[b], draft_logprobs=lps[b], coins=coins[b, :n],
+            final_coin=float(final[b]), logits=logits[b, :n], probs=None if probs is None else probs[b, :n],
+            top_m=self.top_m, top_m_logits=getattr(self, "top_m_logits", TOP_M_LOGITS), timings=timings,
             backend=out.backend)
-
-    def _light_records(self, b, r, n, logits, out, bonus) -> dict[str, torch.Tensor]:
-        """Level ``light``: the trace's row fields from the rows the walk read only (the
-        parents of the judged children and the bonus row), the rest left empty."""
-        from .verify_backends import lazy_row_probs
-
-        m = min(self.top_m, logits.shape[-1])
-        child = torch.zeros(n)
-        for d in out.decisions[b]:
-            child[d.node] = d.target_prob
-        read = sorted({d.parent for d in out.decisions[b]} | ({bonus.node} if bonus.node >= 0 else set()))
-        top_ids = torch.full((n, m), -1, dtype=torch.int64)
-        top_p = torch.zeros(n, m)
-        if read:
-            rows = logits[b, read].float().cpu()
-            display = torch.softmax(rows, -1) if r.params.is_greedy else torch.stack(
-                [lazy_row_probs(row, r.params) for row in rows])
-            top = display.topk(m, -1)
-            top_ids[read], top_p[read] = top.indices, top.values.float()
-        prefix = torch.zeros(0)
-        if bonus.token >= 0:
-            row = lazy_row_probs(logits[b, bonus.node].float().cpu(), r.params)
-            prefix = row[: bonus.token + 1].clone()
-        return {"child_probs": child, "top_token_ids": top_ids, "top_probs": top_p, "final_row_prefix": prefix}
 
     def _commit(self, active: list[RequestState], out: VerifyOutput, features: torch.Tensor, num_rows: int,
                 max_new_tokens: int) -> None:
@@ -395,10 +363,7 @@ class LiveSession:
             seen.update(r.generated)
             seen.update(r.prompt_ids[-8:])
         for s in self.steps:
-            seen.update(s.node_token_ids.tolist())
-            seen.update(s.top_token_ids.flatten().tolist())
-            seen.update(s.draft_token_ids.flatten().tolist())
-            seen.add(s.bonus_token)
+            seen.update(s.token_ids())  # tree, draft top-k, display rows, outputs (what the level stores)
         seen.discard(-1)
         texts = {t: self.target.token_text(t) for t in sorted(seen)}
         meta = {

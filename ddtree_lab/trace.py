@@ -1,53 +1,87 @@
 """Step traces: everything one DDTree step did for one request, and the trace file format.
 
 A :class:`StepTrace` holds the drafter's top-k, the tree, the verify buffers, the sampling
-parameters, the coins, the target probabilities the verifier read, the verify output with its
+parameters, the coins, the target rows the verifier read, the verify output with its
 decision log, and stage timings. A :class:`RunTrace` is a list of them plus run metadata.
+:func:`make_step_trace` is the one constructor (live sessions and SGLang recordings);
+:func:`compare_outputs` the one comparator of a recorded and a replayed output.
 
-**What is stored exactly and what is truncated** (the file must stay small: a target row is
-``V`` floats, 196 kB for SmolLM2):
+**Recording levels** (``StepTrace.level``): ``"full"`` stores everything below;
+``"light"`` stores the tree, buffers, coins, outputs, decisions and the rows the verifier
+read (``child_probs`` of the children of the visited nodes, the bonus row prefix), no top-M
+rows; ``"off"`` stores the outputs only. A field a level does not store is ``None``
+(:meth:`StepTrace.missing` lists them); in ``light`` steps, ``child_probs`` of nodes whose
+parent the walk never visited are NaN ("not read").
+
+**What is stored exactly and what is bounded** (a target row is ``V`` floats, 196 kB for
+SmolLM2, so rows are cut):
 
 * exact: tree, buffers, draft top-k, coins, parameters, outputs, decisions;
-* exact: ``child_probs[i] = p_parent(i)(token_i)``, the target probability of every node's
-  token under its parent's row -- all a verifier reads while walking the tree, whatever the
-  coins;
+* exact: ``child_probs[i] = p_parent(i)(token_i)``, the target probability (under the
+  request's parameters; greedy: the one-hot verify row) of every node's token in its
+  parent's row -- all a verifier reads while walking the tree, whatever the coins;
 * exact: the bonus row *up to the drawn token* (``final_row_prefix``) and the residual mass
   (float64) -- all the inverse-CDF draw reads for the recorded coin (see
   :func:`ddtree_lab.verify.residual_draw`);
-* truncated: for display and what-if analyses, each node's row as its top ``M`` tokens
-  (``top_token_ids``, ``top_probs``; greedy requests: the softmax of the raw logits). The
-  mass outside the top ``M`` is ``1 - sum(top_probs)``: :meth:`StepTrace.truncation_bound`
-  returns it, and an analysis that reads a truncated row reports it as its error bound.
+* exact (format v2, level ``full``): per node row, the top ``M`` *raw* target logits
+  (before temperature) ``row_logits [n, M]`` float32 with their ids ``row_logit_ids
+  [n, M]`` int64, sorted by descending logit, ties by ascending token id (the set is the
+  first ``M`` in that order); ``node_logits [n]`` float32, the raw logit of node ``i``'s
+  token in its parent's row (root NaN; children may lie outside the top ``M``);
+  ``row_logsumexp [n]`` float64, ``log sum_v exp(logit_v)`` over the full row at
+  temperature 1. Run metadata holds ``vocab_size`` (``V``) and ``top_m_logits`` (``M``).
+* bounded: every token outside a row's top ``M`` has a raw logit ``<= row_logits[i, M-1]``;
+  there are ``V - M`` of them, and their total temperature-1 mass is
+  ``1 - sum_j exp(row_logits[i, j] - row_logsumexp[i])``. Anything that depends only on the
+  top ``M`` (every top-k <= M at any temperature) is exact; anything else is bounded by
+  these two facts (the tuner derives its error bounds from them).
+* truncated, for display: each node's row as its top ``m`` tokens (``top_token_ids``,
+  ``top_probs``; greedy requests: the softmax of the raw logits), ``m = 16`` by default.
+  :meth:`StepTrace.truncation_bound` returns the mass outside them.
 
 With these, :func:`replay` re-runs the reference verifier on a stored step and checks it
 reproduces the recorded output bit for bit.
 
-**File format** (``.ddtrace.safetensors``): one safetensors file. Tensors are named
-``"{k}.{field}"`` for step ``k``; the safetensors metadata key ``"ddtree_lab"`` holds one JSON
-document: ``format``, ``version``, run ``metadata`` (models, tokenizer, dtype, device,
-versions), token texts, and each step's scalars, parameters and decision log. Loading reads
-tensors and JSON only: no code from the file is ever executed (no pickle).
+**File format** (``.ddtrace.safetensors``, version 2): one safetensors file. Tensors are
+named ``"{k}.{field}"`` for step ``k``; the safetensors metadata key ``"ddtree_lab"`` holds
+one JSON document: ``format``, ``version``, run ``metadata``, token texts, each step's
+scalars, parameters and decision log, and ``tensors``: for every tensor its dtype, shape and
+SHA-256 of its bytes. The key ``"ddtree_lab_sha256"`` holds the SHA-256 of the JSON document.
+Loading checks both, and every tensor's dtype and shape against the document and the tree,
+before anything uses a value; a corrupted file is refused with one line naming file, step
+and field. Version 1 files (no checksums; timing key ``retrieve``, read as ``compile``)
+still load. Loading reads tensors and JSON only: no code from the file is ever executed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields as dataclass_fields
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
+from .retrieve import DDTreeVerifyInput, tree_attention_mask
 from .sampling import SamplingParams
 from .verify import BonusDraw, Decision, VerifyOutput, verify_sampled
-from .retrieve import DDTreeVerifyInput, tree_attention_mask
 
-__all__ = ["StepTrace", "RunTrace", "row_records", "save_trace", "load_trace", "replay", "ReplayMismatch", "TraceFormatError"]
+__all__ = ["StepTrace", "RunTrace", "Difference", "make_step_trace", "compare_outputs", "row_records",
+           "save_trace", "load_trace", "replay", "replay_differences", "ReplayMismatch", "TraceFormatError",
+           "LEVELS", "STAGES", "TOP_M_LOGITS"]
 
 FORMAT = "ddtree-lab-trace"
-VERSION = 1
+VERSION = 2
+LEVELS = ("full", "light", "off")
+STAGES = ("draft", "build", "compile", "target", "verify", "record", "commit")
+TOP_M_LOGITS = 64  # M: raw logits kept per row at level "full"
+TOP_M_DISPLAY = 16  # m: display probabilities kept per row at level "full"
 
+# Tensor fields of a StepTrace: name -> dtype. Output tensors (accept_index, emitted_tokens)
+# live in StepTrace.output and are stored under these names too.
 _TENSOR_FIELDS = {
-    # name: dtype
     "draft_token_ids": torch.int64,
     "draft_logprobs": torch.float32,
     "node_token_ids": torch.int64,
@@ -64,79 +98,129 @@ _TENSOR_FIELDS = {
     "top_token_ids": torch.int64,
     "top_probs": torch.float32,
     "final_row_prefix": torch.float32,
+    "row_logit_ids": torch.int64,
+    "row_logits": torch.float32,
+    "row_logsumexp": torch.float64,
+    "node_logits": torch.float32,
     "accept_index": torch.int64,
     "emitted_tokens": torch.int64,
 }
+_OUTPUT_FIELDS = ("accept_index", "emitted_tokens")
+_V1_FIELDS = [k for k in _TENSOR_FIELDS if k not in ("row_logit_ids", "row_logits", "row_logsumexp", "node_logits")]
+_NODE_FIELDS = ("node_token_ids", "parents", "depths", "ranks", "node_logws", "retrieve_index", "retrieve_next_token",
+                "retrieve_next_sibling", "positions", "coins", "child_probs", "row_logsumexp", "node_logits")
+# what each level must store (besides the outputs); "full" may lack the logit rows when the
+# source has none (an SGLang recording holds probabilities only)
+_REQUIRED = {
+    "off": (),
+    "light": ("node_token_ids", "parents", "depths", "ranks", "node_logws", "retrieve_index", "retrieve_next_token",
+              "retrieve_next_sibling", "positions", "coins", "child_probs", "final_row_prefix", "draft_token_ids",
+              "draft_logprobs"),
+}
+_REQUIRED["full"] = _REQUIRED["light"] + ("top_token_ids", "top_probs")
+_DTYPE_NAMES = {torch.int64: "int64", torch.float32: "float32", torch.float64: "float64"}
 
 
 class TraceFormatError(ValueError):
-    """A trace file that is not a ddtree-lab trace, or one with a missing or bad field."""
+    """A trace or bundle file that is not one, is corrupted, or has a missing or bad field."""
 
 
 class ReplayMismatch(AssertionError):
-    """Replaying a step gave a different output than the one recorded."""
+    """Replaying a step gave a different output than the one recorded (``.differences``)."""
+
+    def __init__(self, message: str, differences: Sequence["Difference"] = ()):
+        super().__init__(message)
+        self.differences = list(differences)
+
+
+def normalize_timings(timings: dict | None) -> dict:
+    """Stage timings in seconds under the one set of names :data:`STAGES`; the version-1 key
+    ``retrieve`` is read as ``compile``. Unknown keys are kept as they are."""
+    out = {}
+    for k, v in (timings or {}).items():
+        out["compile" if k == "retrieve" else str(k)] = float(v)
+    return out
 
 
 @dataclass
 class StepTrace:
     """One step of one request. Tensors are per request (``n`` = its number of tree nodes).
 
+    A field the step's recording ``level`` does not store is ``None`` (module docstring).
+
     Attributes:
-        step, request: step number in the run (0-based) and request index in the batch.
+        step, request: decoding step number in the run (0-based) and request index in the batch.
         request_id: a user-facing id (e.g. an engine's request id), or ``str(request)``.
         prefix_len: tokens in the target KV cache before the root.
+        params: the request's :class:`SamplingParams`.
+        output: the recorded :class:`VerifyOutput` of this request (batch of one).
         draft_token_ids, draft_logprobs: ``[L-1, K]`` the drafter's top-k.
         node_token_ids, parents, depths, ranks: ``[n]`` int64; node_logws: ``[n]`` float32.
         retrieve_index, retrieve_next_token, retrieve_next_sibling, positions: ``[n]`` int64
             (as the verifier read them, request-local: ``retrieve_index[i] == i``).
-        params: the request's :class:`SamplingParams`.
         coins: ``[n]`` float32; final_coin: the bonus coin (a float32 value).
-        child_probs: ``[n]`` float32, ``p_parent(token_i)`` (root 0).
-        top_token_ids, top_probs: ``[n, M]`` (truncated rows, see module docstring).
+        child_probs: ``[n]`` float32, ``p_parent(token_i)`` (root 0; ``light``: NaN where
+            the parent was not visited).
+        top_token_ids, top_probs: ``[n, m]`` display rows (module docstring).
         final_row_prefix: ``[t + 1]`` float32, the bonus row up to the drawn token ``t``
             (empty when the support was exhausted).
         final_mass: float64, residual mass of the bonus draw.
-        output: the recorded :class:`VerifyOutput` of this request (batch of one).
-        timings: seconds per stage (``draft``, ``build``, ``retrieve``, ``target``, ``verify``).
+        row_logit_ids, row_logits: ``[n, M]`` int64 / float32, each row's top-M raw logits.
+        row_logsumexp: ``[n]`` float64, log-sum-exp of each full raw row.
+        node_logits: ``[n]`` float32, raw logit of node ``i``'s token in its parent's row.
+        timings: seconds per stage (:data:`STAGES`).
         backend: which verifier ran.
         extra: JSON-able facts from the source (e.g. an SGLang recording: kernel, rank, call,
             SGLang's own output and any difference from the lab's verifier).
+        level: ``"full"``, ``"light"`` or ``"off"``.
     """
 
     step: int
     request: int
     request_id: str
     prefix_len: int
-    draft_token_ids: torch.Tensor
-    draft_logprobs: torch.Tensor
-    node_token_ids: torch.Tensor
-    parents: torch.Tensor
-    depths: torch.Tensor
-    ranks: torch.Tensor
-    node_logws: torch.Tensor
-    retrieve_index: torch.Tensor
-    retrieve_next_token: torch.Tensor
-    retrieve_next_sibling: torch.Tensor
-    positions: torch.Tensor
     params: SamplingParams
-    coins: torch.Tensor
-    final_coin: float
-    child_probs: torch.Tensor
-    top_token_ids: torch.Tensor
-    top_probs: torch.Tensor
-    final_row_prefix: torch.Tensor
-    final_mass: float
     output: VerifyOutput
+    draft_token_ids: torch.Tensor | None = None
+    draft_logprobs: torch.Tensor | None = None
+    node_token_ids: torch.Tensor | None = None
+    parents: torch.Tensor | None = None
+    depths: torch.Tensor | None = None
+    ranks: torch.Tensor | None = None
+    node_logws: torch.Tensor | None = None
+    retrieve_index: torch.Tensor | None = None
+    retrieve_next_token: torch.Tensor | None = None
+    retrieve_next_sibling: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    coins: torch.Tensor | None = None
+    final_coin: float | None = None
+    child_probs: torch.Tensor | None = None
+    top_token_ids: torch.Tensor | None = None
+    top_probs: torch.Tensor | None = None
+    final_row_prefix: torch.Tensor | None = None
+    final_mass: float | None = None
+    row_logit_ids: torch.Tensor | None = None
+    row_logits: torch.Tensor | None = None
+    row_logsumexp: torch.Tensor | None = None
+    node_logits: torch.Tensor | None = None
     timings: dict = field(default_factory=dict)
     backend: str = "reference"
     extra: dict = field(default_factory=dict)
+    level: str = "full"
+    stored_num_nodes: int | None = None  # n of an "off" step (it stores no node tensors)
 
     @property
     def num_nodes(self) -> int:
-        return int(self.node_token_ids.shape[0])
+        if self.node_token_ids is not None:
+            return int(self.node_token_ids.shape[0])
+        if self.stored_num_nodes is None:
+            raise ValueError(f"step {self.step}, request {self.request}: the number of tree nodes was not recorded")
+        return int(self.stored_num_nodes)
 
     @property
     def anchor_token_id(self) -> int:
+        if self.node_token_ids is None:
+            raise ValueError(f"step {self.step}, request {self.request}: recorded at level {self.level!r}: no tree")
         return int(self.node_token_ids[0])
 
     @property
@@ -157,19 +241,43 @@ class StepTrace:
 
     @property
     def decisions(self) -> list[Decision]:
-        return self.output.decisions[0]
+        return self.output.decisions[0] if self.output.decisions else []
 
     @property
-    def bonus(self) -> BonusDraw:
-        return self.output.bonus[0]
+    def bonus(self) -> BonusDraw | None:
+        return self.output.bonus[0] if self.output.bonus else None
+
+    def missing(self) -> list[str]:
+        """Tensor fields this step does not store (its level, or a source without them)."""
+        return [name for name in _TENSOR_FIELDS if name not in _OUTPUT_FIELDS and getattr(self, name) is None]
+
+    def token_ids(self) -> set[int]:
+        """Every token id this step mentions (tree, draft top-k, display rows, outputs)."""
+        seen = set(self.emitted) | {self.bonus_token}
+        for name in ("node_token_ids", "draft_token_ids", "top_token_ids"):
+            t = getattr(self, name)
+            if t is not None:
+                seen.update(t.flatten().tolist())
+        seen.discard(-1)
+        return seen
 
     def truncation_bound(self) -> torch.Tensor:
-        """``[n]``: probability mass outside the stored top-M of each row (an upper bound on
-        the error of any probability read from the truncated rows)."""
+        """``[n]``: probability mass outside the stored display top-m of each row (an upper
+        bound on the error of any probability read from the truncated rows).
+
+        Raises:
+            ValueError: the step stores no display rows (level ``light`` / ``off``).
+        """
+        if self.top_probs is None:
+            raise ValueError(f"step {self.step}, request {self.request}: recorded at level {self.level!r}: "
+                             "no display rows (top_probs)")
         return (1.0 - self.top_probs.double().sum(-1)).clamp(min=0.0)
 
     def verify_input(self) -> DDTreeVerifyInput:
         """The recorded buffers as a batch of one (mask recomputed from the parents)."""
+        if self.retrieve_next_token is None or self.parents is None:
+            raise ValueError(f"step {self.step}, request {self.request}: recorded at level {self.level!r}: "
+                             "no verify buffers")
         n = self.num_nodes
         num = torch.tensor([n])
         return DDTreeVerifyInput(
@@ -181,14 +289,46 @@ class StepTrace:
 
 @dataclass
 class RunTrace:
-    """A recorded run: metadata, steps, and the texts of the tokens they mention."""
+    """A recorded run: metadata, steps, and the texts of the tokens they mention.
+
+    ``metadata`` gains ``vocab_size`` (from the target's metadata) and ``top_m_logits`` (M of
+    the stored logit rows; None when no step stores them) when they are missing.
+    """
 
     metadata: dict
     steps: list[StepTrace]
     token_texts: dict[int, str] = field(default_factory=dict)
 
+    def __post_init__(self):
+        if self.metadata.get("vocab_size") is None:
+            target = self.metadata.get("target")
+            if isinstance(target, dict) and target.get("vocab_size") is not None:
+                self.metadata["vocab_size"] = int(target["vocab_size"])
+        if self.metadata.get("top_m_logits") is None:
+            rows = next((s.row_logits for s in self.steps if s.row_logits is not None), None)
+            self.metadata["top_m_logits"] = None if rows is None else int(rows.shape[-1])
+
+    @property
+    def vocab_size(self) -> int | None:
+        v = self.metadata.get("vocab_size")
+        return None if v is None else int(v)
+
     def for_request(self, request: int) -> list[StepTrace]:
         return [s for s in self.steps if s.request == request]
+
+    def find_step(self, step: int, request: int) -> StepTrace:
+        """The record of decoding step ``step`` of request ``request``.
+
+        Raises:
+            KeyError: no such record (the message lists the steps the request has).
+        """
+        for s in self.steps:
+            if s.step == step and s.request == request:
+                return s
+        have = sorted({s.step for s in self.steps if s.request == request})
+        if not have:
+            raise KeyError(f"request {request}: not in this trace (requests: {sorted({s.request for s in self.steps})})")
+        raise KeyError(f"request {request} has no step {step} (its steps: {have[0]}..{have[-1]})")
 
     def generated_tokens(self, request: int) -> list[int]:
         """The request's generated ids: the prefill's first token, then each step's emitted
@@ -199,20 +339,188 @@ class RunTrace:
         return self.token_texts.get(int(token_id), f"<{int(token_id)}>")
 
 
-def row_records(parents: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor, display: torch.Tensor,
-                bonus: BonusDraw, top_m: int) -> dict[str, torch.Tensor]:
-    """The target-row fields of a :class:`StepTrace` for one request (module docstring).
+# -- the one constructor ----------------------------------------------------------------------
+
+
+def _top_logits(logits: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``m`` of each row of ``[n, V]`` logits, by descending value, ties by ascending id."""
+    n, vocab = logits.shape
+    m = min(m, vocab)
+    if n == 0 or m == 0:
+        return torch.zeros(n, m, dtype=torch.int64), torch.zeros(n, m, dtype=torch.float32)
+    cand = logits.topk(min(m + 8, vocab), -1)
+    kth = cand.values[:, m - 1 : m]
+    if cand.values.shape[1] < vocab and bool((cand.values[:, -1:] >= kth).any()):
+        # ties with the m-th value reach past the candidates: take every entry tied with it
+        width = int((logits >= kth).sum(-1).max())
+        cand = logits.topk(width, -1)
+    order = cand.indices.sort(-1).indices  # ascending token id ...
+    ids, vals = cand.indices.gather(-1, order), cand.values.gather(-1, order)
+    order = torch.sort(vals, dim=-1, descending=True, stable=True).indices[:, :m]  # ... then descending logit
+    return ids.gather(-1, order).contiguous(), vals.gather(-1, order).float().contiguous()
+
+
+def make_step_trace(
+    *,
+    step: int,
+    request: int,
+    params: SamplingParams,
+    output: VerifyOutput,
+    level: str = "full",
+    request_id: str | None = None,
+    prefix_len: int = 0,
+    node_token_ids: torch.Tensor | None = None,
+    parents: torch.Tensor | None = None,
+    depths: torch.Tensor | None = None,
+    ranks: torch.Tensor | None = None,
+    node_logws: torch.Tensor | None = None,
+    retrieve_next_token: torch.Tensor | None = None,
+    retrieve_next_sibling: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    draft_token_ids: torch.Tensor | None = None,
+    draft_logprobs: torch.Tensor | None = None,
+    coins: torch.Tensor | None = None,
+    final_coin: float | None = None,
+    logits: torch.Tensor | None = None,
+    probs: torch.Tensor | None = None,
+    top_m: int = TOP_M_DISPLAY,
+    top_m_logits: int = TOP_M_LOGITS,
+    timings: dict | None = None,
+    backend: str | None = None,
+    extra: dict | None = None,
+) -> StepTrace:
+    """The one :class:`StepTrace` constructor (live sessions and SGLang recordings).
 
     Args:
-        parents, tokens: ``[n]`` int64 of the request's tree.
-        rows: ``[n, V]`` float32, the rows the verifier compared against.
-        display: ``[n, V]`` rows shown in views (``rows`` for sampled requests; greedy: the
-            softmax of the raw logits).
-        bonus: the request's :class:`BonusDraw`.
-        top_m: tokens kept per display row.
+        step, request, request_id, prefix_len, params: as in :class:`StepTrace`
+            (``request_id`` default ``str(request)``).
+        output: the request's :class:`VerifyOutput` as a batch of one, with its decision log
+            and :class:`BonusDraw`.
+        level: ``"full"``, ``"light"`` or ``"off"`` (module docstring).
+        node_token_ids, parents: ``[n]`` int64 (request-local tree); depths, ranks ``[n]``
+            int64 (default: depths from ``parents``, ranks -1); node_logws ``[n]`` float32
+            (default NaN: the source has none).
+        retrieve_next_token, retrieve_next_sibling, positions: ``[n]`` int64, as verified.
+        draft_token_ids, draft_logprobs: ``[L-1, K]`` (default empty ``[0, 0]``).
+        coins: ``[n]`` float32; final_coin: the bonus coin.
+        logits: ``[n, V]`` raw target logits of the request's nodes (float32/16/bf16), or
+            None (a source with probabilities only). ``full`` stores its top-M rows,
+            log-sum-exp and node logits from them.
+        probs: ``[n, V]`` float32, the rows the verifier compared against
+            (:func:`ddtree_lab.target_probs`: greedy rows one-hot), or None: then the rows
+            the trace needs are computed from ``logits`` with ``params`` (``light``: only the
+            rows of the visited nodes).
+        top_m: display tokens per row (``full``); top_m_logits: M (``full``).
+        timings: seconds per stage (``retrieve`` is renamed ``compile``).
+        backend: the verifier that ran (default ``output.backend``).
 
     Returns:
-        ``child_probs``, ``top_token_ids``, ``top_probs``, ``final_row_prefix``.
+        the :class:`StepTrace`; fields its level does not store are None.
+
+    Raises:
+        ValueError: unknown level, an output that is not a batch of one, missing inputs the
+            level needs, or tensors whose shapes disagree (the message names request and field).
+    """
+    where = f"step {step}, request {request}"
+    if level not in LEVELS:
+        raise ValueError(f"{where}: level must be one of {LEVELS}, got {level!r}")
+    if not isinstance(output, VerifyOutput) or tuple(output.accept_length.shape) != (1,):
+        raise ValueError(f"{where}: output must be a VerifyOutput of one request")
+    base = dict(step=int(step), request=int(request), request_id=str(request if request_id is None else request_id),
+                prefix_len=int(prefix_len), params=params, output=output, timings=normalize_timings(timings),
+                backend=str(output.backend if backend is None else backend), extra=dict(extra or {}), level=level)
+    if node_token_ids is not None:
+        base["stored_num_nodes"] = int(node_token_ids.shape[0])
+    if level == "off":
+        return StepTrace(**base)
+    for name, value in (("node_token_ids", node_token_ids), ("parents", parents),
+                        ("retrieve_next_token", retrieve_next_token), ("retrieve_next_sibling", retrieve_next_sibling),
+                        ("positions", positions), ("coins", coins)):
+        if value is None:
+            raise ValueError(f"{where}: level {level!r} needs {name}")
+    if logits is None and probs is None:
+        raise ValueError(f"{where}: level {level!r} needs the verify rows (probs) or the raw logits")
+    if not output.bonus:
+        raise ValueError(f"{where}: output has no BonusDraw (the bonus row prefix cannot be recorded)")
+    n = int(node_token_ids.shape[0])
+    cpu = lambda t: t.detach().cpu()  # noqa: E731
+    tokens, parents = cpu(node_token_ids).long(), cpu(parents).long()
+    for name, value in (("parents", parents), ("retrieve_next_token", retrieve_next_token),
+                        ("retrieve_next_sibling", retrieve_next_sibling), ("positions", positions), ("coins", coins)):
+        if tuple(value.shape) != (n,):
+            raise ValueError(f"{where}: {name} has shape {tuple(value.shape)}, expected [{n}]")
+    for name, value in (("logits", logits), ("probs", probs)):
+        if value is not None and (value.dim() != 2 or value.shape[0] != n):
+            raise ValueError(f"{where}: {name} has shape {tuple(value.shape)}, expected [{n}, V]")
+    if depths is None:
+        depths = torch.zeros(n, dtype=torch.int64)
+        for i in range(1, n):
+            depths[i] = depths[int(parents[i])] + 1
+    if logits is not None:
+        logits = cpu(logits)
+        bad = torch.isnan(logits).any(-1)
+        if bad.any():
+            raise ValueError(f"{where}: logits of node {int(bad.nonzero()[0])} have NaN")
+
+    from .sampling import target_probs
+
+    def verify_rows(nodes: list[int]) -> torch.Tensor:
+        if probs is not None:
+            return cpu(probs)[nodes].float()
+        return target_probs(logits[nodes][None], params)[0]
+
+    bonus = output.bonus[0]
+    path = [i for i in output.accept_index[0].tolist() if i >= 0] or [0]
+    has_parent = torch.arange(n) > 0
+    child = torch.zeros(n, dtype=torch.float32)
+    if level == "full":
+        rows = verify_rows(list(range(n)))
+        child[1:] = rows[parents[1:], tokens[1:]]
+        bonus_row = rows[bonus.node]
+    else:  # light: the rows of the visited nodes only
+        rows = verify_rows(path)
+        slot = torch.full((n,), -1, dtype=torch.int64)
+        slot[torch.tensor(path)] = torch.arange(len(path))
+        read = has_parent & (slot[parents.clamp(min=0)] >= 0)
+        child[:] = float("nan")
+        child[0] = 0.0
+        child[read] = rows[slot[parents[read]], tokens[read]]
+        bonus_row = rows[path.index(bonus.node)] if bonus.node in path else verify_rows([bonus.node])[0]
+    prefix = bonus_row[: bonus.token + 1].clone() if bonus.token >= 0 else torch.zeros(0)
+    empty = torch.zeros(0, 0)
+    trace = StepTrace(
+        **base,
+        draft_token_ids=(cpu(draft_token_ids).long().clone() if draft_token_ids is not None
+                         else torch.zeros(0, 0, dtype=torch.int64)),
+        draft_logprobs=cpu(draft_logprobs).float().clone() if draft_logprobs is not None else empty,
+        node_token_ids=tokens.clone(), parents=parents.clone(), depths=cpu(depths).long().clone(),
+        ranks=cpu(ranks).long().clone() if ranks is not None else torch.full((n,), -1, dtype=torch.int64),
+        node_logws=cpu(node_logws).float().clone() if node_logws is not None else torch.full((n,), float("nan")),
+        retrieve_index=torch.arange(n), retrieve_next_token=cpu(retrieve_next_token).long().clone(),
+        retrieve_next_sibling=cpu(retrieve_next_sibling).long().clone(), positions=cpu(positions).long().clone(),
+        coins=cpu(coins).float().clone(), final_coin=None if final_coin is None else float(final_coin),
+        child_probs=child, final_row_prefix=prefix.float(), final_mass=float(bonus.residual_mass))
+    if level == "full":
+        display = torch.softmax(logits.float(), -1) if (params.is_greedy and logits is not None) else rows
+        top = display.topk(min(top_m, display.shape[-1]), -1)
+        trace.top_token_ids, trace.top_probs = top.indices.clone(), top.values.float().clone()
+        if logits is not None:
+            trace.row_logit_ids, trace.row_logits = _top_logits(logits.float(), top_m_logits)
+            trace.row_logsumexp = torch.logsumexp(logits.double(), -1)
+            node = torch.full((n,), float("nan"))
+            node[1:] = logits[parents[1:], tokens[1:]].float()
+            trace.node_logits = node
+    return trace
+
+
+def row_records(parents: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor, display: torch.Tensor,
+                bonus: BonusDraw, top_m: int) -> dict[str, torch.Tensor]:
+    """Version-1 target-row fields (``child_probs``, ``top_token_ids``, ``top_probs``,
+    ``final_row_prefix``) of one request; kept for callers not yet on :func:`make_step_trace`.
+
+    Args:
+        parents, tokens: ``[n]`` int64; rows: ``[n, V]`` float32 verify rows; display:
+            ``[n, V]`` display rows; bonus: the :class:`BonusDraw`; top_m: display tokens per row.
     """
     n = tokens.shape[0]
     child = torch.zeros(n)
@@ -224,115 +532,388 @@ def row_records(parents: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor,
             "final_row_prefix": prefix}
 
 
+# -- the one output comparator ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One field where a replayed (or other) output differs from the recorded one.
+
+    ``request`` is the row in the batch; ``field`` names the output field (``accept_index``,
+    ``emitted_tokens``, ``bonus_token``, ...), ``decision k <field>`` for the ``k``-th decision
+    of the log (``node``, ``token``, ``target_prob``, ...), or ``bonus <field>`` for the bonus
+    draw; ``node`` is the tree node concerned where there is one.
+    """
+
+    request: int
+    field: str
+    recorded: object
+    replayed: object
+    decision: int | None = None
+    node: int | None = None
+
+    def __str__(self) -> str:
+        at = f" (node {self.node})" if self.node is not None else ""
+        return f"request {self.request}: {self.field}{at}: recorded {self.recorded!r} != replayed {self.replayed!r}"
+
+
+def _within(a, b, tolerance) -> bool:
+    if a is None or b is None or tolerance is None:
+        return a == b
+    atol, rtol = tolerance
+    return abs(float(a) - float(b)) <= atol + rtol * abs(float(a))
+
+
+def compare_outputs(recorded: VerifyOutput, replayed: VerifyOutput, tolerance: tuple[float, float] | None = None,
+                    decisions: bool = True) -> list[Difference]:
+    """Every difference between two verify outputs, decision by decision, then the bonus draw,
+    then the output tensors, per request.
+
+    Args:
+        recorded, replayed: :class:`VerifyOutput` of the same batch size.
+        tolerance: ``None``: every field bit for bit. ``(atol, rtol)``: probabilities
+            (``target_prob``, ``cumulative_mass``, the bonus's ``residual_mass`` and
+            ``token_prob``) agree when ``|a - b| <= atol + rtol |a|`` (Triton steps:
+            :data:`ddtree_lab.verify_backends.PROB_ATOL` / ``PROB_RTOL``); indices, tokens,
+            coins and verdicts stay exact.
+        decisions: compare the decision logs and bonus draws (False for an output that has
+            none, e.g. one read back from an engine's kernel).
+
+    Returns:
+        the :class:`Difference` list, empty when they agree. Paths and emitted tokens are
+        compared without their ``-1`` padding.
+    """
+    bs = int(recorded.accept_length.shape[0])
+    if int(replayed.accept_length.shape[0]) != bs:
+        return [Difference(-1, "batch size", bs, int(replayed.accept_length.shape[0]))]
+    out: list[Difference] = []
+    for b in range(bs):
+        if decisions:
+            got = replayed.decisions[b] if b < len(replayed.decisions) else []
+            want = recorded.decisions[b] if b < len(recorded.decisions) else []
+            for k in range(max(len(got), len(want))):
+                w = want[k] if k < len(want) else None
+                g = got[k] if k < len(got) else None
+                if w is None or g is None:
+                    out.append(Difference(b, f"decision {k}", None if w is None else (w.node, w.token, w.verdict),
+                                          None if g is None else (g.node, g.token, g.verdict), k,
+                                          (w or g).node))
+                    continue
+                for name in ("parent", "node", "token", "target_prob", "cumulative_mass", "coin", "verdict"):
+                    a, c = getattr(w, name), getattr(g, name)
+                    close = (_within(a, c, tolerance) if name in ("target_prob", "cumulative_mass")
+                             else a == c or (isinstance(a, float) and isinstance(c, float) and math.isnan(a) and math.isnan(c)))
+                    if not close:
+                        out.append(Difference(b, f"decision {k} {name}", a, c, k, w.node))
+            wb = recorded.bonus[b] if b < len(recorded.bonus) else None
+            gb = replayed.bonus[b] if b < len(replayed.bonus) else None
+            if (wb is None) != (gb is None):
+                out.append(Difference(b, "bonus draw", wb, gb))
+            elif wb is not None:
+                for name in ("node", "token", "residual_mass", "coin", "token_prob"):
+                    a, c = getattr(wb, name), getattr(gb, name)
+                    close = _within(a, c, tolerance) if name in ("residual_mass", "token_prob") else a == c
+                    if not close:
+                        out.append(Difference(b, f"bonus {name}", a, c, node=wb.node))
+        fields_ = {
+            "accept_index": ([v for v in recorded.accept_index[b].tolist() if v >= 0],
+                             [v for v in replayed.accept_index[b].tolist() if v >= 0]),
+            "accept_length": (int(recorded.accept_length[b]), int(replayed.accept_length[b])),
+            "emitted_tokens": ([v for v in recorded.emitted_tokens[b].tolist() if v >= 0],
+                               [v for v in replayed.emitted_tokens[b].tolist() if v >= 0]),
+            "bonus_token": (int(recorded.bonus_token[b]), int(replayed.bonus_token[b])),
+            "support_exhausted": (bool(recorded.support_exhausted[b]), bool(replayed.support_exhausted[b])),
+        }
+        for name, (a, c) in fields_.items():
+            if a != c:
+                out.append(Difference(b, name, a, c))
+    return out
+
+
+# -- containers: safetensors + one checksummed JSON document ------------------------------------
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """SHA-256 of a CPU tensor's bytes (C order)."""
+    return hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+
+
+def _field_of(key: str) -> str:
+    step, _, name = key.partition(".")
+    return f"step {step}: field {name!r}" if name and step.isdigit() else f"field {key!r}"
+
+
+def write_container(path: str | Path, doc: dict, tensors: dict[str, torch.Tensor]) -> Path:
+    """Write ``tensors`` and the JSON ``doc`` (plus each tensor's dtype, shape and SHA-256, and
+    the document's own SHA-256) to one safetensors file. Creates no directory.
+
+    Raises:
+        FileNotFoundError: the parent directory of ``path`` does not exist.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{path}: directory {path.parent} does not exist (nothing is created for you)")
+    doc = dict(doc)
+    doc["tensors"] = {k: {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape), "sha256": tensor_sha256(t)}
+                      for k, t in tensors.items()}
+    text = json.dumps(doc)
+    save_file(tensors, str(path), metadata={"ddtree_lab": text,
+                                            "ddtree_lab_sha256": hashlib.sha256(text.encode()).hexdigest()})
+    return path
+
+
+def read_container(path: str | Path, fmt: str, versions: Sequence[int], what: str = "trace") -> tuple[dict, dict]:
+    """Read a file written by :func:`write_container`: ``(doc, tensors)``, every checksum,
+    dtype and shape checked against the document before a tensor is returned.
+
+    Raises:
+        FileNotFoundError: no such file.
+        TraceFormatError: not a safetensors file, not a ddtree-lab ``fmt`` file, an unknown
+            version, or a corrupted / inconsistent document or tensor (one line naming file,
+            step and field).
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        f = safe_open(str(path), framework="pt")
+    except Exception as exc:  # safetensors raises its own error types
+        raise TraceFormatError(f"{path}: not a safetensors file ({exc})") from exc
+    with f:
+        meta = f.metadata() or {}
+        if "ddtree_lab" not in meta:
+            raise TraceFormatError(f"{path}: no 'ddtree_lab' metadata: not a ddtree-lab {what}")
+        text = meta["ddtree_lab"]
+        want = meta.get("ddtree_lab_sha256")
+        if want is not None and hashlib.sha256(text.encode()).hexdigest() != want:
+            raise TraceFormatError(f"{path}: the JSON document fails its checksum: the file is corrupted")
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TraceFormatError(f"{path}: {what} metadata is not valid JSON ({exc})") from exc
+        if not isinstance(doc, dict) or doc.get("format") != fmt:
+            raise TraceFormatError(f"{path}: format {doc.get('format') if isinstance(doc, dict) else None!r} "
+                                   f"is not {fmt!r}")
+        if doc.get("version") not in versions:
+            raise TraceFormatError(f"{path}: {what} version {doc.get('version')!r}; this ddtree-lab reads "
+                                   f"version{'s' if len(versions) > 1 else ''} {', '.join(map(str, versions))}")
+        declared = doc.get("tensors")
+        keys = set(f.keys())
+        if declared is None:  # version 1 traces: no checksums
+            return doc, {k: f.get_tensor(k) for k in keys}
+        if want is None:
+            raise TraceFormatError(f"{path}: the JSON document has no checksum")
+        if not isinstance(declared, dict):
+            raise TraceFormatError(f"{path}: 'tensors' must be an object")
+        extra = keys - set(declared)
+        if extra:
+            raise TraceFormatError(f"{path}: {_field_of(sorted(extra)[0])}: tensor not listed in the document")
+        tensors = {}
+        for key, info in declared.items():
+            if key not in keys:
+                raise TraceFormatError(f"{path}: {_field_of(key)}: tensor is missing")
+            sl = f.get_slice(key)
+            dtype, shape = str(sl.get_dtype()).lower(), list(sl.get_shape())
+            want_dtype = {"int64": "i64", "float32": "f32", "float64": "f64"}.get(info.get("dtype"))
+            if want_dtype is None or dtype != want_dtype or shape != info.get("shape"):
+                raise TraceFormatError(f"{path}: {_field_of(key)}: tensor is {dtype} {shape}, the document says "
+                                       f"{info.get('dtype')} {info.get('shape')}")
+            t = f.get_tensor(key)
+            if tensor_sha256(t) != info.get("sha256"):
+                raise TraceFormatError(f"{path}: {_field_of(key)}: checksum mismatch: the file is corrupted")
+            tensors[key] = t
+    return doc, tensors
+
+
 # -- save / load ----------------------------------------------------------------------------
 
 
 def _step_json(s: StepTrace) -> dict:
+    bonus = s.bonus
     return {
         "step": s.step, "request": s.request, "request_id": s.request_id, "prefix_len": s.prefix_len,
+        "level": s.level, "num_nodes": s.num_nodes if (s.node_token_ids is not None or s.stored_num_nodes is not None)
+        else None,
         "params": s.params.to_dict(), "final_coin": s.final_coin, "final_mass": s.final_mass,
         "accept_length": s.accept_length, "bonus_token": s.bonus_token,
         "support_exhausted": bool(s.output.support_exhausted[0]),
         "decisions": [[d.depth, d.parent, d.node, d.token, d.target_prob, d.cumulative_mass, d.coin, d.verdict]
                       for d in s.decisions],
-        "bonus": s.bonus.to_dict(), "timings": s.timings, "backend": s.backend, "extra": s.extra,
+        "bonus": None if bonus is None else bonus.to_dict(), "timings": s.timings, "backend": s.backend,
+        "extra": s.extra,
     }
 
 
-def save_trace(run: RunTrace, path: str | Path) -> Path:
-    """Write ``run`` to one safetensors file (module docstring); returns the path."""
-    from safetensors.torch import save_file
+def step_tensors(s: StepTrace, prefix: str) -> dict[str, torch.Tensor]:
+    """The stored tensors of a step, named ``prefix + field`` (fields that are None are left out)."""
+    out = {}
+    for name, dtype in _TENSOR_FIELDS.items():
+        value = getattr(s.output, name)[0] if name in _OUTPUT_FIELDS else getattr(s, name)
+        if value is not None:
+            out[prefix + name] = value.detach().to("cpu", dtype).contiguous()
+    return out
 
+
+def save_trace(run: RunTrace, path: str | Path) -> Path:
+    """Write ``run`` to one safetensors file, format version 2 (module docstring); returns
+    the path. Never creates directories.
+
+    Raises:
+        FileNotFoundError: the directory of ``path`` does not exist.
+    """
     tensors = {}
     for k, s in enumerate(run.steps):
-        for name, dtype in _TENSOR_FIELDS.items():
-            if name in ("accept_index", "emitted_tokens"):
-                value = getattr(s.output, name)[0]
-            else:
-                value = getattr(s, name)
-            tensors[f"{k}.{name}"] = value.detach().to("cpu", dtype).contiguous()
+        tensors.update(step_tensors(s, f"{k}."))
     doc = {"format": FORMAT, "version": VERSION, "metadata": run.metadata,
            "token_texts": {str(k): v for k, v in run.token_texts.items()},
            "steps": [_step_json(s) for s in run.steps]}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path), metadata={"ddtree_lab": json.dumps(doc)})
-    return path
+    return write_container(path, doc, tensors)
+
+
+def check_step_tensors(where: str, js: dict, t: dict[str, torch.Tensor], vocab: int | None, version: int,
+                       exempt: Sequence[str] = ()) -> None:
+    """Shapes, dtypes and index ranges of one step's tensors against its JSON and its tree
+    (``exempt``: fields a container stores in another form, e.g. a bundle's bonus row).
+
+    Raises:
+        TraceFormatError: naming ``where`` (file and step) and the field.
+    """
+    level = js.get("level", "full")
+    if level not in LEVELS:
+        raise TraceFormatError(f"{where}: level {level!r} is not one of {LEVELS}")
+    required = _V1_FIELDS if version == 1 else [*_REQUIRED[level], *_OUTPUT_FIELDS]
+    for name in required:
+        if name not in t and name not in exempt:
+            raise TraceFormatError(f"{where}: tensor field {name!r} is missing")
+    for name, value in t.items():
+        if name not in _TENSOR_FIELDS:
+            raise TraceFormatError(f"{where}: unknown tensor field {name!r}")
+        if value.dtype != _TENSOR_FIELDS[name]:
+            raise TraceFormatError(f"{where}: field {name!r} has dtype {value.dtype}, expected {_TENSOR_FIELDS[name]}")
+
+    def bad(name: str, why: str) -> TraceFormatError:
+        return TraceFormatError(f"{where}: field {name!r}: {why}")
+
+    n = js.get("num_nodes")
+    if "node_token_ids" in t:
+        n = int(t["node_token_ids"].shape[0]) if t["node_token_ids"].dim() == 1 else -1
+    if n is not None and (not isinstance(n, int) or n < 1):
+        raise bad("node_token_ids", f"expected a 1-D tensor of at least one node, got shape "
+                                    f"{tuple(t['node_token_ids'].shape) if 'node_token_ids' in t else n}")
+    for name in _NODE_FIELDS:
+        if name in t and tuple(t[name].shape) != (n,):
+            raise bad(name, f"shape {tuple(t[name].shape)}, expected [{n}] (one per tree node)")
+    for a, b in (("draft_token_ids", "draft_logprobs"), ("top_token_ids", "top_probs"), ("row_logit_ids", "row_logits")):
+        if a in t and t[a].dim() != 2:
+            raise bad(a, f"expected a 2-D tensor, got shape {tuple(t[a].shape)}")
+        if a in t and b in t and t[b].shape != t[a].shape:
+            raise bad(b, f"shape {tuple(t[b].shape)} != {a} {tuple(t[a].shape)}")
+        if (a in t) != (b in t):
+            raise bad(b if a in t else a, f"stored without {a if b in t else b}")
+    for name in ("top_token_ids", "row_logit_ids"):
+        if name in t and t[name].shape[0] != n:
+            raise bad(name, f"shape {tuple(t[name].shape)}: expected {n} rows")
+    for name in ("final_row_prefix", *_OUTPUT_FIELDS):
+        if name in t and t[name].dim() != 1:
+            raise bad(name, f"expected a 1-D tensor, got shape {tuple(t[name].shape)}")
+    if "accept_index" in t and t["emitted_tokens"].shape != t["accept_index"].shape:
+        raise bad("emitted_tokens", f"shape {tuple(t['emitted_tokens'].shape)} != accept_index "
+                                    f"{tuple(t['accept_index'].shape)}")
+    bonus = int(js["bonus_token"])
+    if "final_row_prefix" in t and t["final_row_prefix"].shape[0] != (bonus + 1 if bonus >= 0 else 0):
+        raise bad("final_row_prefix", f"length {t['final_row_prefix'].shape[0]}, expected bonus token + 1 = "
+                                      f"{bonus + 1 if bonus >= 0 else 0}")
+    limit = vocab if vocab is not None else 1 << 24  # no vocabulary has 16 M tokens
+    for name in ("node_token_ids", "top_token_ids", "row_logit_ids", "draft_token_ids"):
+        if name in t and t[name].numel() and (int(t[name].min()) < 0 or int(t[name].max()) >= limit):
+            v = int(t[name].max()) if int(t[name].max()) >= limit else int(t[name].min())
+            raise bad(name, f"token id {v} outside [0, {limit})")
+    if not -1 <= bonus < limit:
+        raise TraceFormatError(f"{where}: bonus_token {bonus} outside [-1, {limit})")
+    for name, lo in (("parents", -1), ("retrieve_next_token", -1), ("retrieve_next_sibling", -1),
+                     ("retrieve_index", 0), ("accept_index", -1)):
+        if name in t and t[name].numel() and n is not None and (int(t[name].min()) < lo or int(t[name].max()) >= n):
+            raise bad(name, f"node index outside [{lo}, {n})")
+    if "coins" in t and t["coins"].numel() and not bool(((t["coins"] >= 0) & (t["coins"] < 1)).all()):
+        raise bad("coins", "a coin outside [0, 1)")
 
 
 def load_trace(path: str | Path) -> RunTrace:
-    """Read a trace file written by :func:`save_trace`. Never executes code from the file.
+    """Read a trace file written by :func:`save_trace` (version 2, or version 1). Never
+    executes code from the file.
 
     Raises:
-        TraceFormatError: not a ddtree-lab trace, an unknown version, or a missing / badly
-            typed field (the message names the step and field).
+        FileNotFoundError: no such file.
+        TraceFormatError: not a ddtree-lab trace, an unknown version, a checksum that fails,
+            or a missing / badly typed / badly shaped field (one line: file, step, field).
     """
-    from safetensors import safe_open
-
     path = Path(path)
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            keys = set(f.keys())
-            tensors = {k: f.get_tensor(k) for k in keys}
-    except Exception as exc:  # safetensors raises its own error types
-        raise TraceFormatError(f"{path}: not a safetensors file ({exc})") from exc
-    if "ddtree_lab" not in meta:
-        raise TraceFormatError(f"{path}: no 'ddtree_lab' metadata: not a ddtree-lab trace")
-    try:
-        doc = json.loads(meta["ddtree_lab"])
-    except json.JSONDecodeError as exc:
-        raise TraceFormatError(f"{path}: trace metadata is not valid JSON ({exc})") from exc
-    if doc.get("format") != FORMAT:
-        raise TraceFormatError(f"{path}: format {doc.get('format')!r} is not {FORMAT!r}")
-    if doc.get("version") != VERSION:
-        raise TraceFormatError(f"{path}: trace version {doc.get('version')!r}; this ddtree-lab reads version {VERSION}")
+    doc, tensors = read_container(path, FORMAT, (1, VERSION))
+    version = doc["version"]
     if not isinstance(doc.get("steps"), list) or not isinstance(doc.get("metadata", {}), dict):
         raise TraceFormatError(f"{path}: 'steps' must be a list and 'metadata' an object")
+    metadata = doc.get("metadata", {})
+    vocab = metadata.get("vocab_size") or (metadata.get("target") or {}).get("vocab_size")
+    vocab = int(vocab) if isinstance(vocab, int) and vocab > 0 else None
+    by_step: dict[int, dict] = {}
+    for key, value in tensors.items():
+        k, _, name = key.partition(".")
+        if not k.isdigit() or not name:
+            raise TraceFormatError(f"{path}: tensor {key!r} is not named 'STEP.FIELD'")
+        by_step.setdefault(int(k), {})[name] = value
+    if by_step and max(by_step) >= len(doc["steps"]):
+        raise TraceFormatError(f"{path}: step {max(by_step)}: tensors of a step the document does not list")
     steps = []
     for k, js in enumerate(doc["steps"]):
-        got = {}
-        for name, dtype in _TENSOR_FIELDS.items():
-            key = f"{k}.{name}"
-            if key not in tensors:
-                raise TraceFormatError(f"{path}: step {k}: tensor field {name!r} is missing")
-            if tensors[key].dtype != dtype:
-                raise TraceFormatError(f"{path}: step {k}: field {name!r} has dtype {tensors[key].dtype}, expected {dtype}")
-            got[name] = tensors[key]
+        where = f"{path}: step {k}"
+        got = by_step.get(k, {})
         try:
-            step = _step_from(js, got)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TraceFormatError(f"{path}: step {k}: bad field ({exc!r})") from exc
+            check_step_tensors(where, js, got, vocab, version)
+            step = step_from_json(js, got)
+        except TraceFormatError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise TraceFormatError(f"{where}: bad field ({exc!r})") from exc
         why = step.params.problem()
         if why is not None:
-            raise TraceFormatError(f"{path}: step {k}: params: {why}")
+            raise TraceFormatError(f"{where}: params: {why}")
         if step.step < 0 or step.request < 0:
-            raise TraceFormatError(f"{path}: step {k}: negative step or request number")
+            raise TraceFormatError(f"{where}: negative step or request number")
         steps.append(step)
     try:
         texts = {int(k): str(v) for k, v in doc.get("token_texts", {}).items()}
     except (AttributeError, TypeError, ValueError) as exc:
         raise TraceFormatError(f"{path}: token_texts must map token ids to strings ({exc})") from exc
-    return RunTrace(metadata=doc.get("metadata", {}), steps=steps, token_texts=texts)
+    return RunTrace(metadata=metadata, steps=steps, token_texts=texts)
 
 
-def _step_from(js: dict, t: dict) -> StepTrace:
-    request = int(js["request"])
+def step_from_json(js: dict, t: dict) -> StepTrace:
+    """A :class:`StepTrace` from its JSON record and its (checked) tensors."""
     decisions = [Decision(0, int(d[0]), int(d[1]), int(d[2]), int(d[3]), float(d[4]), float(d[5]),
                           None if d[6] is None else float(d[6]), str(d[7])) for d in js["decisions"]]
-    bonus = dict(js["bonus"])
-    bonus["request"] = 0
+    bonus = None
+    if js.get("bonus") is not None:
+        bonus = dict(js["bonus"])
+        bonus["request"] = 0
+        bonus = BonusDraw(**bonus)
     output = VerifyOutput(
         accept_index=t["accept_index"][None], accept_length=torch.tensor([int(js["accept_length"])]),
         emitted_tokens=t["emitted_tokens"][None], bonus_token=torch.tensor([int(js["bonus_token"])]),
         support_exhausted=torch.tensor([bool(js["support_exhausted"])]), decisions=[decisions],
-        bonus=[BonusDraw(**bonus)], backend=str(js.get("backend", "reference")))
-    fields_ = {name: t[name] for name in _TENSOR_FIELDS if name not in ("accept_index", "emitted_tokens")}
-    return StepTrace(step=int(js["step"]), request=request, request_id=str(js["request_id"]),
+        bonus=[] if bonus is None else [bonus], backend=str(js.get("backend", "reference")))
+    fields_ = {name: t.get(name) for name in _TENSOR_FIELDS if name not in _OUTPUT_FIELDS}
+    final_coin, final_mass = js.get("final_coin"), js.get("final_mass")
+    return StepTrace(step=int(js["step"]), request=int(js["request"]), request_id=str(js["request_id"]),
                      prefix_len=int(js["prefix_len"]), params=SamplingParams(**js["params"]),
-                     final_coin=float(js["final_coin"]), final_mass=float(js["final_mass"]), output=output,
-                     timings=dict(js.get("timings", {})), backend=str(js.get("backend", "reference")),
-                     extra=dict(js.get("extra", {})), **fields_)
+                     final_coin=None if final_coin is None else float(final_coin),
+                     final_mass=None if final_mass is None else float(final_mass), output=output,
+                     timings=normalize_timings(js.get("timings")), backend=str(js.get("backend", "reference")),
+                     extra=dict(js.get("extra") or {}), level=str(js.get("level", "full")),
+                     stored_num_nodes=None if js.get("num_nodes") is None else int(js["num_nodes"]), **fields_)
 
 
 # -- replay ---------------------------------------------------------------------------------
@@ -340,15 +921,64 @@ def _step_from(js: dict, t: dict) -> StepTrace:
 
 def _replay_rows(step: StepTrace, vocab: int) -> torch.Tensor:
     """A ``[1, n, V]`` row tensor holding exactly what the trace stores: each node's token
-    probability in its parent's row, and the bonus row's prefix."""
+    probability in its parent's row (NaN, "not read", left 0), and the bonus row's prefix."""
     n = step.num_nodes
     rows = torch.zeros(1, n, vocab, dtype=torch.float32)
-    node = step.bonus.node
     prefix = step.final_row_prefix
-    rows[0, node, : prefix.shape[0]] = prefix
-    for i in range(1, n):
-        rows[0, int(step.parents[i]), int(step.node_token_ids[i])] = step.child_probs[i]
+    if prefix.numel():
+        rows[0, step.bonus.node, : prefix.shape[0]] = prefix
+    known = ~torch.isnan(step.child_probs)
+    known[0] = False
+    idx = known.nonzero()[:, 0]
+    rows[0, step.parents[idx], step.node_token_ids[idx]] = step.child_probs[idx]
     return rows
+
+
+def _tolerance(step: StepTrace):
+    if not step.backend.startswith("triton"):
+        return None
+    from .verify_backends import PROB_ATOL, PROB_RTOL
+
+    return (PROB_ATOL, PROB_RTOL)
+
+
+def replay_differences(step: StepTrace, vocab_size: int | None = None) -> tuple[VerifyOutput, list[Difference]]:
+    """Re-run the reference verifier on a stored step: ``(replayed output, differences)``
+    (:func:`compare_outputs` against the recorded output; Triton steps compare probabilities
+    within the kernel's tolerance, everything else bit for bit).
+
+    Raises:
+        ValueError: the step stores no rows to replay (level ``off``), or its buffers are
+            broken (naming step, request and the problem).
+    """
+    where = f"step {step.step}, request {step.request}"
+    if step.child_probs is None or step.final_row_prefix is None or step.coins is None:
+        raise ValueError(f"{where}: recorded at level {step.level!r}: no verify rows to replay")
+    tops = [int(step.node_token_ids.max()), step.final_row_prefix.shape[0] - 1]
+    vocab = vocab_size or max(tops) + 1
+    if max(tops) >= vocab:
+        raise ValueError(f"{where}: token id {max(tops)} is outside the vocabulary of {vocab}")
+    from .retrieve import find_retrieve_problem
+
+    vi, rows = step.verify_input(), _replay_rows(step, vocab)
+    problem = find_retrieve_problem(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes,
+                                    retrieve_index=vi.retrieve_index, depths=vi.depths)
+    if problem is not None:
+        raise ReplayMismatch(f"{where}: recorded buffers are broken: {problem}")
+    coins = step.coins[None]
+    final = torch.tensor([0.0 if step.final_coin is None else step.final_coin], dtype=torch.float32)
+    tol = _tolerance(step)
+    mass = step.final_mass if step.final_row_prefix.numel() else None
+    try:
+        out = verify_sampled(vi, rows, coins, final, final_masses=[mass])
+    except ValueError:
+        # a different walk ends on a row whose bonus prefix is not stored: compare the walk
+        out = verify_sampled(vi, rows, coins, final)
+        diffs = compare_outputs(step.output, out, tol)
+        if diffs:
+            return out, diffs
+        raise
+    return out, compare_outputs(step.output, out, tol)
 
 
 def replay(step: StepTrace, vocab_size: int | None = None, check: bool = True) -> VerifyOutput:
@@ -359,62 +989,15 @@ def replay(step: StepTrace, vocab_size: int | None = None, check: bool = True) -
     bit. (Traces store probabilities, not logits, so replay runs the reference verifier.)
 
     Greedy requests are verified with one-hot rows, as the live session does (the rule then
-    accepts exactly the argmax child). With ``check`` (default), compare every output field
-    and the decision log with the recorded ones and raise :class:`ReplayMismatch` naming the
-    first difference.
+    accepts exactly the argmax child). With ``check`` (default), raise
+    :class:`ReplayMismatch` naming the first difference (all of them in ``.differences``).
+
+    Raises:
+        ReplayMismatch: (``check``) the replay differs, or the recorded buffers are broken.
+        ValueError: the step stores nothing to replay (level ``off``).
     """
-    vocab = vocab_size or int(max(step.node_token_ids.max(), step.final_row_prefix.shape[0] - 1,
-                                  step.top_token_ids.max() if step.top_token_ids.numel() else 0)) + 1
-    from .retrieve import find_retrieve_problem
-
-    vi, rows = step.verify_input(), _replay_rows(step, vocab)
-    if check:
-        problem = find_retrieve_problem(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes,
-                                        retrieve_index=vi.retrieve_index, depths=vi.depths)
-        if problem is not None:
-            raise ReplayMismatch(f"step {step.step}, request {step.request}: recorded buffers are broken: {problem}")
-    coins, final = step.coins[None], torch.tensor([step.final_coin], dtype=torch.float32)
-    if check:  # the walk first: a different walk ends on a row whose bonus prefix is not stored
-        walk = verify_sampled(vi, rows, coins, final)
-        _compare_decisions(step, walk)
-    out = verify_sampled(vi, rows, coins, final,
-                         final_masses=[step.final_mass if step.final_row_prefix.numel() else None])
-    if check:
-        rec = step.output
-        for name in ("accept_index", "accept_length", "emitted_tokens", "bonus_token", "support_exhausted"):
-            a, b = getattr(out, name), getattr(rec, name)
-            width = min(a.shape[-1], b.shape[-1]) if a.dim() > 1 else None
-            same = torch.equal(a[..., :width], b[..., :width]) if width else torch.equal(a, b)
-            if not same:
-                raise ReplayMismatch(f"step {step.step}, request {step.request}: {name} replayed {a.tolist()} "
-                                     f"!= recorded {b.tolist()}")
-        _compare_decisions(step, out)
-        mass_ok = (_close(out.bonus[0].residual_mass, rec.bonus[0].residual_mass) if step.backend.startswith("triton")
-                   else out.bonus[0].residual_mass == rec.bonus[0].residual_mass)
-        if out.bonus[0].token != rec.bonus[0].token or not mass_ok:
-            raise ReplayMismatch(f"step {step.step}, request {step.request}: bonus draw replayed {out.bonus[0]} "
-                                 f"!= recorded {rec.bonus[0]}")
+    out, diffs = replay_differences(step, vocab_size)
+    if check and diffs:
+        more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
+        raise ReplayMismatch(f"step {step.step}, request {step.request}: {diffs[0]}{more}", diffs)
     return out
-
-
-def _close(a: float, b: float) -> bool:
-    from .verify_backends import PROB_ATOL, PROB_RTOL
-
-    return abs(a - b) <= PROB_ATOL + PROB_RTOL * abs(b)
-
-
-def _compare_decisions(step: StepTrace, out: VerifyOutput) -> None:
-    got = [(d.node, d.token, d.target_prob, d.cumulative_mass, d.coin, d.verdict) for d in out.decisions[0]]
-    want = [(d.node, d.token, d.target_prob, d.cumulative_mass, d.coin, d.verdict) for d in step.output.decisions[0]]
-    if step.backend.startswith("triton") and len(got) == len(want):
-        # Triton steps: indices, tokens, coins and verdicts exact; probabilities within the
-        # kernel's stated tolerance (ddtree_lab.verify_backends.PROB_ATOL / PROB_RTOL).
-        same = all(g[0:2] == w[0:2] and g[4:] == w[4:] and _close(g[2], w[2]) and _close(g[3], w[3])
-                   for g, w in zip(got, want))
-        if same:
-            return
-    if got != want:
-        first = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-        raise ReplayMismatch(f"step {step.step}, request {step.request}: decision {first} replayed "
-                             f"{got[first] if first < len(got) else None} != recorded "
-                             f"{want[first] if first < len(want) else None}")

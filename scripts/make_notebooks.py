@@ -21,15 +21,21 @@ This notebook runs DDTree speculative decoding **live** on SmolLM2-135M-Instruct
 embedded default target, fp32 on the CPU) with the project's ridge drafter (block size
 L = 16), first greedily, then at temperature 0.8, and draws every step.
 
-How to read a step's tree: each node shows its token, its depth `d`, its rank `r` among the
-drafter's top-k at that depth, its node log-weight `logw` under the drafter, and `p`, the
-target probability of the token in its parent's row. Children run left to right in sibling
-order (descending log-weight). **Green**: the accepted path; **red, dashed**: siblings the
-verifier visited and rejected; **grey**: never reached; **blue box**: the bonus token.
+How to read a step's tree (drawn left to right: depth grows to the right): each node shows
+`#i`, its index (the `node` column of the decision tables), and its token, then `p`, the
+**target p** (the target's probability of the token in its parent's row under the request's
+sampling parameters; for greedy steps the softmax of the raw logits), `q`, the **drafter q**
+(the drafter's probability of the token at its depth), and `r`, its rank among the drafter's
+top-k. Siblings run top to bottom in sibling order (descending log-weight). **Green**: the
+accepted path; **red, dashed**: siblings the verifier visited and rejected; grey notes:
+subtrees the verifier never reached, with the count of hidden nodes; **blue box**: the bonus
+token with its target p and its **residual p** (its probability renormalised within the
+residual). Hover a node for every number.
 
 Use: run all cells (a first run converts the GGUF weights once, about 40 s). Change the
 prompt, the budget `B` or the sampling parameters in the cells below and run again; the
-slider browses every step with its decision log (coin, cumulative mass, verdict)."""),
+slider browses every step with its decision log (coin, cumulative mass, verdict). To walk
+one step decision by decision, open `02_verify_stepper.ipynb`."""),
     ("code", """import ddtree_lab as dl
 from ddtree_lab import lab
 from IPython.display import HTML
@@ -39,7 +45,7 @@ print(target.metadata())
 print(drafter.metadata()["record"]["held_out_top8_hit_rate"])"""),
     ("md", "## Greedy (temperature 0)"),
     ("code", """greedy = dl.LiveSession(target, drafter, budget=32, sampling=dl.SamplingParams(temperature=0.0))
-run_greedy = greedy.run("Explain why the sky is blue in two sentences.", max_new_tokens=48)
+run_greedy = greedy.run("Explain why the sky is blue in two sentences.", max_new_tokens=24)
 HTML(lab.summary_html(run_greedy))"""),
     ("code", "lab.show_text(run_greedy)"),
     ("md", "The first steps' trees (static pictures; the slider below browses all of them):"),
@@ -47,7 +53,7 @@ HTML(lab.summary_html(run_greedy))"""),
     ("code", "lab.step_browser(run_greedy)"),
     ("md", "## Temperature 0.8"),
     ("code", """sampled = dl.LiveSession(target, drafter, budget=32, sampling=dl.SamplingParams(temperature=0.8, seed=7))
-run_sampled = sampled.run("Explain why the sky is blue in two sentences.", max_new_tokens=48)
+run_sampled = sampled.run("Explain why the sky is blue in two sentences.", max_new_tokens=24)
 HTML(lab.summary_html(run_sampled))"""),
     ("code", "lab.show_text(run_sampled)"),
     ("code", "lab.show_steps(run_sampled, limit=3)"),
@@ -57,14 +63,181 @@ HTML(lab.summary_html(run_sampled))"""),
 A trace file holds every step; loading it never runs code. `replay` re-runs the reference
 verifier on each stored step and checks the recorded output bit for bit."""),
     ("code", """print(lab.step_text(run_sampled, 0))
-path = dl.save_trace(run_sampled, "/tmp/01_live_step.ddtrace.safetensors")
+import tempfile, pathlib
+path = dl.save_trace(run_sampled, pathlib.Path(tempfile.mkdtemp()) / "01_live_step.ddtrace.safetensors")
 loaded = dl.load_trace(path)
 for step in loaded.steps:
     dl.replay(step)
 print(f"replayed {len(loaded.steps)} steps bit for bit; file {path.stat().st_size / 1e3:.0f} kB")"""),
 ]
 
-NOTEBOOKS = {"01_live_step.ipynb": LIVE_STEP}
+SGLANG = [
+    ("md", """# 06 · SGLang: recorded verify steps, replayed by the lab
+
+This notebook opens a **recording of SGLang's own verify kernels**, replays every recorded row
+with the lab's verifiers, shows where SGLang and the lab disagree and why, and draws the
+recorded trees with the lab's views (a recording converts to lab step traces).
+
+The embedded recording (`fixtures/sglang_cpu_recording`) was made on a CPU by running SGLang's
+Triton kernels under `TRITON_INTERPRET=1` through the lab's recorder
+(`scripts/make_sglang_fixture.py`): a greedy tree verify of three DDTree trees, two batches of
+SGLang's chain sampler with one-hot draft probabilities (the target-only rule), and one batch
+of its rejection sampler with real draft probabilities.
+
+**Your own recording.** Start SGLang with the recorder switched on (every scheduler process
+inherits it):
+
+```bash
+DDTREE_LAB_SGLANG_RECORD=/tmp/rec \\
+PYTHONPATH=$(ddtree-lab sglang hook-dir):$PYTHONPATH \\
+python -m sglang.launch_server --model-path ... --speculative-algorithm EAGLE ...
+```
+
+then set `RECORDING` below to `/tmp/rec/sglang-rank0-pid<PID>` and run all cells. Nothing
+here needs sglang installed or a GPU."""),
+    ("code", """from IPython.display import HTML, SVG, display
+
+from ddtree_lab import lab, sglang, views
+
+RECORDING = "../fixtures/sglang_cpu_recording"
+recording = sglang.load_recording(RECORDING)
+meta = recording.metadata
+print(f"{len(recording)} recorded verify calls, {recording.num_rows} rows; {meta['source']}, "
+      f"sglang {meta['sglang']}, torch {meta['torch']}, interpreted Triton: {meta['triton_interpret']}")
+for i, step in enumerate(recording.steps):
+    print(f"  step {i}: {step['kind']:6s} kernel {step['kernel']}, N = {step['draft_token_num']}, "
+          f"requests {step['request_ids']}")"""),
+    ("md", """## Replay every recorded row with the lab's reference verifier
+
+One line per request and step: `agrees`, `differs` (with the by-design explanation when the
+lab knows one) or `not replayable` (SGLang ran something the lab does not implement)."""),
+    ("code", """results = sglang.replay_recording(recording, backend="reference")
+print("\\n".join(sglang.replay_report(results)))"""),
+    ("md", """## The recording as lab step traces
+
+`recording_to_trace` turns every replayable row into a lab `StepTrace` (request ids from
+SGLang, the lab's decision log, SGLang's own output and the verdict in `step.extra`), so the
+lab's summaries, views, `ddtree-lab render` and `dl.replay` work on it. Draft log-weights and
+ranks are not recorded by SGLang: the views show them as `nan` / `-1`."""),
+    ("code", """run = sglang.recording_to_trace(recording)
+display(HTML(lab.summary_html(run)))
+for skipped in run.metadata["skipped_rows"]:
+    print(f"skipped: step {skipped['step']} {skipped['request_id']}: {skipped['why']}")"""),
+    ("md", """## A recorded tree
+
+Step 0, request `req-0`: the DDTree tree SGLang verified greedily, drawn by the lab's views:
+the accepted path green, siblings the walk rejected red, nodes never reached grey, the bonus
+token a blue box."""),
+    ("code", """first = run.steps[0]
+display(SVG(views.step_svg(first, run)))
+display(HTML(views.decisions_table_html(views.step_view(first, run))))"""),
+    ("md", """## A sampled step, decision by decision
+
+Step 1 ran SGLang's chain sampler with one-hot draft probabilities, i.e. the target-only rule:
+accept node *i+1* iff the coin at node *i* is `< p_i(token)`. The lab's decision log shows each
+coin and the mass it was compared with."""),
+    ("code", """sampled = max((s for s in run.steps if s.step == 1), key=lambda s: s.extra["sglang_accept_length"])
+print(f"request {sampled.request_id}: SGLang accepted {sampled.extra['sglang_accept_length']} draft tokens, "
+      f"lab {sampled.accept_length}")
+display(HTML(views.decisions_table_html(views.step_view(sampled, run))))
+display(SVG(views.step_svg(sampled, run)))"""),
+    ("md", """## Where SGLang and the lab differ
+
+Step 2, `req-1`: the drafted token holds all of the root row's float32 mass (`1 - 2**-24`)
+and the coin equals it. SGLang compares `u < S` in float32, rejects the token, and draws its
+bonus from an empty residual: token `V - 1`, which the target gives probability 0. In exact
+arithmetic the token holds the whole row, `S = 1 > u`, and the lab accepts it and walks on.
+The drawing is the lab's walk; SGLang's output is in the replay line."""),
+    ("code", """for s in run.steps:
+    if s.extra["verdict"] == "differs":
+        print(f"step {s.step} {s.request_id}:")
+        for line in s.extra["differences"]:
+            print("   ", line)
+        print("   explanation:", s.extra["explanation"])
+        display(HTML(views.decisions_table_html(views.step_view(s, run))))
+        display(SVG(views.step_svg(s, run)))"""),
+    ("md", """## Every lab backend
+
+The same replay with each of the lab's verify backends present in this checkout. Every backend
+gets the same input (the recorded rows' logarithms at temperature 1), so they classify every
+row alike."""),
+    ("code", """from ddtree_lab.sglang.kernels import lab_verifiers
+
+for backend in lab_verifiers():
+    print(f"{backend}: {sglang.replay_report(sglang.replay_recording(recording, backend))[-1]}")"""),
+]
+
+VERIFY_STEPPER = [
+    ("md", """# 02 · The verify stepper: one decision at a time
+
+What it shows: a recorded DDTree step, walked by the verifier one event at a time. Each
+*event* is the verdict on one child (`consider`), a move to an accepted child (`move`), or
+the final bonus draw (`bonus`).
+
+How to use it: pick a request and a step with the selector and the **step** slider, then
+press **next ▶** (or drag the **decision** slider). At each decision you see
+
+* the tree (left to right: depth grows to the right, siblings top to bottom in sibling
+  order; `#i` is the node index used in every table): the node the walk stands on has an
+  **orange border**, the node judged last is **yellow**, judged siblings are red (rejected)
+  or green (accepted), nodes not judged yet are dotted;
+* the verdict: the coin `u` against the cumulative mass `S_k` (sampled) or the argmax
+  comparison (greedy);
+* the children of the current node with their **target p**, their segment of the
+  cumulative mass, **accept p** (the exact probability that the walk accepts the child once
+  it stands here) and **path p** (from the root), and the mass bar 0..1 with the coin drawn
+  on it;
+* at the end the bonus draw: the row's top tokens with the rejected siblings struck out,
+  the **residual p** of each (renormalised within the residual), the residual mass, the
+  final coin and the chosen token.
+
+**What-if**: move the *what-if u* slider to re-run the step's (pure) verifier with another
+coin at the current node; the line under the bar says what would have been accepted.
+
+The first part reads a recorded trace (`fixtures/traces/`, no model); the last part runs
+the embedded default target live for a few tokens and adds steps with a button."""),
+    ("code", """import ddtree_lab as dl
+from ddtree_lab import lab, views
+from IPython.display import HTML, SVG
+
+run = lab.fixture_trace("smollm2_t08_b32")   # SmolLM2-135M, temperature 0.8, budget 32
+HTML(lab.summary_html(run))"""),
+    ("md", "## The stepper on a recorded sampled run"),
+    ("code", """stepper = lab.verify_stepper(run, request=1, step=2)
+stepper"""),
+    ("md", """A static copy of what the stepper shows after its third event (readable without a
+kernel):"""),
+    ("code", """stepper.go(3)
+HTML(stepper.verdict_html() + stepper.picture_svg() + stepper.details_html())"""),
+    ("md", """## Greedy steps: the argmax comparison
+
+A greedy step has no coins: the walk accepts the child whose token is the target's argmax.
+`target p` is still the target's softmax probability (temperature 1) of each token."""),
+    ("code", """greedy_run = lab.fixture_trace("smollm2_greedy_b32")
+greedy_stepper = lab.verify_stepper(greedy_run)
+greedy_stepper"""),
+    ("md", """## The same step as text
+
+Every picture and table above renders one `StepView`; here are its text forms (the CLI
+prints the same: `ddtree-lab render TRACE --step K --format text|decisions`)."""),
+    ("code", """view = views.step_view(run.for_request(1)[2], run, collapse_unvisited=True)
+print(views.to_text(view))
+print(views.decisions_text(view))"""),
+    ("md", """## Live: a few tokens on the embedded default target
+
+The button under the step slider runs one more `LiveSession` step and shows it (the
+notebook hands the stepper a callable; the stepper never touches the model)."""),
+    ("code", """target, drafter = lab.load_default()
+session = dl.LiveSession(target, drafter, budget=16, sampling=dl.SamplingParams(temperature=0.8, seed=3))
+session.start("Name three colours.")
+session.step(12)
+live = lab.verify_stepper(session.trace(), more=lab.live_more(session, max_new_tokens=12))
+live"""),
+    ("code", """live.run_more()   # what the button does
+print(f"{len(live.steps)} live steps recorded; showing step {live.trace.step}")"""),
+]
+
+NOTEBOOKS = {"01_live_step.ipynb": LIVE_STEP, "02_verify_stepper.ipynb": VERIFY_STEPPER, "06_sglang.ipynb": SGLANG}
 
 
 def build(cells) -> nbformat.NotebookNode:

@@ -1,7 +1,9 @@
 """Record the real traces shipped in fixtures/traces/ (used by tests and notebooks).
 
 SmolLM2-135M-Instruct (fp32, CPU) with the shipped ridge drafter, block size 16, budget 32,
-three prompts, 64 new tokens each: one greedy run and one temperature-0.8 run.
+three prompts, 64 new tokens each: one greedy run and one temperature-0.8 run, recorded at
+level "full" in trace format v2 (top-64 raw logits per row; see ddtree_lab.trace). Each file is
+replayed after writing, and its size per 64 generated tokens printed (goal: <= 5 MB).
 
     python scripts/record_traces.py [--out fixtures/traces]
 """
@@ -38,7 +40,10 @@ def main() -> None:
         path = dl.save_trace(run, Path(args.out) / name)
         for step in dl.load_trace(path).steps:
             dl.replay(step)
-        print(f"{name}: {len(run.steps)} steps, {path.stat().st_size / 1e6:.2f} MB, summary {lab.summary(run)}")
+        tokens = sum(len(r["generated_token_ids"]) for r in run.metadata["requests"])
+        size = path.stat().st_size
+        print(f"{name}: {len(run.steps)} steps, {size / 1e6:.2f} MB, {size / tokens * 64 / 1e6:.2f} MB per 64 "
+              f"generated tokens, summary {lab.summary(run)}")
 
 
 if __name__ == "__main__":

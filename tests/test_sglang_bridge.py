@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import ddtree_lab as dl
-from ddtree_lab import sglang_bridge as sb
-from ddtree_lab.sglang_bridge import TreeMaskMode
+from ddtree_lab.sglang import buffers as sb
+from ddtree_lab.sglang.buffers import TreeMaskMode
+from ddtree_lab.trace import compare_outputs
 
 FIELDS = ("node_token_ids", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling", "tree_mask",
           "positions", "depths", "num_nodes")
@@ -139,7 +140,7 @@ def test_verify_output_to_sglang_and_back_round_trips(seed):
     predicts, accept_index, accept_num = sb.verify_output_to_sglang(out, vi.num_rows)
     assert predicts.dtype == accept_index.dtype == accept_num.dtype == torch.int32
     back = sb.verify_output_from_sglang(vi, predicts, accept_index, accept_num)
-    assert sb.compare_verify_outputs(out, back) == []
+    assert compare_outputs(out, back, decisions=False) == []
 
 
 def test_published_greedy_outputs_convert_to_the_labs_verify_output():
@@ -150,7 +151,7 @@ def test_published_greedy_outputs_convert_to_the_labs_verify_output():
     assert out.bonus_token.tolist() == [18, 18]
     # and the lab's greedy verifier gives the same on the same target argmax
     logits = torch.nn.functional.one_hot(EX_TARGET_PREDICT, 20).float()
-    assert sb.compare_verify_outputs(dl.verify_greedy(vi, logits), out) == []
+    assert compare_outputs(dl.verify_greedy(vi, logits), out, decisions=False) == []
 
 
 def test_corrupt_sglang_output_is_named():
@@ -175,3 +176,26 @@ def test_eagle_tree_inputs_describe_the_same_tree(seed):
             want = 0 if group == 0 else 1 + selected[b].tolist().index(int(parent_list[b, group]))
             assert want == int(parents[b, i])
     assert depth > int(vi.depths.max())
+
+
+def test_buffer_checks_report_every_problem_not_only_the_first():
+    _, vi = _random_vi(2, bs=3, budget=8, prefix=torch.tensor([3, 4, 5]))
+    n = vi.num_rows
+    buffers = sb.to_sglang_buffers(vi, TreeMaskMode.QLEN_ONLY)
+    mask = buffers.tree_mask.clone().view(3, n, n)
+    mask[0, 2, 0] = False  # row 2 of request 0 no longer sees the root
+    positions = buffers.positions.clone()
+    positions[2 * n + 1] += 1  # request 2, row 1
+    nt = buffers.retrive_next_token.clone()
+    ns = buffers.retrive_next_sibling.clone()
+    first = int(nt[1, 0])
+    ns[1, first] = first  # request 1: a node listed as its own next sibling (hangs SGLang's walk)
+    broken = sb.SGLangVerifyBuffers(**{**buffers.__dict__, "tree_mask": mask.reshape(-1), "positions": positions,
+                                       "retrive_next_sibling": ns})
+    problems = sb.find_sglang_buffer_problems(broken)
+    assert len(problems) == 3, problems
+    assert problems[0] == "request 0, row 2: the mask misses ancestor column(s) [0]"
+    assert problems[1].startswith("request 1") and str(first) in problems[1]
+    assert problems[2].startswith("request 2, row 1: position")
+    assert sb.find_sglang_buffer_problem(broken) == problems[0]
+    assert sb.find_sglang_buffer_problems(buffers) == []

@@ -24,12 +24,14 @@ if not torch.cuda.is_available():  # the lab's Triton kernels too, before anythi
 import pytest  # noqa: E402
 
 import ddtree_lab as dl  # noqa: E402
-from ddtree_lab import sglang_bridge as sb  # noqa: E402
-from ddtree_lab.sglang_bridge import TreeMaskMode  # noqa: E402
+from ddtree_lab.sglang import buffers as sb  # noqa: E402
+from ddtree_lab.sglang import kernels as sk  # noqa: E402
+from ddtree_lab.sglang.buffers import TreeMaskMode  # noqa: E402
+from ddtree_lab.trace import compare_outputs  # noqa: E402
 
-REASON = sb.sglang_unavailable_reason()
+REASON = sk.sglang_unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"sglang's kernels cannot be imported here: {REASON}")
-BACKENDS = sorted(sb.lab_verifiers())
+BACKENDS = sorted(sk.lab_verifiers())
 
 
 def test_every_lab_backend_is_compared():
@@ -53,7 +55,7 @@ def _plant(logits, tree, g, rate, boost):
 
 
 def test_published_greedy_example_runs_on_sglangs_triton_kernel():
-    kernel = sb.sglang_kernels()["verify_tree_greedy_triton"]
+    kernel = sk.sglang_kernels()["verify_tree_greedy_triton"]
     predicts = torch.full((12,), -1, dtype=torch.int32)
     accept_index = torch.full((2, 4), -1, dtype=torch.int32)
     accept_num = torch.zeros(2, dtype=torch.int32)
@@ -72,9 +74,9 @@ def test_lab_greedy_equals_sglang_greedy_tree_kernel_field_for_field(seed, backe
     bs, vocab = 1 + seed % 4, 6 + seed % 7
     tree, vi, g = _tree(seed, bs, vocab, depth=2 + seed % 5, k=1 + seed % 4, budget=3 + 2 * seed % 17)
     logits = _plant(torch.randn(bs, vi.num_rows, vocab, generator=g), tree, g, 0.6, 5.0)
-    lab = sb.lab_verifiers()[backend][0](vi, logits)
-    sgl = sb.sglang_verify_greedy(vi, logits)
-    assert sb.compare_verify_outputs(lab, sgl.output) == []
+    lab = sk.lab_verifiers()[backend][0](vi, logits)
+    sgl = sk.sglang_verify_greedy(vi, logits)
+    assert compare_outputs(lab, sgl.output, decisions=False) == []
     # and the raw SGLang arrays: accept_index (global rows), accept_token_num, predicts on the path
     s = sgl.accept_index.shape[1]
     predicts, accept_index, accept_num = sb.verify_output_to_sglang(lab, vi.num_rows, s)
@@ -90,7 +92,7 @@ def test_lab_buffers_equal_what_sglangs_tree_builder_writes(seed, mode):
     bs = 1 + seed % 3
     _, vi, _ = _tree(seed, bs, 30, depth=3 + seed % 3, k=3, budget=4 + 3 * seed)
     assert (vi.num_nodes == vi.num_rows).all()  # SGLang's builder has no padding rows
-    got = sb.sglang_build_tree(vi, mode)
+    got = sk.sglang_build_tree(vi, mode)
     want = sb.to_sglang_buffers(vi, mode)
     for name in ("retrive_index", "retrive_next_token", "retrive_next_sibling", "positions", "tree_mask"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
@@ -116,10 +118,10 @@ PARAMS = [dl.SamplingParams(1.0), dl.SamplingParams(0.7, top_k=5), dl.SamplingPa
 def test_lab_sampled_equals_sglang_chain_sampler_with_one_hot_draft_probs(seed, backend):
     params = PARAMS[seed % len(PARAMS)]
     vi, probs, coins, final = _chain(seed, bs=1 + seed % 4, vocab=24 + seed, length=3 + seed % 6, params=params)
-    lab = sb.lab_verifiers()[backend][1](vi, probs, coins, final)
-    sgl = sb.sglang_verify_chain(vi, probs, coins, final)
+    lab = sk.lab_verifiers()[backend][1](vi, probs, coins, final)
+    sgl = sk.sglang_verify_chain(vi, probs, coins, final)
     assert not lab.support_exhausted.any()
-    assert sb.compare_verify_outputs(lab, sgl.output) == []
+    assert compare_outputs(lab, sgl.output, decisions=False) == []
 
 
 def test_chain_comparison_accepts_and_rejects_at_every_depth():
@@ -144,19 +146,19 @@ def _fixed_chain(p_first, coin, vocab=8):
 
 def test_coin_equal_to_target_mass_rejects_in_both_strict_less_than():
     vi, probs, coins, final = _fixed_chain(0.5, 0.5)  # exactly representable: u == S_1
-    lab, sgl = dl.verify_sampled(vi, probs, coins, final), sb.sglang_verify_chain(vi, probs, coins, final)
+    lab, sgl = dl.verify_sampled(vi, probs, coins, final), sk.sglang_verify_chain(vi, probs, coins, final)
     assert lab.accept_length.tolist() == sgl.output.accept_length.tolist() == [0]
     below = float(torch.nextafter(torch.tensor(0.5), torch.tensor(0.0)))  # float32 just below 0.5
     vi, probs, coins, final = _fixed_chain(0.5, below)
-    lab, sgl = dl.verify_sampled(vi, probs, coins, final), sb.sglang_verify_chain(vi, probs, coins, final)
+    lab, sgl = dl.verify_sampled(vi, probs, coins, final), sk.sglang_verify_chain(vi, probs, coins, final)
     assert lab.accept_length.tolist() == sgl.output.accept_length.tolist() == [1]
 
 
 def test_zero_target_probability_is_never_accepted_in_both_even_with_coin_zero():
     vi, probs, coins, final = _fixed_chain(0.0, 0.0)
-    lab, sgl = dl.verify_sampled(vi, probs, coins, final), sb.sglang_verify_chain(vi, probs, coins, final)
+    lab, sgl = dl.verify_sampled(vi, probs, coins, final), sk.sglang_verify_chain(vi, probs, coins, final)
     assert lab.accept_length.tolist() == sgl.output.accept_length.tolist() == [0]
-    assert sb.compare_verify_outputs(lab, sgl.output) == []
+    assert compare_outputs(lab, sgl.output, decisions=False) == []
 
 
 def test_by_design_empty_residual_sglang_chain_emits_token_v_minus_1_lab_reports_exhausted():
@@ -167,7 +169,7 @@ def test_by_design_empty_residual_sglang_chain_emits_token_v_minus_1_lab_reports
     vi, probs, coins, final = _fixed_chain(p, p, vocab)
     probs[0, 0] = 0.0
     probs[0, 0, 2] = p
-    lab, sgl = dl.verify_sampled(vi, probs, coins, final), sb.sglang_verify_chain(vi, probs, coins, final)
+    lab, sgl = dl.verify_sampled(vi, probs, coins, final), sk.sglang_verify_chain(vi, probs, coins, final)
     assert lab.accept_length.tolist() == sgl.output.accept_length.tolist() == [0]
     assert lab.support_exhausted.tolist() == [True] and lab.bonus_token.tolist() == [-1]
     assert sgl.output.bonus_token.tolist() == [vocab - 1]  # a token the target gives probability 0
@@ -180,7 +182,7 @@ def test_by_design_sglang_stops_at_num_speculative_tokens():
     logits = _plant(torch.randn(1, vi.num_rows, 10, generator=g), tree, g, 1.0, 50.0)  # accept everything
     lab = dl.verify_greedy(vi, logits)
     assert int(lab.accept_length[0]) == 5
-    sgl = sb.sglang_verify_greedy(vi, logits, num_speculative_tokens=3)
+    sgl = sk.sglang_verify_greedy(vi, logits, num_speculative_tokens=3)
     assert int(sgl.output.accept_length[0]) == 2
     assert int(sgl.output.bonus_token[0]) == int(vi.node_token_ids[0, 3])  # the target's argmax after node 2
 

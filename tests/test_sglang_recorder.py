@@ -1,6 +1,7 @@
 """The recorder inside SGLang: wrapping SGLang's Triton kernels on a CPU, filters, files, replay,
 the environment hook in a subprocess, the fixture and labs/06_sglang.ipynb."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,12 +13,22 @@ import pytest
 import torch
 
 import ddtree_lab as dl
-from ddtree_lab import sglang_bridge as sb
-from ddtree_lab import sglang_recorder as sr
+from ddtree_lab import sglang as sr
+from ddtree_lab.sglang import kernels as sb
+from ddtree_lab.sglang.recorder import _PatchFinder
+from ddtree_lab.trace import compare_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "fixtures" / "sglang_cpu_recording"
 REASON = sb.sglang_unavailable_reason()
+
+
+def _fixture_recipe():
+    """scripts/make_sglang_fixture.py, imported as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("make_sglang_fixture", ROOT / "scripts" / "make_sglang_fixture.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.record_cpu_demo
 needs_sglang = pytest.mark.skipif(REASON is not None, reason=f"sglang's kernels cannot be imported here: {REASON}")
 SPEC_TREE = "sglang.kernels.ops.speculative.spec_tree"
 
@@ -72,7 +83,7 @@ def test_recorded_greedy_and_chain_steps_replay_equal_with_request_ids():
     vi, logits = _greedy_batch(1)
     direct = sb.sglang_verify_greedy(vi, logits)
     wrapped = sb.sglang_verify_greedy(vi, logits, kernel=rec.wrap(kernels["verify_tree_greedy_triton"], "greedy"))
-    assert sb.compare_verify_outputs(direct.output, wrapped.output) == []  # recording changes nothing
+    assert compare_outputs(direct.output, wrapped.output, decisions=False) == []  # recording changes nothing
     vi, probs, coins, final = _chain_batch(2)
     sb.sglang_verify_chain(vi, probs, coins, final, kernel=rec.wrap(kernels["chain_speculative_sampling_triton"], "chain"))
     assert rec.errors == [] and [s["kind"] for s in rec.steps] == ["greedy", "chain"]
@@ -163,10 +174,10 @@ def test_import_hook_patches_a_module_imported_after_install(tmp_path, monkeypat
 
 @needs_sglang
 def test_save_and_load_round_trip_as_json_plus_safetensors(tmp_path):
-    rec = sr.record_cpu_demo(tmp_path / "rec")
+    rec = _fixture_recipe()(tmp_path / "rec")
     json_path, st_path = tmp_path / "rec.json", tmp_path / "rec.safetensors"
     doc = json.loads(json_path.read_text())
-    assert doc["format"] == "ddtree-lab/sglang-recording" and doc["version"] == 1
+    assert doc["format"] == "ddtree-lab/sglang-recording" and doc["version"] == 2
     assert st_path.read_bytes()[:8] != b"\x80\x04\x95"[:8]  # not a pickle
     loaded = sr.load_recording(tmp_path / "rec")
     assert len(loaded) == len(rec)
@@ -188,26 +199,29 @@ def test_fixture_replays_with_only_named_differences():
     assert unexplained == []
     differing = [r for r in results if r.differences]
     assert [(r.step, r.row) for r in differing] == [(2, 1)]
-    assert "support_exhausted" in differing[0].explanation
+    assert "hold all of its row's mass" in differing[0].explanation and differing[0].by_design
     assert sum(not r.replayable for r in results) == 3  # the real-draft-probability chain
     assert any(int(r.sglang.accept_length[0]) >= 2 for r in results)
 
 
 @needs_sglang
 def test_fixture_is_what_record_cpu_demo_makes():
-    made = sr.record_cpu_demo()
+    made = _fixture_recipe()()
     saved = sr.load_recording(FIXTURE)
     assert len(made) == len(saved)
     for a, b in zip(made.steps, saved.steps):
         assert all(torch.equal(a["tensors"][k], b["tensors"][k]) for k in a["tensors"]), a["kind"]
 
 
-def test_views_render_a_tree_and_tables():
-    results = sr.replay_recording(sr.load_recording(FIXTURE))
-    dot = sr.draw_recorded_tree(results[0]).source
-    assert "digraph" in dot and "bonus" in dot and "darkgreen" in dot
-    assert "<table>" in sr.decisions_html(results[0]) and "verdict" in sr.decisions_html(results[0])
-    assert "differs" in sr.replay_table_html(results) and "req-1" in sr.replay_table_html(results)
+def test_lab_views_draw_every_converted_row():
+    """No SGLang-specific views: a recording becomes lab StepTraces and the lab's views draw them."""
+    from ddtree_lab import views
+
+    run = sr.recording_to_trace(sr.load_recording(FIXTURE))
+    assert [(s.step, s.request_id) for s in run.steps if s.extra["verdict"] == "differs"] == [(2, "req-1")]
+    for step in run.steps:
+        assert "digraph" in views.to_dot(views.step_view(step, run))
+        assert "<table" in views.decisions_table_html(views.step_view(step, run))
 
 
 def test_to_trace_of_an_empty_recorder_is_an_empty_run():
@@ -219,7 +233,7 @@ def test_to_trace_of_an_empty_recorder_is_an_empty_run():
 def test_environment_hook_records_in_a_fresh_process(tmp_path):
     script = textwrap.dedent("""
         import torch, ddtree_lab as dl
-        from ddtree_lab import sglang_bridge as sb
+        from ddtree_lab.sglang import kernels as sb
         g = torch.Generator().manual_seed(0)
         ids, lp = dl.draft_topk_from_logits(torch.randn(2, 3, 20, generator=g), k=2)
         vi = dl.compile_retrieve(dl.build_tree(ids, lp, torch.tensor([1, 2]), 6), 3)
@@ -252,7 +266,8 @@ def test_notebook_06_runs_top_to_bottom(monkeypatch):
     client.execute()
     text = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/html", ""))
                    for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-    assert "support_exhausted" in text
+    assert "8 agree, 1 differs (1 by design), 3 not replayable" in text
+    assert "hold all of its row's mass" in text
 
 
 @needs_sglang
@@ -278,7 +293,8 @@ def test_eagle_sample_context_gives_request_ids_even_when_imported_by_name(monke
     targets = {"fake_eagle_utils": {"eagle_sample": "context", "verify_tree_greedy_func": "greedy"},
                "fake_eagle_worker": {"eagle_sample": "context"}}
     batch = types.SimpleNamespace(
-        reqs=[types.SimpleNamespace(rid="alpha"), types.SimpleNamespace(rid="beta")],
+        reqs=[types.SimpleNamespace(rid="alpha", origin_input_ids=[5, 6, 7]),
+              types.SimpleNamespace(rid="beta", origin_input_text="Hi", origin_input_ids=[8])],
         seq_lens=torch.tensor([4, 4]),
         sampling_info=types.SimpleNamespace(temperatures=torch.tensor([[0.0], [0.0]]), top_ks=torch.tensor([1, 1]),
                                             top_ps=torch.tensor([1.0, 1.0])),
@@ -292,6 +308,11 @@ def test_eagle_sample_context_gives_request_ids_even_when_imported_by_name(monke
     assert rec.steps[0]["sampling"] == {"temperature": [0.0, 0.0], "top_k": [1.0, 1.0], "top_p": [1.0, 1.0]}
     assert rec.steps[0]["tensors"]["seq_lens"].tolist() == [4, 4]
     assert rec._get_context() is None  # cleared after the call
+    assert rec.prompts == {"alpha": {"prompt": None, "prompt_token_ids": [5, 6, 7]},
+                           "beta": {"prompt": "Hi", "prompt_token_ids": [8]}}
+    requests = rec.to_trace().metadata["requests"]
+    assert [(r["request_id"], r["prompt"], r["prompt_token_ids"]) for r in requests] == \
+        [("alpha", None, [5, 6, 7]), ("beta", "Hi", [8])]
     assert all(r.agrees for r in sr.replay_recording(rec.steps))
 
 
@@ -308,18 +329,18 @@ def test_default_patch_points_cover_sglangs_kernel_modules():
         assert getattr(vs.chain_speculative_sampling_triton, "__ddtree_lab_original__", None) is not None
     assert spec_tree.verify_tree_greedy_func is original
     assert getattr(vs.chain_speculative_sampling_triton, "__ddtree_lab_original__", None) is None
-    assert not any(isinstance(f, sr._PatchFinder) for f in sys.meta_path)
+    assert not any(isinstance(f, _PatchFinder) for f in sys.meta_path)
 
 
 def test_step_parts_hold_what_a_step_trace_needs():
     recording = sr.load_recording(FIXTURE)
-    parts = sr.step_parts(recording.steps[1], 2)
+    parts = sr.recording.step_parts(recording.steps[1], 2)
     assert parts["request_id"] == "req-2" and parts["kind"] == "chain" and parts["rank"] == 0
     assert parts["target_probs"].shape[:2] == (1, parts["verify_input"].num_rows)
     assert parts["coins"].shape == (1, parts["verify_input"].num_rows) and parts["final_coins"].shape == (1,)
     assert parts["sampling"] == {"temperature": 0.8, "top_k": 10, "top_p": 1.0}
     assert parts["sglang_output"].accept_length.shape == (1,)
-    greedy = sr.step_parts(recording.steps[0], 0)
+    greedy = sr.recording.step_parts(recording.steps[0], 0)
     assert greedy["target_predict"].shape == (1, greedy["verify_input"].num_rows) and greedy["coins"] is None
 
 
@@ -329,7 +350,7 @@ def test_recording_becomes_a_lab_trace_that_opens_replays_and_renders(tmp_path):
 
     import ddtree_lab as dl
     from ddtree_lab import views
-    from ddtree_lab.sglang_recorder import load_recording, recording_to_trace
+    from ddtree_lab.sglang import load_recording, recording_to_trace
 
     fixture = Path(__file__).resolve().parent.parent / "fixtures" / "sglang_cpu_recording"
     rec = load_recording(fixture)
@@ -344,3 +365,131 @@ def test_recording_becomes_a_lab_trace_that_opens_replays_and_renders(tmp_path):
         if not s.extra["differences"]:  # where SGLang agrees, its emitted tokens are the lab's
             assert s.extra["sglang_emitted"] == s.emitted
         assert "digraph" in views.to_dot(views.step_view(s, loaded))
+
+
+@pytest.mark.parametrize("backend", sorted(sb.lab_verifiers()))
+def test_every_backend_classifies_every_fixture_row_like_the_reference(backend):
+    """One input path for every backend: the same verdict and explanation on every row."""
+    recording = sr.load_recording(FIXTURE)
+    reference = sr.replay_recording(recording, "reference")
+    other = sr.replay_recording(recording, backend)
+    assert [(r.verdict, r.by_design, r.explanation) for r in other] == \
+        [(r.verdict, r.by_design, r.explanation) for r in reference]
+    assert sr.count_verdicts(other) == {"agrees": 8, "differs": 1, "by design": 1, "not replayable": 3}
+
+
+@needs_sglang
+@pytest.mark.parametrize("backend", sorted(sb.lab_verifiers()))
+def test_a_row_the_kernel_never_read_is_named_alike_by_every_backend(backend):
+    """prob_rows="path": SGLang rejects node 1 (it holds all of the root row's float32 mass and
+    the coin equals it), so node 1's row is not recorded; the lab accepts node 1 and the replay
+    stops there, naming the node, whatever the backend."""
+    from ddtree_lab.sglang.buffers import verify_input_from_retrieve
+
+    vi = verify_input_from_retrieve(torch.tensor([[1, 2, 5]]), torch.tensor([[1, 2, -1]]), torch.tensor([[-1, -1, -1]]))
+    full = 1.0 - 2.0 ** -24
+    probs = torch.full((1, 3, 8), 1.0 / 8)
+    probs[0, 0] = 0.0
+    probs[0, 0, 2] = full
+    rec = sr.SGLangRecorder(sr.RecordFilter(prob_rows="path"))
+    kernel = rec.wrap(sb.sglang_kernels()["chain_speculative_sampling_triton"], "chain")
+    sgl = sb.sglang_verify_chain(vi, probs, torch.tensor([[full, 0.5, 0.5]]), torch.tensor([0.3]), kernel=kernel)
+    assert sgl.output.accept_length.tolist() == [0] and sgl.output.bonus_token.tolist() == [7]  # V - 1
+    assert rec.steps[0]["tensors"]["target_prob_nodes"][0].tolist()[:1] == [0]
+    (r,) = sr.replay_recording(rec.recording(), backend)
+    assert r.verdict == "differs" and r.by_design and r.unrecorded_node == 1
+    assert "node 1, whose target row SGLang's kernel never read" in r.explanation
+    assert r.lab.accept_index[0, :2].tolist() == [0, 1] and int(r.lab.bonus_token[0]) == -1  # no invented bonus
+    run = rec.to_trace()
+    assert run.steps == [] and "node 1, whose target row was not recorded" in run.metadata["skipped_rows"][0]["why"]
+
+
+def test_a_corrupted_recording_is_refused_naming_the_tensor(tmp_path):
+    for suffix in (".json", ".safetensors"):
+        (tmp_path / f"rec{suffix}").write_bytes(FIXTURE.with_suffix(suffix).read_bytes())
+    sr.load_recording(tmp_path / "rec")
+    data = bytearray((tmp_path / "rec.safetensors").read_bytes())
+    data[-5] ^= 0xFF  # a byte in the data region (the header is at the front)
+    (tmp_path / "rec.safetensors").write_bytes(bytes(data))
+    with pytest.raises(sr.RecordingFormatError, match=r"step \d+: tensor '\w+' does not match its checksum"):
+        sr.load_recording(tmp_path / "rec")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        sr.load_recording(tmp_path / "missing")
+
+
+def test_saving_never_creates_a_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not create it"):
+        sr.save_recording([], tmp_path / "no" / "dir" / "rec")
+    assert not (tmp_path / "no").exists()
+
+
+def test_converted_trace_lists_its_requests_and_summarises(tmp_path):
+    from ddtree_lab import lab, views
+
+    out = sr.convert(FIXTURE, tmp_path / "sglang.ddtrace.safetensors")
+    run = dl.load_trace(out)
+    ids = [r["request_id"] for r in run.metadata["requests"]]
+    assert ids == ["req-0", "req-1", "req-2"]
+    assert all(run.metadata["requests"][s.request]["request_id"] == s.request_id for s in run.steps)
+    rows = lab.summary(run)
+    assert [r["request"] for r in rows] == ids and all(r["steps"] >= 2 for r in rows)
+    recording = sr.load_recording(FIXTURE)
+    converted = {(s.step, s.request_id) for s in run.steps}
+    rows = [r for r in sr.replay_recording(recording) if r.request_id == "req-0" and (r.step, "req-0") in converted]
+    emitted = [t for r in rows for t in r.sglang.emitted_tokens[0].tolist() if t >= 0]
+    root = int(rows[0].verify_input.node_token_ids[0, 0])
+    assert run.metadata["requests"][0]["generated_token_ids"] == [root] + emitted
+    assert run.metadata["requests"][0]["prompt"] is None  # the CPU recipe has no SGLang Req
+    text = views.committed_html(run, 0)
+    assert text.count("<span") == len(emitted) + 1
+    assert len(run.metadata["skipped_rows"]) == 3  # the rejection-sampling rows
+
+
+def test_replay_report_ends_with_the_counts():
+    lines = sr.replay_report(sr.replay(FIXTURE))
+    assert len(lines) == 13 and lines[-1] == "12 rows: 8 agree, 1 differs (1 by design), 3 not replayable"
+    assert any(line.startswith("step 2 row 1 req-1 chain: differs: accept_index") for line in lines)
+    assert sr.hook_dir().endswith("_sglang_hook") and Path(sr.hook_dir(), "sitecustomize.py").is_file()
+
+
+@needs_sglang
+def test_replay_names_sglangs_num_speculative_tokens_limit():
+    """SGLang walks at most S - 1 draft tokens; the lab to the leaf: differs, by design."""
+    g = torch.Generator().manual_seed(3)
+    ids, lp = dl.draft_topk_from_logits(torch.randn(1, 5, 10, generator=g), k=1)
+    tree = dl.build_tree(ids, lp, torch.tensor([4]), 5)
+    vi = dl.compile_retrieve(tree, 3)
+    logits = torch.randn(1, vi.num_rows, 10, generator=g)
+    for i in range(1, vi.num_rows):
+        logits[0, int(tree.parents[0, i]), int(tree.node_token_ids[0, i])] += 50.0  # accept everything
+    rec = sr.SGLangRecorder()
+    sb.sglang_verify_greedy(vi, logits, num_speculative_tokens=3,
+                            kernel=rec.wrap(sb.sglang_kernels()["verify_tree_greedy_triton"], "greedy"))
+    (r,) = sr.replay_recording(rec.recording())
+    assert r.verdict == "differs" and r.by_design and "num_speculative_tokens - 1 = 2" in r.explanation
+    assert int(r.lab.accept_length[0]) == 5 and int(r.sglang.accept_length[0]) == 2
+
+
+def test_a_converted_row_bundles_and_replays(tmp_path):
+    """Bundles work on SGLang recordings through their lab traces (the differing row included)."""
+    from ddtree_lab import bundle
+
+    run = sr.recording_to_trace(sr.load_recording(FIXTURE))
+    step = next(s for s in run.steps if s.extra["verdict"] == "differs")
+    bundle.save_bundle(bundle.make_bundle(run, step), tmp_path)
+    assert bundle.replay_bundle(tmp_path).ok
+
+
+def test_recording_problems_name_every_broken_row():
+    recording = sr.load_recording(FIXTURE)
+    assert sr.recording_problems(recording) == []
+    t = recording.steps[0]["tensors"]
+    first = int(t["retrive_next_token"][1, 0])
+    t["retrive_next_sibling"][1, first] = first  # a node that is its own next sibling: SGLang's walk would hang
+    recording.steps[1]["tensors"]["uniform_samples"][2, 3] = 1.0
+    recording.steps[2]["tensors"]["predicts"][0, 0] += 1  # predicts disagree with the accepted token
+    problems = sr.recording_problems(recording)
+    assert len(problems) == 3, problems
+    assert problems[0].startswith("step 0 (call 0), row 1 (req-1): ") and str(first) in problems[0]
+    assert problems[1] == "step 1 (call 1), row 2 (req-2): node 3: coin 1.0 is not in [0, 1)"
+    assert problems[2].startswith("step 2 (call 2), row 0 (req-0): SGLang's output: predicts")

@@ -298,3 +298,41 @@ def test_tuner_refuses_a_v1_run():
         run.steps[0].row_logits = None
     with pytest.raises(ValueError, match="format v1|vocab_size"):
         tv.Tuner(run)
+
+
+# -- a real recorded run (trace format v2) --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live_v2_run(target, drafter):
+    from ddtree_lab import LiveSession
+
+    torch.set_num_threads(1)
+    session = LiveSession(target, drafter, budget=32, sampling=[
+        SamplingParams(temperature=0.8, seed=3), SamplingParams(temperature=1.0, top_p=0.9, seed=4),
+        SamplingParams(temperature=0.6, top_k=20, seed=5), SamplingParams(temperature=0.0)])
+    return session.run(["Explain why the sky is blue in two sentences."] * 4, max_new_tokens=8)
+
+
+def test_reanalysis_at_the_recorded_parameters_contains_what_the_verifier_read(live_v2_run):
+    """Each request's own parameters: the re-analysed node probabilities bound the recorded
+    ``child_probs`` (the library's float32 rows) and the expected accept length bounds the
+    value computed from them; greedy and top-k <= M are exact."""
+    run = live_v2_run
+    for r in range(4):
+        steps = run.for_request(r)
+        data = analysis.TunerData.from_steps(steps, run.metadata["vocab_size"])
+        p = steps[0].params
+        res = data.analyse(p)
+        rec = torch.cat([s.child_probs[1:] for s in steps]).double()
+        draft = data.node_local > 0
+        lo, hi = res.node_lo[draft], res.node_hi[draft]
+        assert bool(((lo * (1 - 1e-4) - 1e-7 <= rec) & (rec <= hi * (1 + 1e-4) + 1e-7)).all()), p
+        exp = torch.tensor([analysis.expected_accept_length(s) for s in steps], dtype=torch.float64)
+        assert bool((res.expected_lo - 1e-3 <= exp).all() and (exp <= res.expected_hi + 1e-3).all())
+        if p.is_greedy or 0 < p.top_k <= data.top_m:
+            assert res.max_error < 1e-9
+    # a smaller budget from the same recording is the tree's prefix
+    data = analysis.TunerData.from_run(run)
+    full, half = data.analyse(SamplingParams(temperature=0.8)), data.analyse(SamplingParams(temperature=0.8), 16)
+    assert bool((half.expected_hi <= full.expected_hi + 1e-12).all())

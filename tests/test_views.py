@@ -107,7 +107,9 @@ def test_one_meaning_per_number():
         for row in view.decisions:  # greedy: the softmax of the raw logits, never the one-hot verify row
             ids = step.top_token_ids[row.parent].tolist()
             if row.token in ids:
-                assert row.target_p == pytest.approx(float(step.top_probs[row.parent, ids.index(row.token)]))
+                assert row.target_p == pytest.approx(float(step.top_probs[row.parent, ids.index(row.token)]), rel=1e-4)
+            if step.node_logits is not None:  # format v2: exact from the raw logit and the row's log-sum-exp
+                assert row.target_p == math.exp(float(step.node_logits[row.node]) - float(step.row_logsumexp[row.parent]))
                 assert not row.target_p_upper
             assert row.verify_p in (0.0, 1.0) and (row.verify_p == 1.0) == (row.verdict == "accept")
         assert view.bonus.residual_p is None  # greedy bonus: the argmax, no residual
@@ -121,6 +123,7 @@ def test_one_meaning_per_number():
                 assert node.drafter_q == pytest.approx(math.exp(float(step.draft_logprobs[d - 1, r])))
         if step.bonus_token >= 0:
             assert view.bonus.residual_p == step.bonus.token_prob
+            assert view.bonus.target_p == float(step.final_row_prefix[step.bonus_token])  # under the request's params
     step, texts = CASES["sampled_residual"]
     b = views.step_view(step, texts).bonus  # the bonus: target p 0.4, renormalised in the residual 0.4/0.7
     assert b.target_p == pytest.approx(0.4) and b.residual_p == pytest.approx(0.4 / 0.7)
@@ -241,3 +244,35 @@ def test_big_tree_fits_a_notebook_column_when_collapsed():
     assert step.num_nodes == 257
     w, h = views.svg_size(views.step_svg(step, texts, collapse_unvisited=True))
     assert w <= 1100, w
+
+
+def test_children_table_sums_up_the_children_not_judged_past_the_limit():
+    run = dl.load_trace(TRACE)
+    step = next(s for s in run.steps if s.num_nodes > 20 and len([d for d in s.decisions if d.parent == 0]) < 5)
+    view = views.step_view(step, run).at(0)
+    table = views.children_html(view, limit=6)
+    kids = view.nodes[0].children
+    assert f"{len(kids) - 6} more children" in table and table.count("<tr") == 1 + 6 + 1
+    assert f"#{kids[5]}<" in table and f"#{kids[6]}<" not in table
+
+
+def test_light_and_off_steps():
+    """A light step (rows of the visited nodes only) draws with unknown numbers shown as '?'; an
+    off step (outputs only) is refused with a message naming its level."""
+    import dataclasses
+
+    step, texts = CASES["collapsed"]
+    visited = {0} | {d.node for d in step.decisions}
+    probs = step.child_probs.clone()
+    for i in range(1, step.num_nodes):
+        if int(step.parents[i]) not in visited:
+            probs[i] = float("nan")
+    light = dataclasses.replace(step, child_probs=probs, top_token_ids=None, top_probs=None, level="light")
+    view = views.step_view(light, texts)
+    hidden_parent = next(i for i in range(1, step.num_nodes) if int(step.parents[i]) not in visited)
+    assert view.nodes[hidden_parent].target_p is None and view.expected_accept is None
+    assert "p=?" in views.to_dot(view) and views.to_text(view)
+    assert views.step_view(light, texts, collapse_unvisited=True).hidden > 0
+    off = dataclasses.replace(step, node_token_ids=None, child_probs=None, level="off")
+    with pytest.raises(ValueError, match="level 'off'"):
+        views.step_view(off, texts)

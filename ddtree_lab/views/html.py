@@ -94,11 +94,12 @@ def _segments(view: StepView, node: int) -> list[tuple[int, float, float]]:
     return out
 
 
-def children_html(view: StepView) -> str:
+def children_html(view: StepView, limit: int = 12) -> str:
     """The children of the node the walk stands on (the view's cursor; the root without one),
     in sibling order: target p, their segment of the cumulative mass, the exact probability
     that the walk accepts each once here (``accept p``) and from the root (``path p``), and
-    the status so far. Greedy: the argmax comparison instead of segments."""
+    the status so far. Greedy: the argmax comparison instead of segments. Rows past the first
+    ``limit`` that are not judged yet are summed up in one line."""
     cur = view.cursor
     node = 0 if cur is None else cur.current
     status_of = view.status
@@ -108,9 +109,13 @@ def children_html(view: StepView) -> str:
     else:
         head = ["node", "token", "target p", "segment [S_k-1, S_k)", "accept p", "path p", "status"]
     rows, styles = [], []
-    for c in view.nodes[node].children:
+    kids = view.nodes[node].children
+    rest = [c for c in kids[limit:] if c >= 0 and status_of(c) in ("pending", "unvisited")]
+    for c in kids:
         child = view.nodes[c]
         st = status_of(c)
+        if c in rest:
+            continue
         if c < 0:
             rows.append(["…", _e(child.text), "-", "-", "-", "-", "hidden"])
             styles.append("")
@@ -123,6 +128,10 @@ def children_html(view: StepView) -> str:
         rows.append([f"#{c}", _tok(child.text), _p(child.target_p, child.target_p_upper), third,
                      _num(child.accept_p), _num(child.path_p), st])
         styles.append(_STATUS_BG.get(st, ""))
+    if rest:
+        mass = sum(view.nodes[c].accept_p or 0.0 for c in rest)
+        rows.append(["…", f"{len(rest)} more children", "-", f"total target p {_num(mass)}", "-", "-", "pending"])
+        styles.append("")
     if not rows:
         return f"<p>node {node} is a leaf: no children to judge.</p>"
     return _table(head, rows, styles, "ddtree-children")
@@ -206,4 +215,4 @@ def committed_html(run: RunTrace, request: int = 0) -> str:
             count += 1
     body = "".join(parts).replace("\n", "<br>")
     return (f'<div style="font-family:monospace;white-space:pre-wrap;line-height:1.6">'
-            f"<b>{html.escape(meta['prompt'])}</b><br>{body}</div>")
+            f"<b>{html.escape(meta.get('prompt') or '(prompt not recorded)')}</b><br>{body}</div>")

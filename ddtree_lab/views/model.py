@@ -41,6 +41,8 @@ import unicodedata
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Mapping
 
+import torch
+
 from ..trace import RunTrace, StepTrace
 
 __all__ = ["NodeView", "DecisionRow", "BonusView", "Cursor", "StepView", "WalkEvent", "step_view", "token_label",
@@ -319,15 +321,44 @@ def _texts(texts) -> Callable[[int], str]:
 
 
 def _display_p(step: StepTrace, row: int, token: int) -> tuple[float | None, bool]:
-    """The token's probability in node ``row``'s stored display row: exact when stored, else
-    the smallest stored value as an upper bound (a zero bound is exact)."""
-    if step.top_token_ids.numel() == 0:
+    """The token's temperature-1 probability in node ``row``'s row (greedy steps' target p).
+
+    Exact from trace format v2's raw logits when the token is among the row's stored top-M
+    logits; else from the stored display row: exact when stored, else the smallest stored
+    value as an upper bound (a zero bound is exact)."""
+    ids_m, logits, lse = step.row_logit_ids, step.row_logits, step.row_logsumexp
+    if ids_m is not None and logits is not None and lse is not None and ids_m.numel():
+        hit = (ids_m[row] == token).nonzero()
+        if hit.numel():
+            return math.exp(float(logits[row, int(hit[0, 0])]) - float(lse[row])), False
+    return _stored_p(step, row, token)
+
+
+def _stored_p(step: StepTrace, row: int, token: int) -> tuple[float | None, bool]:
+    """The token's probability in node ``row``'s stored display row (``top_probs``: greedy
+    steps the temperature-1 softmax, sampled steps the target under the request's
+    parameters): exact when stored, else the smallest stored value as an upper bound."""
+    if step.top_token_ids is None or step.top_token_ids.numel() == 0:
         return None, False
     ids = step.top_token_ids[row].tolist()
     if token in ids:
         return float(step.top_probs[row, ids.index(token)]), False
     bound = float(step.top_probs[row, -1])
     return bound, bound > 0.0
+
+
+def _node_p(step: StepTrace, i: int, parent: int, token: int) -> tuple[float | None, bool]:
+    """Greedy target p of node ``i``: exact from v2's ``node_logits`` and the parent row's
+    log-sum-exp, else :func:`_display_p`."""
+    if step.node_logits is not None and step.row_logsumexp is not None:
+        x = float(step.node_logits[i])
+        if not math.isnan(x):
+            return math.exp(x - float(step.row_logsumexp[parent])), False
+    return _display_p(step, parent, token)
+
+
+def _finite(x: float) -> float | None:
+    return None if x is None or math.isnan(x) else x
 
 
 def _greedy_p_known(step: StepTrace) -> bool:
@@ -377,6 +408,9 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
         if v is not None and not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
             raise ValueError(f"{name} must be None or a number in [0, 1], got {v!r}")
     lookup = _texts(texts)
+    if step.node_token_ids is None or step.child_probs is None or step.bonus is None:
+        raise ValueError(f"step {step.step}, request {step.request}: recorded at level {step.level!r}, it stores no "
+                         "tree or decision log to draw (record with level 'full' or 'light')")
     n = step.num_nodes
     greedy = step.params.is_greedy
     p_known = _greedy_p_known(step)
@@ -388,8 +422,8 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
     child_probs = step.child_probs.tolist()
     accepted = set(step.accepted_path)
     decided = {d.node: (k, d) for k, d in enumerate(step.decisions)}
-    lp = step.draft_logprobs
-    coins = step.coins.tolist()
+    lp = step.draft_logprobs if step.draft_logprobs is not None else torch.zeros(0, 0)
+    coins = step.coins.tolist() if step.coins is not None else []
 
     nodes: dict[int, NodeView] = {}
     for i in range(n):
@@ -399,11 +433,13 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
                         child_coin=None if greedy or i >= len(coins) else coins[i])
         if i:
             if greedy:
-                node.target_p, node.target_p_upper = _display_p(step, parents[i], tokens[i]) if p_known else (None, False)
+                node.target_p, node.target_p_upper = (_node_p(step, i, parents[i], tokens[i]) if p_known
+                                                       else (None, False))
             else:
-                node.target_p = child_probs[i]
-            node.accept_p = child_probs[i]
-            node.path_p = child_probs[i] * (nodes[parents[i]].path_p if parents[i] else 1.0)
+                node.target_p = _finite(child_probs[i])  # light traces: NaN where the parent was not visited
+            node.accept_p = _finite(child_probs[i])
+            up = nodes[parents[i]].path_p if parents[i] else 1.0
+            node.path_p = None if node.accept_p is None or up is None else node.accept_p * up
             d, r = depths[i], ranks[i]
             if lp.numel() and 0 < d <= lp.shape[0] and 0 <= r < lp.shape[1]:
                 node.drafter_q = math.exp(float(lp[d - 1, r]))
@@ -421,7 +457,8 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
             if child.order is not None:
                 child.mass_before = before
                 before = child.mass if child.mass is not None else before
-    expected = sum(nodes[i].path_p for i in range(1, n)) if n > 1 else 0.0
+    paths = [nodes[i].path_p for i in range(1, n)]
+    expected = None if any(p is None for p in paths) else sum(paths)
 
     rows = []
     for k, d in enumerate(step.decisions):
@@ -445,12 +482,18 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
 def _bonus_view(step: StepTrace, lookup, greedy: bool, p_known: bool) -> BonusView:
     b = step.bonus
     rejected = [d.token for d in step.decisions if d.parent == b.node and d.verdict == "reject"]
-    if b.token >= 0 and (p_known or not greedy):
+    if b.token >= 0 and greedy and p_known:
         tp, upper = _display_p(step, b.node, b.token)
+    elif b.token >= 0 and not greedy:  # under the request's parameters: the stored bonus row prefix
+        prefix = step.final_row_prefix
+        if prefix is not None and b.token < prefix.shape[0]:
+            tp, upper = float(prefix[b.token]), False
+        else:
+            tp, upper = _stored_p(step, b.node, b.token)
     else:
         tp, upper = None, False
     top = []
-    if step.top_token_ids.numel() and (p_known or not greedy):
+    if step.top_token_ids is not None and step.top_token_ids.numel() and (p_known or not greedy):
         mass = b.residual_mass
         for t, p in zip(step.top_token_ids[b.node].tolist(), step.top_probs[b.node].tolist()):
             if p <= 0.0:

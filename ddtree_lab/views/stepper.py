@@ -1,0 +1,360 @@
+"""The verify stepper: walk a recorded step decision by decision (ipywidgets).
+
+Controls: a request selector and a step slider (which recorded step), first / previous / next
+/ last decision buttons and a decision slider (the cursor ``k``: the first ``k`` walk events
+have happened, see :meth:`ddtree_lab.views.StepView.at`). At each cursor it shows the tree
+(the node the walk stands on with an orange border, the node of the last event yellow, judged
+siblings red or green, nodes not judged yet dotted), the verdict sentence, the children of
+the current node in sibling order with their target p, cumulative-mass segment, exact accept
+p and path p, the cumulative-mass bar with the coin, and at the end the bonus draw (the row's
+top tokens with the rejected siblings struck out, residual mass, coin, chosen token). Greedy
+steps show the argmax comparison instead of coins.
+
+What-if: a coin slider for the current node re-runs the pure verifier on the step with that
+coin (:func:`what_if`) and shows what would have been accepted. Live: given ``more`` (a
+callable the notebook builds around a :class:`ddtree_lab.LiveSession` that returns the
+updated :class:`ddtree_lab.trace.RunTrace`), a button runs one more step and shows it. The
+stepper itself never touches a model.
+
+All state lives in :class:`VerifyStepper` (plain attributes and methods: ``next()``,
+``set_step()``, ``set_coin()`` ...); the widgets call those methods, so tests drive the
+state without a browser.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..trace import RunTrace, StepTrace
+from .dot import step_svg
+from .html import bonus_html, children_html, decisions_table_html, mass_bar_svg
+from .model import StepView, step_view, token_label
+
+__all__ = ["VerifyStepper", "WhatIf", "what_if"]
+
+
+@dataclass
+class WhatIf:
+    """The walk of a step re-run with one node's coin replaced.
+
+    ``path``: root and accepted nodes; ``tokens``: the accepted draft tokens; ``bonus_node``:
+    where the bonus would be drawn; ``same_path``: the path equals the recorded one (then the
+    recorded bonus draw stands). The bonus token of a different path is not recomputed: the
+    trace stores that node's row only as its top-M tokens.
+    """
+
+    node: int
+    coin: float
+    path: list[int]
+    tokens: list[int]
+    bonus_node: int
+    same_path: bool
+
+
+def what_if(step: StepTrace, node: int, coin: float) -> WhatIf:
+    """Re-run the reference verifier (:func:`ddtree_lab.verify_sampled`) on ``step`` with the
+    coin of ``node`` (the coin deciding among its children) set to ``coin``.
+
+    Exact for any coins: the walk reads only each child's target p in its parent's row, which
+    the trace stores for every node (``child_probs``).
+
+    Raises:
+        ValueError: a greedy step (no coins), ``node`` not in the tree, or ``coin`` outside [0, 1).
+    """
+    from ..verify import verify_sampled
+
+    if step.params.is_greedy:
+        raise ValueError(f"step {step.step}, request {step.request}: greedy steps have no coins (the walk follows the argmax)")
+    if not 0 <= node < step.num_nodes:
+        raise ValueError(f"node {node} is not in the tree (nodes 0..{step.num_nodes - 1})")
+    if not 0.0 <= coin < 1.0:
+        raise ValueError(f"coin {coin} is not in [0, 1)")
+    n = step.num_nodes
+    vocab = int(step.node_token_ids.max()) + 1
+    rows = torch.zeros(1, n, vocab)
+    for i in range(1, n):
+        rows[0, int(step.parents[i]), int(step.node_token_ids[i])] = step.child_probs[i]
+    coins = step.coins.clone()[None]
+    coins[0, node] = coin
+    out = verify_sampled(step.verify_input(), rows, coins, torch.tensor([step.final_coin], dtype=torch.float32))
+    path = [i for i in out.accept_index[0].tolist() if i >= 0]
+    return WhatIf(node, float(coins[0, node]), path, [int(step.node_token_ids[i]) for i in path[1:]], path[-1],
+                  path == step.accepted_path)
+
+
+class VerifyStepper:
+    """State and widgets of the verify stepper (module docstring).
+
+    Args:
+        run: the recorded run (loaded or live).
+        request: the request to show first (its index in the batch).
+        step: position of the first step to show among the request's steps.
+        more: optional callable with no arguments returning the updated :class:`RunTrace`
+            after one more live step (``None``: no live button).
+        collapse_unvisited: draw the never-reached subtrees as summary nodes (default).
+
+    Raises:
+        ValueError: the run has no steps, or the request has none.
+    """
+
+    def __init__(self, run: RunTrace, request: int | None = None, step: int = 0,
+                 more: Callable[[], RunTrace] | None = None, collapse_unvisited: bool = True):
+        if not run.steps:
+            raise ValueError("the run has no recorded steps")
+        self.run = run
+        self.more = more
+        self.collapse_unvisited = collapse_unvisited
+        self.request = run.steps[0].request if request is None else request
+        self._check_request(self.request)
+        self.position = step
+        self.k = 0
+        self.coin: float | None = None  # what-if coin of the current node (None: the recorded one)
+        self.message = ""
+        self._widgets = None
+        self._select(step)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[int]:
+        return sorted({s.request for s in self.run.steps})
+
+    @property
+    def steps(self) -> list[StepTrace]:
+        return self.run.for_request(self.request)
+
+    @property
+    def trace(self) -> StepTrace:
+        """The recorded step on show."""
+        return self.steps[self.position]
+
+    @property
+    def view(self) -> StepView:
+        """The full view (nothing collapsed) at the cursor: tables, bar, verdict."""
+        return self._full.at(self.k)
+
+    @property
+    def picture_view(self) -> StepView:
+        """The drawn view at the cursor (collapsed per ``collapse_unvisited``)."""
+        return self._drawn.at(self.k)
+
+    @property
+    def num_events(self) -> int:
+        return self._full.num_events
+
+    @property
+    def verdict(self) -> str:
+        return self.view.cursor.verdict
+
+    @property
+    def current_node(self) -> int:
+        return self.view.cursor.current
+
+    @property
+    def focus(self) -> int | None:
+        return self.view.cursor.focus
+
+    def _check_request(self, request: int) -> None:
+        if request not in {s.request for s in self.run.steps}:
+            raise ValueError(f"request {request} has no recorded steps (requests: {sorted({s.request for s in self.run.steps})})")
+
+    def _select(self, position: int) -> None:
+        steps = self.steps
+        if not 0 <= position < len(steps):
+            raise ValueError(f"step position {position} is outside 0..{len(steps) - 1} (request {self.request})")
+        self.position = position
+        s = steps[position]
+        self._full = step_view(s, self.run)
+        self._drawn = step_view(s, self.run, self.collapse_unvisited) if self.collapse_unvisited else self._full
+        self.k, self.coin = 0, None
+        self._refresh()
+
+    def go(self, k: int) -> None:
+        """Put the cursor after ``k`` events (clamped to ``0..num_events``)."""
+        self.k = max(0, min(int(k), self.num_events))
+        self.coin = None
+        self._refresh()
+
+    def first(self) -> None:
+        self.go(0)
+
+    def prev(self) -> None:
+        self.go(self.k - 1)
+
+    def next(self) -> None:
+        self.go(self.k + 1)
+
+    def last(self) -> None:
+        self.go(self.num_events)
+
+    def set_step(self, position: int) -> None:
+        """Show the request's ``position``-th recorded step, cursor at its start."""
+        self._select(position)
+
+    def set_request(self, request: int) -> None:
+        """Show ``request``'s first step."""
+        self._check_request(request)
+        self.request = request
+        self._select(0)
+
+    def set_coin(self, coin: float | None) -> WhatIf | None:
+        """What-if: the current node's coin set to ``coin`` (``None``: the recorded coin)."""
+        self.coin = None if coin is None else float(coin)
+        self._refresh()
+        return self.what_if()
+
+    def what_if(self) -> WhatIf | None:
+        """The walk with the what-if coin (``None`` when no coin is set or the step is greedy)."""
+        if self.coin is None or self.trace.params.is_greedy:
+            return None
+        return what_if(self.trace, self.current_node, self.coin)
+
+    def run_more(self) -> None:
+        """Live: one more step through ``more``; shows the request's newest step."""
+        if self.more is None:
+            raise ValueError("this stepper has no live session (pass more=... to run more steps)")
+        run = self.more()
+        if not isinstance(run, RunTrace):
+            raise TypeError(f"more() must return a RunTrace, got {type(run).__name__}")
+        before = len(self.steps)
+        self.run = run
+        self.message = ("one more step recorded" if len(self.steps) > before
+                        else "no new step for this request (finished)")
+        self._select(len(self.steps) - 1)
+
+    # -- renderings ----------------------------------------------------------------------------
+
+    def picture_svg(self) -> str:
+        return step_svg(self.picture_view)
+
+    def verdict_html(self) -> str:
+        v = self.view
+        return (f'<div class="ddtree-verdict" style="font-family:monospace;font-size:13px;padding:4px;'
+                f'background:#fff8e1">decision {self.k} / {self.num_events}: {html.escape(v.cursor.verdict)}</div>')
+
+    def details_html(self) -> str:
+        v = self.view
+        cur = v.cursor
+        parts = [f"<p><b>node {cur.current}</b> {html.escape(token_label(v.nodes[cur.current].text))}: its children "
+                 "in sibling order (accept p: the exact probability the walk accepts the child once here; "
+                 "path p: from the root)</p>", children_html(v)]
+        if not v.greedy:
+            parts.append(mass_bar_svg(v, coin=self.coin))
+            parts.append(self._what_if_html())
+        if cur.bonus_done:
+            parts.append(bonus_html(v))
+        return "".join(parts)
+
+    def _what_if_html(self) -> str:
+        w = self.what_if()
+        if w is None:
+            return ('<p class="ddtree-whatif" style="color:#616161">what-if: move the coin slider to re-run this '
+                    "step's verifier with another coin at the current node.</p>")
+        toks = " ".join(html.escape(token_label(self.run.text(t))) for t in w.tokens) or "(none)"
+        tail = ("the same path: the recorded bonus stands" if w.same_path else
+                f"a different path: the bonus would be drawn at node {w.bonus_node} (its row is stored only as its "
+                "top tokens, so the bonus token is not recomputed)")
+        return (f'<p class="ddtree-whatif">what-if u={w.coin:.4g} at node {w.node}: accepted path {w.path} '
+                f"(tokens {toks}); {tail}.</p>")
+
+    # -- widgets -------------------------------------------------------------------------------
+
+    @property
+    def widget(self):
+        """The ipywidgets box (built on first use)."""
+        if self._widgets is None:
+            self._build()
+            self._refresh()
+        return self._widgets["box"]
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    def _build(self) -> None:
+        import ipywidgets as w
+
+        b = {}
+        b["request"] = w.Dropdown(options=[(f"request {self.run.for_request(r)[0].request_id}", r) for r in self.requests],
+                                  value=self.request, description="request")
+        b["step"] = w.IntSlider(value=self.position, min=0, max=max(len(self.steps) - 1, 0), description="step",
+                                continuous_update=False)
+        b["first"] = w.Button(description="« first", tooltip="first decision")
+        b["prev"] = w.Button(description="◀ previous", tooltip="previous decision")
+        b["next"] = w.Button(description="next ▶", tooltip="next decision")
+        b["last"] = w.Button(description="last »", tooltip="last decision")
+        for name in ("first", "prev", "next", "last"):
+            b[name].add_class(f"ddtree-{name}")
+            b[name].layout = w.Layout(width="110px")
+        b["decision"] = w.IntSlider(value=self.k, min=0, max=self.num_events, description="decision",
+                                    continuous_update=False)
+        b["decision"].add_class("ddtree-decision")
+        b["coin"] = w.FloatSlider(value=0.5, min=0.0, max=0.9999, step=0.0001, readout_format=".4f",
+                                  description="what-if u", continuous_update=False)
+        b["coin"].add_class("ddtree-coin-slider")
+        b["reset"] = w.Button(description="recorded coin")
+        b["verdict"] = w.HTML()
+        b["verdict"].add_class("ddtree-verdict-box")
+        b["picture"] = w.HTML()
+        b["picture"].add_class("ddtree-picture")
+        b["details"] = w.HTML()
+        b["table"] = w.HTML()
+        b["status"] = w.HTML()
+        b["more"] = w.Button(description="run one more live step", disabled=self.more is None,
+                             tooltip="runs LiveSession one step (needs more=...)")
+        b["more"].add_class("ddtree-more")
+
+        b["request"].observe(lambda ch: self._on(self.set_request, ch["new"]), names="value")
+        b["step"].observe(lambda ch: self._on(self.set_step, ch["new"]), names="value")
+        b["decision"].observe(lambda ch: self._on(self.go, ch["new"]), names="value")
+        b["coin"].observe(lambda ch: self._on(self.set_coin, ch["new"]), names="value")
+        b["first"].on_click(lambda _: self._on(self.first))
+        b["prev"].on_click(lambda _: self._on(self.prev))
+        b["next"].on_click(lambda _: self._on(self.next))
+        b["last"].on_click(lambda _: self._on(self.last))
+        b["reset"].on_click(lambda _: self._on(self.set_coin, None))
+        b["more"].on_click(lambda _: self._on(self.run_more))
+        controls = w.VBox([w.HBox([b["request"], b["step"], b["more"]]),
+                           w.HBox([b["first"], b["prev"], b["next"], b["last"], b["decision"]]),
+                           w.HBox([b["coin"], b["reset"]])])
+        b["box"] = w.VBox([controls, b["verdict"], b["picture"], b["details"], b["status"], b["table"]])
+        b["box"].add_class("ddtree-stepper")
+        self._widgets = b
+
+    def _on(self, fn, *args) -> None:
+        if getattr(self, "_syncing", False):
+            return
+        try:
+            fn(*args)
+        except ValueError as exc:  # bad what-if coin, finished live session ...: say so, keep the state
+            self.message = f"error: {exc}"
+            self._refresh()
+
+    def _refresh(self) -> None:
+        b = self._widgets
+        if b is None:
+            return
+        self._syncing = True
+        try:
+            b["request"].value = self.request
+            b["step"].max = max(len(self.steps) - 1, 0)
+            b["step"].value = self.position
+            b["decision"].max = self.num_events
+            b["decision"].value = self.k
+            greedy = self.trace.params.is_greedy
+            b["coin"].disabled = b["reset"].disabled = greedy
+            if self.coin is None and not greedy:
+                b["coin"].value = min(float(self.view.nodes[self.current_node].child_coin or 0.0), 0.9999)
+            b["verdict"].value = self.verdict_html()
+            b["picture"].value = self.picture_svg()
+            b["details"].value = self.details_html()
+            b["table"].value = "<details><summary>the step's whole decision table</summary>" + \
+                decisions_table_html(self.view) + "</details>"
+            b["status"].value = f"<i>{html.escape(self.message)}</i>" if self.message else ""
+        finally:
+            self._syncing = False
