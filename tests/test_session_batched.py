@@ -113,14 +113,19 @@ def test_light_level_records_the_rows_the_verifier_read(target, drafter):
     assert len(run.steps) == len(full.steps)
     for s, f in zip(run.steps, full.steps):
         assert [(d.node, d.verdict) for d in s.decisions] == [(d.node, d.verdict) for d in f.decisions]
-        assert s.top_token_ids is None and f.top_token_ids is not None  # light keeps no display rows
-        stored = ~torch.isnan(s.child_probs)
-        assert all(bool(stored[d.node]) for d in s.decisions)  # every judged child is stored
-        on_path = set(s.accepted_path)  # the walk reads the rows of the path nodes only
-        want = [i == 0 or int(s.parents[i]) in on_path for i in range(s.num_nodes)]
-        assert stored.tolist() == want
-        torch.testing.assert_close(s.child_probs[stored], f.child_probs[stored], atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(s.final_row_prefix, f.final_row_prefix, atol=1e-5, rtol=1e-4)
+        read = {d.parent for d in s.decisions} | {s.bonus.node}
+        # light stores no top-M rows (make_step_trace): those fields are None and named missing;
+        # child_probs hold the rows the walk read (children of visited nodes), NaN elsewhere
+        assert s.top_probs is None and s.top_token_ids is None and "top_probs" in s.missing()
+        for i in range(1, s.num_nodes):
+            if int(s.parents[i]) in read:
+                assert abs(float(s.child_probs[i]) - float(f.child_probs[i])) < 1e-4
+            else:
+                assert torch.isnan(s.child_probs[i])
+        if s.bonus_token >= 0:
+            torch.testing.assert_close(s.final_row_prefix, f.final_row_prefix, atol=1e-4, rtol=1e-3)
+        for d in s.decisions:
+            assert abs(float(s.child_probs[d.node]) - float(f.child_probs[d.node])) < 1e-4
         dl.replay(s)
     with pytest.raises(ValueError, match="record must be one of"):
         dl.LiveSession(target, drafter, record="some")

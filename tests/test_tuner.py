@@ -293,11 +293,11 @@ def test_tuner_refuses_a_v1_run():
     from ddtree_lab.views import tuner as tv
     from pathlib import Path
 
-    run = load_trace(Path(__file__).resolve().parent.parent / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors")
-    if getattr(run.steps[0], "row_logits", None) is not None:
-        run.steps[0].row_logits = None
+    run = load_trace(Path(__file__).resolve().parent / "data" / "v1_t08_three_steps.ddtrace.safetensors")
     with pytest.raises(ValueError, match="format v1|vocab_size"):
         tv.Tuner(run)
+    with pytest.raises(ValueError, match=r"step \d+, request \d+: no 'row_logit_ids' \(a trace format v1 step\)"):
+        analysis.TunerData.from_steps(run.steps, 49152)
 
 
 # -- a real recorded run (trace format v2) --------------------------------------------------------
@@ -336,3 +336,25 @@ def test_reanalysis_at_the_recorded_parameters_contains_what_the_verifier_read(l
     data = analysis.TunerData.from_run(run)
     full, half = data.analyse(SamplingParams(temperature=0.8)), data.analyse(SamplingParams(temperature=0.8), 16)
     assert bool((half.expected_hi <= full.expected_hi + 1e-12).all())
+
+
+def test_tuner_on_the_v2_fixture_trace():
+    """The notebook's set-up: the T = 0.8 fixture; moving top-p left changes the shown value,
+    which equals expected_tau_text for the controls (what the browser test compares)."""
+    from pathlib import Path
+
+    from ddtree_lab import load_trace
+    from ddtree_lab.views import tuner as tv
+
+    run = load_trace(Path(__file__).resolve().parent.parent / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors")
+    t = tv.Tuner(run)
+    assert (t.temperature.value, t.top_k.value, t.top_p.value, t.budget.value) == (0.8, 0, 1.0, 32)
+    before = t.expected_tau.value
+    t.top_p.value = 0.95
+    assert t.expected_tau.value != before
+    assert t.expected_tau.value == tv.expected_tau_text(run, tv.params_from_controls(0.8, 0, 0.95, 0.0), 32)
+    # the recorded parameters predict the observed mean tau of the recording within sampling noise
+    res = t.state.data.analyse(SamplingParams(temperature=0.8), 32)
+    obs = t.state.data.observed.double()
+    se = float((obs - (res.expected_lo + res.expected_hi) / 2).std()) / len(obs) ** 0.5
+    assert abs(float(obs.mean()) - sum(res.mean_expected) / 2) < 4 * se
