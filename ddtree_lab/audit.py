@@ -396,18 +396,20 @@ def _repeat(vi: DDTreeVerifyInput, count: int) -> DDTreeVerifyInput:
 
 def _sampled(vi: DDTreeVerifyInput, logits: torch.Tensor, params, coins: torch.Tensor, final_coins: torch.Tensor,
              make: Callable[[torch.Tensor, SamplingParams, torch.Tensor], torch.Tensor],
-             threshold_single: float = 1.0, threshold_acc: float = 1.0) -> VerifyOutput:
+             threshold_single: float = 1.0, threshold_acc: float = 1.0, validate: bool = True) -> VerifyOutput:
     """:func:`ddtree_lab.verify_sampled` on the rows ``make(logits[b:b+1], params[b], num_nodes)``.
 
     When the batch repeats one step (the audit passes ``logits.expand``: stride 0 on the batch,
     equal params) the rows are made and checked once, on the first copy, and every copy is
     walked by the reference's own walk (:func:`ddtree_lab.verify.walk_sampled_batch`, which
-    ``verify_sampled`` runs after its checks) over those rows."""
+    ``verify_sampled`` runs after its checks) over those rows. ``validate=False`` skips those
+    checks (the buffer validation every backend runs by default)."""
     items = normalize_params(params, vi.batch_size, logits.shape[-1])
     kw = {"threshold_single": threshold_single, "threshold_acc": threshold_acc}
     if logits.stride(0) == 0 and all(p == items[0] for p in items):
         rows = make(logits[:1], items[0], vi.num_nodes[:1])
-        verify_sampled(vi.request(0), rows, coins[:1], final_coins[:1], **kw)  # the reference's checks, once
+        if validate:
+            verify_sampled(vi.request(0), rows, coins[:1], final_coins[:1], **kw)  # the reference's checks, once
         return walk_sampled_batch(vi, lambda b, i: rows[0, i], coins, final_coins, threshold_single, threshold_acc,
                                   None, "reference")
     rows = torch.cat([make(logits[b : b + 1], items[b], vi.num_nodes[b : b + 1]) for b in range(logits.shape[0])])
@@ -418,32 +420,36 @@ def _lab_rows(logits, p, num_nodes):
     return target_probs(logits, p, num_nodes)
 
 
-def _reference(threshold_single: float = 1.0, threshold_acc: float = 1.0) -> Verifier:
+def _reference(threshold_single: float = 1.0, threshold_acc: float = 1.0, validate: bool = True) -> Verifier:
     def verify(vi, logits, params, coins, final_coins):
-        return _sampled(vi, logits, params, coins, final_coins, _lab_rows, threshold_single, threshold_acc)
+        return _sampled(vi, logits, params, coins, final_coins, _lab_rows, threshold_single, threshold_acc, validate)
 
     verify.__name__ = "reference"
     return verify
 
 
-def _backend(name: str, threshold_single: float, threshold_acc: float) -> Verifier:
+def _backend(name: str, threshold_single: float, threshold_acc: float, validate: bool = True) -> Verifier:
+    import inspect
+
     from .verify_backends import verify_tree
+
+    kw = {} if validate or "validate" not in inspect.signature(verify_tree).parameters else {"validate": False}
 
     def verify(vi, logits, params, coins, final_coins):
         return verify_tree(vi, logits.contiguous(), params, coins, final_coins, backend=name,
-                           threshold_single=threshold_single, threshold_acc=threshold_acc)
+                           threshold_single=threshold_single, threshold_acc=threshold_acc, **kw)
 
     verify.__name__ = name
     return verify
 
 
-def _resolve(verifier, threshold_single: float, threshold_acc: float) -> tuple[Verifier, str]:
+def _resolve(verifier, threshold_single: float, threshold_acc: float, validate: bool = True) -> tuple[Verifier, str]:
     if callable(verifier):
         return verifier, getattr(verifier, "__name__", "callable")
     if verifier == "reference":
-        return _reference(threshold_single, threshold_acc), "reference"
+        return _reference(threshold_single, threshold_acc, validate), "reference"
     if verifier in ("torch-lazy", "triton"):
-        return _backend(verifier, threshold_single, threshold_acc), verifier
+        return _backend(verifier, threshold_single, threshold_acc, validate), verifier
     if verifier in PLANTED_FAULTS:
         return planted_fault(verifier), f"planted fault: {verifier}"
     raise ValueError(f"verifier must be 'reference', 'torch-lazy', 'triton', a planted fault "
@@ -513,16 +519,21 @@ def target_probs_topp_first(logits: torch.Tensor, params: SamplingParams | Seque
     Shapes as :func:`ddtree_lab.target_probs`."""
     bs = logits.shape[0]
     items = normalize_params(params, bs, logits.shape[-1])
+    if "order" in {f.name for f in dataclasses.fields(SamplingParams)}:  # the lab names both orders
+        return target_probs(logits, [dataclasses.replace(p, order="top_p_then_top_k") for p in items], num_nodes)
     out = torch.zeros(logits.shape, dtype=torch.float32)
     for b, p in enumerate(items):
+        nn = None if num_nodes is None else num_nodes[b : b + 1]
         if p.is_greedy or (p.top_p >= 1.0 or p.top_k <= 0):
-            out[b] = target_probs(logits[b : b + 1], p, None if num_nodes is None else num_nodes[b : b + 1])[0]
+            out[b] = target_probs(logits[b : b + 1], p, nn)[0]
             continue
-        probs = target_probs(logits[b : b + 1], dataclasses.replace(p, top_k=0, min_p=None),
-                             None if num_nodes is None else num_nodes[b : b + 1])[0]
+        probs = target_probs(logits[b : b + 1], dataclasses.replace(p, top_k=0, min_p=None), nn)[0]
         kth = torch.topk(probs, p.top_k, dim=-1).values[..., -1:]
         probs = probs * (probs >= kth)
         probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-30)
+        if p.min_p:
+            probs = probs * (probs >= p.min_p * probs.max(-1, keepdim=True).values)
+            probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-30)
         out[b] = probs
     return out
 
@@ -778,7 +789,7 @@ def _findings(case: AuditCase, threshold_single: float, threshold_acc: float) ->
 def audit(case: AuditCase, verifier: Verifier | str = "reference", draws: int = 4000, seed: int = 0,
           kind: str = "auto", alpha: float = 1e-3, sampler: Callable | str | None = "lab",
           threshold_single: float = 1.0, threshold_acc: float = 1.0, chunk: int = 256,
-          progress: Callable[[int], None] | None = None) -> AuditReport:
+          progress: Callable[[int], None] | None = None, validate: bool = True) -> AuditReport:
     """Audit ``verifier`` on ``case`` against the exact lossless law (module docstring).
 
     Args:
@@ -795,13 +806,22 @@ def audit(case: AuditCase, verifier: Verifier | str = "reference", draws: int = 
         threshold_single, threshold_acc: passed to the built-in backends (every value SGLang
             accepts); ``threshold_single < 1`` or ``threshold_acc != 1`` is reported lossy.
         chunk: copies of the step per verifier call.
+        validate: the built-in backends check the buffers first (default, as every backend
+            does); ``False`` lets them walk a tree they would refuse (e.g. duplicate sibling
+            tokens) so its law can be measured.
 
     Returns:
         :class:`AuditReport` (``.text()``, ``.figure()``, ``.verdict``, ``.p_value``).
+
+    Raises:
+        ValueError: the verifier refused the step (the message names verifier, step and why).
     """
-    fn, name = _resolve(verifier, threshold_single, threshold_acc)
+    fn, name = _resolve(verifier, threshold_single, threshold_acc, validate)
     law = exact_law(case, kind)
-    outcomes = run_verifier(case, fn, draws, seed, law.kind, chunk, threshold_single, threshold_acc, progress)
+    try:
+        outcomes = run_verifier(case, fn, draws, seed, law.kind, chunk, threshold_single, threshold_acc, progress)
+    except ValueError as exc:
+        raise ValueError(f"{name} refused {case.name}: {exc}") from exc
     counts = Counter(outcomes)
 
     def lbl(k):

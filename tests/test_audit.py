@@ -124,7 +124,8 @@ def test_temperature_one_instead_of_the_requests_is_caught(real):
 def test_duplicate_sibling_tokens_are_caught(real):
     _, _, case = real
     dup = au.plant_duplicate_sibling(case)
-    report = au.audit(dup, "reference", draws=DRAWS)
+    # every backend refuses such a tree by default; walked anyway, its law is visibly wrong
+    report = au.audit(dup, "reference", draws=DRAWS, validate=False)
     assert report.rejected, report.text()
     assert any("same token" in f for f in report.findings)
 
