@@ -29,7 +29,7 @@ def _bundle_sizes(run, out: Path) -> list[int]:
 
 def main() -> None:
     configure_threads()
-    from ddtree_lab.sglang_recorder import load_recording, recording_to_trace
+    from ddtree_lab.sglang import load_recording, recording_to_trace
 
     runs = {p.name: dl.load_trace(p) for p in sorted((ROOT / "fixtures" / "traces").glob("*.ddtrace.safetensors"))}
     runs["sglang_cpu_recording (converted)"] = recording_to_trace(load_recording(ROOT / "fixtures" / "sglang_cpu_recording"))

@@ -1,39 +1,53 @@
-"""Accept length τ and speed of live DDTree decoding on the embedded default target.
+"""Measured accept length τ of live DDTree decoding on the embedded default target, per drafter.
 
-For each configuration -- the chain (B = L-1, one node per depth: the drafter's greedy
-chain, as DFlash verifies it) and DDTree at B in {8, 16, 32, 64} -- and for T = 0 and
-T = 0.8, decode the prompts and report τ (accepted draft tokens + 1 per step, mean over
-steps) and tokens/s, against plain decoding (one target forward per token). SmolLM2-135M
-fp32 on this CPU with the ridge drafter (L = 16).
+For the DFlash drafter trained here (``fixtures/drafters/smollm2_dflash_b16``) and the ridge
+drafter (``fixtures/drafters/smollm2_ridge_b16``), at T = 0 and T = 0.8, on held-out prompts
+(``fixtures/drafters/dflash_prompts.json``, never seen in training), decode with:
 
-    python benchmarks/live_tau.py [--new-tokens 64] [--prompts 4]
+* the chain: the drafter's argmax block, one node per depth (B = L-1) -- DFlash's own
+  verification;
+* DDTree at B in {8, 16, 32, 64, 128}.
+
+Reported per configuration: τ (accepted draft tokens + 1, mean over steps), the acceptance by
+depth (the fraction of steps that accepted at least d draft tokens, d = 1..8), and tokens/s
+against plain decoding (one target forward per token, same prompts, same thread count).
+SmolLM2-135M fp32 on this CPU; the requests of one configuration run as one batch.
+
+    python benchmarks/live_tau.py [--new-tokens 48] [--prompts 4] [--out benchmarks/live_tau.out.txt]
+
+The rows also go to ``benchmarks/live_tau.json`` (read by :func:`ddtree_lab.views.tau.tau_budget_figure`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import torch
 
 import ddtree_lab as dl
-from ddtree_lab import lab
+from ddtree_lab.models import RidgeDrafter, load_default_target
+from ddtree_lab.models.dflash import DFlashDrafter
 
-PROMPTS = [
-    "Explain why the sky is blue.",
-    "Write a short poem about the sea.",
-    "What are three uses of copper?",
-    "Give me a recipe for tomato soup.",
-    "Describe how a bicycle works.",
-    "What is the capital of Japan and what is it known for?",
-]
+REPO = Path(__file__).resolve().parents[1]
+BUDGETS = (8, 16, 32, 64, 128)
+DEPTHS = 8
 
 
 class ChainDrafter:
-    """The drafter's greedy chain: top-1 only, so the tree is one node per depth."""
+    """The drafter's argmax block only (one node per depth): DFlash's chain verification."""
 
     def __init__(self, drafter):
         self.inner, self.name, self.block_size = drafter, drafter.name + "-chain", drafter.block_size
+        self.target_layer_ids = drafter.target_layer_ids
+
+    def start(self, num_requests):
+        self.inner.start(num_requests)
+
+    def commit(self, request, features, start):
+        self.inner.commit(request, features, start)
 
     def draft_logits(self, context):
         logits = self.inner.draft_logits(context)
@@ -44,10 +58,11 @@ class ChainDrafter:
         return {"kind": "chain", "inner": self.inner.metadata()}
 
 
-def plain_decode(target, prompts, new_tokens, temperature, seed):
+def plain_speed(target, prompts, new_tokens, temperature) -> float:
+    """Tokens/s of plain decoding, one request at a time (greedy loop or ``generate``)."""
     tokens = 0
     t0 = time.perf_counter()
-    for b, prompt in enumerate(prompts):
+    for prompt in prompts:
         ids = target.encode_prompt(prompt)
         if temperature == 0:
             tokens += len(target.greedy_decode(ids, new_tokens))
@@ -59,33 +74,85 @@ def plain_decode(target, prompts, new_tokens, temperature, seed):
     return tokens / (time.perf_counter() - t0)
 
 
+def measure(target, drafter, budget, prompts, new_tokens, temperature) -> dict:
+    params = dl.SamplingParams(temperature=temperature, seed=1)
+    session = dl.LiveSession(target, drafter, budget=budget, sampling=params, seed=1)
+    t0 = time.perf_counter()
+    run = session.run(prompts, max_new_tokens=new_tokens)
+    elapsed = time.perf_counter() - t0
+    accepted = [s.accept_length for s in run.steps]
+    generated = sum(len(run.generated_tokens(b)) for b in range(len(prompts)))
+    return {"tau": sum(a + 1 for a in accepted) / len(accepted), "steps": len(accepted),
+            "by_depth": [sum(a >= d for a in accepted) / len(accepted) for d in range(1, DEPTHS + 1)],
+            "tok_s": generated / elapsed}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--drafters", default="dflash,ridge")
+    ap.add_argument("--temperatures", default="0,0.8")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "live_tau.out.txt"))
+    ap.add_argument("--append", action="store_true",
+                    help="add to the existing output files (run the drafters as separate processes)")
     args = ap.parse_args()
+    torch.set_num_threads(1)
     torch.manual_seed(0)
-    target, drafter = lab.load_default()
-    prompts = PROMPTS[: args.prompts]
-    print(f"live DDTree on {target.name} (fp32, CPU, {torch.get_num_threads()} threads), drafter "
-          f"{drafter.name} (L={drafter.block_size}), {len(prompts)} prompts x {args.new_tokens} tokens")
-    print(f"{'T':>4} {'config':>12} {'B':>4} {'tau':>6} {'steps':>6} {'tok/s':>7} {'vs plain':>8}")
-    for temperature in (0.0, 0.8):
-        params = dl.SamplingParams(temperature=temperature, seed=1)
-        base = plain_decode(target, prompts, args.new_tokens, temperature, 1)
-        print(f"{temperature:>4} {'plain':>12} {'-':>4} {'1.00':>6} {'-':>6} {base:>7.1f} {'1.00x':>8}")
-        configs = [("chain", ChainDrafter(drafter), drafter.block_size - 1)] + [
-            ("ddtree", drafter, b) for b in (8, 16, 32, 64)]
-        for name, d, budget in configs:
-            session = dl.LiveSession(target, d, budget=budget, sampling=params, seed=1)
-            t0 = time.perf_counter()
-            run = session.run(prompts, max_new_tokens=args.new_tokens)
-            elapsed = time.perf_counter() - t0
-            taus = [s.accept_length + 1 for s in run.steps]
-            generated = sum(len(run.generated_tokens(b)) for b in range(len(prompts)))
-            speed = generated / elapsed
-            print(f"{temperature:>4} {name:>12} {budget:>4} {sum(taus) / len(taus):>6.2f} {len(run.steps):>6} "
-                  f"{speed:>7.1f} {speed / base:>7.2f}x")
+    target = load_default_target()
+    prompts = json.loads((REPO / "fixtures" / "drafters" / "dflash_prompts.json").read_text())["held_out"]
+    prompts = prompts[: args.prompts]
+    drafters = {"dflash": lambda: DFlashDrafter.load(target), "ridge": lambda: RidgeDrafter.load(target)}
+    lines: list[str] = []
+
+    def say(s: str) -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    say(f"live DDTree on {target.name} (fp32, CPU, {torch.get_num_threads()} thread), {len(prompts)} held-out "
+        f"prompts x {args.new_tokens} tokens, one batch per configuration")
+    say(f"prompts: {prompts}")
+    head = f"{'drafter':>24} {'T':>4} {'config':>7} {'B':>4} {'tau':>6} {'steps':>6} {'tok/s':>7} {'vs plain':>8}  " \
+           f"accepted >= d, d=1..{DEPTHS}"
+    results = {}
+    records: list[dict] = []
+    for temperature in (float(t) for t in args.temperatures.split(",")):
+        base = plain_speed(target, prompts, args.new_tokens, temperature)
+        say("")
+        say(head)
+        say(f"{'(target alone)':>24} {temperature:>4} {'plain':>7} {'-':>4} {'1.00':>6} {'-':>6} {base:>7.1f} "
+            f"{'1.00x':>8}")
+        for key in args.drafters.split(","):
+            drafter = drafters[key]()
+            configs = [("chain", ChainDrafter(drafter), drafter.block_size - 1)] + [("ddtree", drafter, b) for b in BUDGETS]
+            for name, d, budget in configs:
+                r = measure(target, d, budget, prompts, args.new_tokens, temperature)
+                results[(key, temperature, name, budget)] = r
+                records.append({"drafter": drafter.name, "temperature": temperature, "config": name,
+                                "budget": budget, **{k: round(v, 4) if isinstance(v, float) else v
+                                                     for k, v in r.items() if k != "by_depth"},
+                                "by_depth": [round(x, 4) for x in r["by_depth"]]})
+                depth = " ".join(f"{x:.2f}" for x in r["by_depth"])
+                say(f"{drafter.name:>24} {temperature:>4} {name:>7} {budget:>4} {r['tau']:>6.2f} {r['steps']:>6} "
+                    f"{r['tok_s']:>7.1f} {r['tok_s'] / base:>7.2f}x  {depth}")
+    say("")
+    for temperature in (float(t) for t in args.temperatures.split(",")):
+        for key in args.drafters.split(","):
+            chain = results.get((key, temperature, "chain", 15))
+            tree = results.get((key, temperature, "ddtree", 32))
+            if chain and tree:
+                say(f"{key} T={temperature}: tau(DDTree, B=32) = {tree['tau']:.2f}, tau(chain) = {chain['tau']:.2f}, "
+                    f"ratio {tree['tau'] / chain['tau']:.2f}")
+    out_txt, out_json = Path(args.out), Path(args.out).with_suffix("").with_suffix(".json")
+    meta = {"target": target.name, "prompts": prompts, "new_tokens": args.new_tokens, "threads": 1}
+    if args.append and out_json.exists():
+        old = json.loads(out_json.read_text())
+        if old["meta"] != meta:
+            raise ValueError(f"--append: {out_json} was measured with {old['meta']}, not {meta}")
+        records = old["rows"] + records
+        lines = out_txt.read_text().splitlines() + [""] + lines
+    out_txt.write_text("\n".join(lines) + "\n")
+    out_json.write_text(json.dumps({"meta": meta, "rows": records}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,11 +15,21 @@ __all__ = ["load_default", "show_step", "show_steps", "show_text", "step_browser
            "summary_html", "step_text", "verify_stepper", "live_more", "fixture_trace"]
 
 
-def load_default(device: str = "cpu"):
-    """The embedded default target (SmolLM2-135M-Instruct, fp32) and its ridge drafter (L=16).
+def load_default(device: str = "cpu", drafter: str = "ridge"):
+    """The embedded default target (SmolLM2-135M-Instruct, fp32) and a drafter fitted for it (L=16).
+
+    Args:
+        device: where both run.
+        drafter: ``"ridge"`` (default: the per-offset ridge heads) or ``"dflash"`` (the DFlash
+            drafter trained on this CPU, ``fixtures/drafters/smollm2_dflash_b16``; its short
+            training left it weaker than the ridge drafter, see its model card).
 
     Also sets torch's thread count for this machine once (:mod:`ddtree_lab.threads`;
-    ``DDTREE_LAB_THREADS=N`` overrides)."""
+    ``DDTREE_LAB_THREADS=N`` overrides).
+
+    Raises:
+        ValueError: an unknown drafter name.
+    """
     import torch
 
     from .threads import configure_threads
@@ -27,9 +37,13 @@ def load_default(device: str = "cpu"):
     configure_threads()
     from .models import RidgeDrafter
     from .models import load_default_target
+    from .models.dflash import DFlashDrafter
 
+    loaders = {"dflash": DFlashDrafter.load, "ridge": RidgeDrafter.load}
+    if drafter not in loaders:
+        raise ValueError(f"drafter must be one of {sorted(loaders)}, got {drafter!r}")
     target = load_default_target(dtype=torch.float32, device=device)
-    return target, RidgeDrafter.load(target)
+    return target, loaders[drafter](target)
 
 
 def _display(obj) -> None:

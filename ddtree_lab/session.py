@@ -6,7 +6,8 @@ One step for the batch of active requests (Ringel & Romano, arXiv 2604.12989, §
 1. ``draft``: the drafter's logits for the L-1 positions after each anchor, then the draft
    top-k (:func:`ddtree_lab.draft_topk_from_logits`);
 2. ``build``: :func:`ddtree_lab.build_tree` (whole batch, on the host: the draft top-k comes to
-   the host once per step, the one host synchronisation of a step on a GPU);
+   the host once per step: the first of a GPU step's two host reads, the second is the
+   verify output);
 3. ``compile``: :func:`ddtree_lab.compile_retrieve` (buffers, tree mask, positions);
 4. ``target``: ONE forward over every active request's tree
    (:meth:`ddtree_lab.models.TargetModel.tree_forward_batch`: ragged trees padded to the batch's
@@ -222,10 +223,11 @@ class LiveSession:
     def step(self, max_new_tokens: int) -> list[StepTrace]:
         """One DDTree step for every unfinished request, one batched target forward.
 
-        On a GPU the step synchronises with the host once: the draft top-k comes to the host
-        for the tree build; the buffers then go to the device and the target forward, verify
-        (level ``light`` / ``off`` with Triton) stay there until the accepted paths are read
-        back for the commit (the step's outputs).
+        On a GPU the step reads from the device twice: the draft top-k comes to the host for
+        the tree build (the build runs on the host), and the verify output (accepted paths,
+        tokens: the step's result) comes back once for the commit. The buffers go to the
+        device once; the target forward and, at levels ``light`` / ``off`` with Triton, verify
+        stay on the device in between. Stage timings use CUDA events (no extra waits).
 
         Returns:
             the step traces of the requests that took part (empty at level ``off``).
@@ -244,7 +246,7 @@ class LiveSession:
         draft_logits = self.drafter.draft_logits(context)
         budgets = [self._budgets[r.request] for r in active]
         ids, lps = draft_topk_from_logits(draft_logits.float(), k=min(max(budgets + [1]), draft_logits.shape[-1]))
-        ids, lps = ids.cpu(), lps.cpu()  # the step's one host synchronisation
+        ids, lps = ids.cpu(), lps.cpu()  # host read 1 of 2: the tree build runs on the host
         clock.mark("draft")
         tree = build_tree(ids, lps, anchors, budgets, self.max_depth, top1_spine=self.top1_spine,
                           min_prob=self.min_prob)

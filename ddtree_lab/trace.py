@@ -456,7 +456,7 @@ def make_step_trace(
         depths = torch.zeros(n, dtype=torch.int64)
         for i in range(1, n):
             depths[i] = depths[int(parents[i])] + 1
-    if logits is not None:
+    if logits is not None and level == "full":  # light reads (and moves to the host) the visited rows only
         logits = cpu(logits)
         bad = torch.isnan(logits).any(-1)
         if bad.any():
@@ -465,9 +465,14 @@ def make_step_trace(
     from .sampling import target_probs
 
     def verify_rows(nodes: list[int]) -> torch.Tensor:
+        index = torch.tensor(nodes, dtype=torch.int64)
         if probs is not None:
-            return cpu(probs)[nodes].float()
-        return target_probs(logits[nodes][None], params)[0]
+            return cpu(probs[index.to(probs.device)]).float()
+        rows = cpu(logits[index.to(logits.device)])
+        bad = torch.isnan(rows).any(-1) | torch.isneginf(rows).all(-1) | torch.isposinf(rows).any(-1)
+        if bad.any():
+            raise ValueError(f"{where}: logits of node {nodes[int(bad.nonzero()[0])]} have NaN, +inf or only -inf")
+        return target_probs(rows[None], params)[0]
 
     bonus = output.bonus[0]
     path = [i for i in output.accept_index[0].tolist() if i >= 0] or [0]

@@ -23,12 +23,13 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 # name | limit in seconds | command
 CHECKS=(
-  "triton-verify|100|$PY -m pytest -q -x tests/test_verify_triton.py"
-  "session-gpu|70|$PY -m pytest -q -x -s tests/test_session_gpu.py"
-  "sglang-kernels|60|$PY -m pytest -q -x tests/test_sglang_gpu.py"
-  "tree-build-cuda|45|$PY benchmarks/tree_build.py --device cuda --repeat 3 --skip-builders"
+  "triton-verify|90|$PY -m pytest -q -x tests/test_verify_triton.py"
+  "audit-triton|35|$PY -m pytest -q -x tests/test_audit.py -k triton"
+  "session-gpu|65|$PY -m pytest -q -x -s tests/test_session_gpu.py"
+  "sglang-kernels|50|$PY -m pytest -q -x tests/test_sglang_gpu.py"
+  "tree-build-cuda|40|$PY benchmarks/tree_build.py --device cuda --repeat 3 --skip-builders"
   "live-step-cuda|80|$PY benchmarks/live_step.py --device cuda --skip-threads"
-  "verify-bench|115|$PY benchmarks/verify.py"
+  "verify-bench|110|$PY benchmarks/verify.py"
 )
 
 if [[ $DRY == 1 ]]; then

@@ -143,7 +143,7 @@ display(HTML(views.decisions_table_html(views.step_view(sampled, run))))
 display(SVG(views.step_svg(sampled, run)))"""),
     ("md", """## Where SGLang and the lab differ
 
-Step 2, `req-1`: the drafted token holds all of the root row's float32 mass (`1 - 2**-24`)
+Step 2, `req-4`: the drafted token holds all of the root row's float32 mass (`1 - 2**-24`)
 and the coin equals it. SGLang compares `u < S` in float32, rejects the token, and draws its
 bonus from an empty residual: token `V - 1`, which the target gives probability 0. In exact
 arithmetic the token holds the whole row, `S = 1 > u`, and the lab accepts it and walks on.

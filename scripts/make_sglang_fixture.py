@@ -28,7 +28,7 @@ def record_cpu_demo(path: str | os.PathLike | None = None, seed: int = 0):
     sampler on a row whose drafted token holds all of the row's float32 mass ``1 - 2**-24``
     and a coin equal to it, where SGLang and the lab differ by design; (3) the chain sampler
     with real draft probabilities (rejection sampling), which the lab's verifiers do not
-    implement. Request ids ``req-0..2``. Every target row is recorded (``prob_rows="all"``),
+    implement. Request ids ``req-0..2`` (greedy) and ``req-3..5`` (sampled). Every target row is recorded (``prob_rows="all"``),
     so the lab's walk on step 2 can go past the node SGLang rejected.
 
     Returns:
@@ -70,6 +70,7 @@ def record_cpu_demo(path: str | os.PathLike | None = None, seed: int = 0):
         return v, lg
 
     params = SamplingParams(0.8, top_k=10)
+    rids = ["req-3", "req-4", "req-5"]  # the sampled requests
     rec.set_context(rids, seq + 1, {"temperature": [0.8] * bs, "top_k": [10] * bs, "top_p": [1.0] * bs})
     v, lg = chain_batch(6)
     sglang_verify_chain(v, target_probs(lg, params), torch.rand(bs, 6, generator=g), torch.rand(bs, generator=g),

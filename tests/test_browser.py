@@ -68,22 +68,28 @@ def _free_port() -> int:
 def lab_server(tmp_path_factory):
     """JupyterLab serving a copy of labs/ on 127.0.0.1:PORT with a random token."""
     _require_browser()
-    work = tmp_path_factory.mktemp("lab")
+    # The copies sit in a labs/ folder beside a link to the repo's fixtures, so paths relative
+    # to labs/ (e.g. "../fixtures/traces/...") resolve as they do in the repo and in `make lab`.
+    base = tmp_path_factory.mktemp("lab")
+    work = base / "labs"
+    work.mkdir()
+    (base / "fixtures").symlink_to(ROOT / "fixtures", target_is_directory=True)
     for nb in LABS.glob("*.ipynb"):
         shutil.copy(nb, work / nb.name)
     token, port = secrets.token_hex(16), _free_port()
     # Render every cell (JupyterLab 4 otherwise renders only the cells in view), no news pop-up.
-    settings = work / ".settings" / "@jupyterlab" / "notebook-extension"
+    settings = base / ".settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
     (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1", JUPYTERLAB_SETTINGS_DIR=str(work / ".settings"))
+               OMP_NUM_THREADS="1", JUPYTERLAB_SETTINGS_DIR=str(base / ".settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(base / ".workspaces"))
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
-           "--LabApp.news_url="]
+           "--LabApp.news_url=", f"--LabApp.workspaces_dir={base / '.workspaces'}"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
-    log = open(work / "jupyter.log", "w")
+    log = open(base / "jupyter.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
@@ -94,7 +100,7 @@ def lab_server(tmp_path_factory):
         except OSError:
             if proc.poll() is not None or time.time() > deadline:
                 proc.kill()
-                raise RuntimeError(f"JupyterLab did not start: {(work / 'jupyter.log').read_text()[-2000:]}")
+                raise RuntimeError(f"JupyterLab did not start: {(base / 'jupyter.log').read_text()[-2000:]}")
             time.sleep(0.5)
     yield {"url": url, "token": token, "dir": work}
     proc.terminate()
@@ -123,7 +129,7 @@ def run_notebook_in_browser(browser, server, name: str, width: int = 1280, heigh
     no cell left to run; returns the playwright page. Fails naming the first cell error."""
     page = browser.new_page(viewport={"width": width, "height": height})
     page.set_default_timeout(120_000)
-    page.goto(f"{server['url']}/lab/tree/{name}?token={server['token']}")
+    page.goto(f"{server['url']}/lab/tree/{name}?reset&token={server['token']}")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
     dialog = page.locator(".jp-Dialog .jp-mod-accept")
     try:  # a "Select Kernel" dialog on first open
@@ -138,17 +144,21 @@ def run_notebook_in_browser(browser, server, name: str, width: int = 1280, heigh
         pass
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")  # this notebook's tab only
+    errors = panel.locator("[data-mime-type='application/vnd.jupyter.stderr']",
+                           has_text=re.compile(r"Traceback|Error"))
     deadline = time.time() + CELL_TIMEOUT_MS / 1000
     while time.time() < deadline:  # every code cell has run once no prompt shows [*] or [ ]
-        prompts = page.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
+        if errors.count():  # a failing cell stops Run All: report it at once
+            screenshot(page, f"{name.removesuffix('.ipynb')}_error")
+            pytest.fail(f"{name}: a cell raised: {errors.first.inner_text()[:2000]}")
+        prompts = panel.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
         if prompts and all(re.fullmatch(r"\[\d+\]:", p.strip()) for p in prompts):
             break
         page.wait_for_timeout(500)
     else:
         screenshot(page, f"{name.removesuffix('.ipynb')}_timeout")
         pytest.fail(f"{name}: cells still running after {CELL_TIMEOUT_MS / 1000:.0f} s (prompts {prompts})")
-    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr'] pre, "
-                          ".jp-RenderedText[data-mime-type='application/vnd.jupyter.error']")
     if errors.count():
         pytest.fail(f"{name}: a cell raised: {errors.first.inner_text()[:2000]}")
     return page

@@ -1,26 +1,287 @@
+"""Every verb of `ddtree-lab` on the fixture traces, bad input, and --help everywhere."""
+
+import json
+import subprocess
+import sys
 from pathlib import Path
 
-from ddtree_lab.cli import main
+import pytest
 
-TRACE = Path(__file__).resolve().parent.parent / "fixtures" / "traces" / "smollm2_greedy_b32.ddtrace.safetensors"
+import ddtree_lab as dl
+from ddtree_lab.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT / "fixtures" / "traces" / "smollm2_greedy_b32.ddtrace.safetensors"
+SAMPLED = ROOT / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors"
+RECORDING = ROOT / "fixtures" / "sglang_cpu_recording.json"
+VERBS = ["record", "info", "render", "bundle", "replay", "audit", "doctor", "sglang", "lab"]
+
+
+def run_cli(*args):
+    """The console entry point in a fresh process: (exit status, stdout, stderr)."""
+    r = subprocess.run([sys.executable, "-m", "ddtree_lab.cli", *map(str, args)], capture_output=True, text=True,
+                       cwd=ROOT, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    return r.returncode, r.stdout, r.stderr
 
 
 def test_cli_info_replay_render(tmp_path, capsys):
     assert main(["info", str(TRACE)]) == 0
-    assert "SmolLM2-135M-Instruct" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "SmolLM2-135M-Instruct" in out
     assert main(["replay", str(TRACE)]) == 0
     assert "replayed bit for bit" in capsys.readouterr().out
-    out = tmp_path / "s.svg"
-    assert main(["render", str(TRACE), "--step", "0", "--out", str(out)]) == 0
-    assert "<svg" in out.read_text()
-    assert main(["render", str(TRACE), "--step", "0", "--format", "text"]) == 0
+    svg = tmp_path / "s.svg"
+    assert main(["render", str(TRACE), "--step", "0", "--request", "0", "--out", str(svg)]) == 0
+    assert "<svg" in svg.read_text()
+    assert main(["render", str(TRACE), "--step", "0", "--request", "0", "--format", "text"]) == 0
     assert "◆ [0]" in capsys.readouterr().out
 
 
+def test_info_lists_requests_prompts_tau_and_keeps_the_drafter_to_a_line(capsys):
+    assert main(["info", str(TRACE)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert len(lines) < 20
+    drafter = [line for line in lines if line.startswith("drafter:")]
+    assert len(drafter) == 1 and "{" not in drafter[0] and "smollm2-ridge" in drafter[0]
+    run = dl.load_trace(TRACE)
+    for r in run.metadata["requests"]:
+        assert json.dumps(r["prompt"]) in out
+    assert out.count("mean tau") == 3
+    # request 1's step list starts with its own step numbers and taus
+    line = lines[[k for k, x in enumerate(lines) if x.startswith("request 1 ")][0] + 2]
+    s = run.for_request(1)
+    assert line.startswith("  steps (step:tau): " + f"{s[0].step}:{s[0].accept_length + 1}")
+
+
+def test_render_addresses_decoding_step_and_request(tmp_path, capsys):
+    run = dl.load_trace(TRACE)
+    want = next(s for s in run.steps if s.step == 8 and s.request == 1)
+    assert main(["render", str(TRACE), "--step", "8", "--request", "1", "--format", "decisions"]) == 0
+    text = capsys.readouterr().out
+    first = want.decisions[0]
+    assert f"{first.node}" in text and run.text(first.token).strip() in text.replace("␣", " ")
+    for suffix, magic in ((".svg", b"<svg"), (".png", b"\x89PNG"), (".dot", b"digraph"), (".txt", "◆ [0]".encode())):
+        out = tmp_path / f"tree{suffix}"
+        assert main(["render", str(TRACE), "--step", "8", "--request", "1", "-o", str(out)]) == 0
+        assert magic in out.read_bytes()[:4096]
+    assert "step 8, request 1" in capsys.readouterr().out
+    # ambiguous: three requests have step 8
+    assert main(["render", str(TRACE), "--step", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "requests 0, 1, 2" in err and "--request" in err
+
+
+def test_replay_reports_each_difference(tmp_path, capsys):
+    run = dl.load_trace(TRACE)
+    step = next(s for s in run.steps if s.step == 3 and s.request == 0)
+    step.output.accept_length[0] += 1  # a recorded output that the verifier does not reproduce
+    bad = dl.save_trace(dl.RunTrace(run.metadata, [step], run.token_texts), tmp_path / "bad.ddtrace.safetensors")
+    assert main(["replay", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "step 3, request 0" in out and "accept_length" in out and "1 differ" in out
+    assert main(["replay", str(TRACE), "--step", "3", "--request", "0"]) == 0
+    assert "1 steps replayed bit for bit" in capsys.readouterr().out
+    assert main(["replay", str(TRACE), "--backend", "triton"]) == 2
+    assert "bundle" in capsys.readouterr().err
+
+
+def test_replay_and_sglang_verbs_on_the_recording(tmp_path, capsys):
+    assert main(["replay", str(RECORDING)]) == 0
+    assert "12 rows" in capsys.readouterr().out
+    assert main(["sglang", "replay", str(RECORDING), "--backend", "torch-lazy"]) == 0
+    assert "12 rows" in capsys.readouterr().out
+    assert main(["sglang", "hook-dir"]) == 0
+    hook = Path(capsys.readouterr().out.strip())
+    assert (hook / "sitecustomize.py").exists()
+    out = tmp_path / "sgl.ddtrace.safetensors"
+    assert main(["sglang", "convert", str(RECORDING), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    assert "records" in capsys.readouterr().out
+    assert main(["doctor", str(RECORDING)]) == 0
+    assert "0 problems" in capsys.readouterr().out
+
+
+def test_audit_verb(tmp_path, capsys):
+    plot = tmp_path / "audit.html"
+    assert main(["audit", str(SAMPLED), "--step", "27", "--request", "1", "--draws", "1500", "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: consistent with lossless" in out and "plotly" in plot.read_text()
+    assert main(["audit", str(SAMPLED), "--step", "27", "--request", "1", "--draws", "1500",
+                 "--verifier", "coin-reuse"]) == 1
+    assert "verdict: LOSSY" in capsys.readouterr().out
+    assert main(["audit", "--random", "1", "--draws", "1500", "--threshold-acc", "0.5"]) == 1
+    assert "lossy thresholds" in capsys.readouterr().out
+    assert main(["audit", "--random", "1", "--draws", "1000"]) == 0
+
+
+def test_bundle_verb_and_the_verbs_on_a_bundle(tmp_path, capsys):
+    out = tmp_path / "bug"
+    assert main(["bundle", str(SAMPLED), "--step", "27", "--request", "1", "-o", str(out)]) == 0
+    assert "step 27, request 1" in capsys.readouterr().out
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    assert size <= 200_000 and (out / "README.md").exists()
+    assert main(["replay", str(out)]) == 0
+    assert "bit for bit" in capsys.readouterr().out
+    assert main(["doctor", str(out)]) == 0
+    assert "0 problems" in capsys.readouterr().out
+    assert main(["audit", str(out), "--draws", "1000"]) == 0
+    assert "consistent with lossless" in capsys.readouterr().out
+    assert main(["audit", str(out), "--draws", "1000", "--verifier", "threshold"]) == 1
+    assert main(["bundle", str(SAMPLED), "--step", "27", "--request", "1", "-o", "/no/such/dir/b"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_audit_with_the_model_audits_the_transforms(capsys):
+    args = ["audit", str(SAMPLED), "--step", "27", "--request", "1", "--model", "default", "--draws", "1500",
+            "--temperature", "0.5"]
+    assert main(args) == 0
+    assert main(args + ["--verifier", "temperature-1"]) == 1
+    assert "verdict: LOSSY" in capsys.readouterr().out
+    assert main(["audit", str(SAMPLED), "--step", "27", "--request", "1", "--top-k", "3"]) == 2
+    assert "--model" in capsys.readouterr().err
+
+
+def test_doctor_reports_every_problem(tmp_path, capsys):
+    assert main(["doctor", str(TRACE)]) == 0
+    assert "113 steps checked, 0 problems" in capsys.readouterr().out
+    run = dl.load_trace(TRACE)
+    step = next(s for s in run.steps if s.step == 1 and s.request == 2)
+    kids = [i for i in range(1, step.num_nodes) if int(step.parents[i]) == 0]
+    step.retrieve_next_sibling = step.retrieve_next_sibling.clone()
+    step.retrieve_next_sibling[kids[-1]] = kids[0]  # the root's sibling chain loops
+    step.positions = step.positions.clone()
+    step.positions[3] += 1
+    bad = dl.save_trace(dl.RunTrace(run.metadata, [step], run.token_texts), tmp_path / "bad.ddtrace.safetensors")
+    assert main(["doctor", str(bad)]) == 1
+    out = capsys.readouterr().out
+    loop = [line for line in out.splitlines() if "reached twice" in line or "cycle" in line]
+    assert loop and ("node 0" in loop[0] or f"node {kids[0]}" in loop[0])
+    assert any("node 3" in line and "position" in line for line in out.splitlines())
+    assert "2 problems" in out
+
+
+def test_doctor_on_a_broken_sglang_recording(tmp_path, capsys):
+    from ddtree_lab import sglang as sg
+
+    rec = sg.load_recording(RECORDING)
+    sib = rec.steps[0]["tensors"]["retrive_next_sibling"]
+    first = int(rec.steps[0]["tensors"]["retrive_next_token"][0, 0])
+    second = int(sib[0, first])
+    assert second >= 0
+    sib[0, second] = first  # the root's children loop: SGLang's sibling walk would never end
+    path = tmp_path / "broken"
+    sg.save_recording(rec.steps, path, rec.metadata)
+    assert main(["doctor", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "row 0" in out and ("cycle" in out or "twice" in out) and "1 problems" in out
+
+
+def test_doctor_with_the_model(capsys):
+    assert main(["doctor", str(SAMPLED), "--model", "default", "--step", "27", "--request", "1", "--sample", "2"]) == 0
+    assert "match causal forwards" in capsys.readouterr().out
+
+
+def test_record_inline_and_jsonl(tmp_path, capsys):
+    out = tmp_path / "run.ddtrace.safetensors"
+    assert main(["record", "--prompt", "Name a colour.", "--budget", "4", "--max-new-tokens", "4", "--quiet",
+                 "-o", str(out)]) == 0
+    run = dl.load_trace(out)
+    assert run.steps and run.metadata["budget"] == 4 and run.steps[0].params.is_greedy
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    assert '"Name a colour."' in capsys.readouterr().out
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text(json.dumps({"prompt": "Say hi.", "temperature": 0.7, "top_k": 20, "seed": 5, "id": "a"}) + "\n"
+                     + json.dumps({"prompt": "Say bye."}) + "\n")
+    out2 = tmp_path / "run2.ddtrace.safetensors"
+    assert main(["record", "--prompts", str(jsonl), "--budget", "4", "--max-new-tokens", "3", "--quiet",
+                 "--temperature", "0", "-o", str(out2)]) == 0
+    run2 = dl.load_trace(out2)
+    params = {r["request_id"]: r["params"] for r in run2.metadata["requests"]}
+    assert params["a"]["temperature"] == 0.7 and params["a"]["top_k"] == 20 and params["a"]["seed"] == 5
+    assert params["1"]["temperature"] == 0.0
+    assert main(["replay", str(out2)]) == 0
+    light = tmp_path / "light.ddtrace.safetensors"
+    assert main(["record", "--prompt", "Say hi.", "--budget", "4", "--max-new-tokens", "3", "--quiet", "--level",
+                 "light", "-o", str(light)]) == 0
+    assert dl.load_trace(light).metadata["record"] == "light"
+
+
+def test_record_bad_input(tmp_path, capsys):
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "ok"}\n{"prompt": "x", "temprature": 1}\n')
+    assert main(["record", "--prompts", str(jsonl), "-o", str(tmp_path / "r.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "line 2" in err and "temprature" in err and len(err.strip().splitlines()) == 1
+    assert main(["record", "--prompt", "x", "--temperature", "-1", "-o", str(tmp_path / "r.safetensors")]) == 2
+    assert "temperature" in capsys.readouterr().err
+    assert main(["record", "--prompt", "x", "-o", "/no/such/dir/r.safetensors"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not Path("/no/such/dir").exists()
+
+
+def test_lab_dry_run(capsys):
+    assert main(["lab", "--dry-run", "--port", "8899"]) == 0
+    out = capsys.readouterr().out
+    assert "--ip=127.0.0.1" in out and "--port=8899" in out and "labs" in out and "<token>" in out
+
+
 def test_cli_bad_input(tmp_path, capsys):
-    assert main(["render", str(TRACE), "--step", "9999"]) == 2
+    assert main(["render", str(TRACE), "--step", "9999", "--request", "0"]) == 2
     assert "out of range" in capsys.readouterr().err
+    assert main(["render", str(TRACE), "--step", "1", "--request", "7"]) == 2
+    assert "--request 7 does not exist" in capsys.readouterr().err
     bad = tmp_path / "bad.safetensors"
     bad.write_text("not a trace")
     assert main(["info", str(bad)]) == 2
     assert "not a safetensors file" in capsys.readouterr().err
+    assert main(["info", str(tmp_path / "missing.safetensors")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["render", str(TRACE), "--step", "1", "--request", "0", "-o", str(tmp_path / "x.jpg")]) == 2
+    assert "suffix" in capsys.readouterr().err
+
+
+def test_a_corrupted_data_region_is_refused_in_one_line(tmp_path):
+    data = bytearray(TRACE.read_bytes())
+    header = int.from_bytes(data[:8], "little")
+    for k in range(8 + header + 1000, 8 + header + 1064):  # flip bytes inside the tensors
+        data[k] ^= 0xFF
+    bad = tmp_path / "flipped.ddtrace.safetensors"
+    bad.write_bytes(bytes(data))
+    for args in (["info", bad], ["replay", bad], ["render", bad, "--step", "0", "--request", "0"], ["audit", bad,
+                 "--step", "0", "--request", "0"], ["doctor", bad], ["bundle", bad, "--step", "0", "--request", "0",
+                                                                        "-o", tmp_path / "b"]):
+        rc, out, err = run_cli(*args)
+        assert rc == 2, (args, out, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert "checksum" in err or "sha256" in err.lower(), err
+
+
+def test_errors_are_one_line_without_traceback(tmp_path):
+    data = bytearray(TRACE.read_bytes())
+    header = int.from_bytes(data[:8], "little")
+    data[8 + 2:8 + 40] = b"X" * 38  # a corrupted header
+    bad = tmp_path / "corrupt.ddtrace.safetensors"
+    bad.write_bytes(bytes(data))
+    for args in (["info", bad], ["replay", bad], ["render", bad, "--step", "0", "--request", "0"], ["doctor", bad],
+                 ["info", tmp_path / "missing"], ["render", TRACE, "--step", "-3", "--request", "0"]):
+        rc, out, err = run_cli(*args)
+        assert rc == 2, (args, out, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"ddtree-lab {args[0]}: ")
+    assert header > 0
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_help_on_every_verb(verb, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([verb, "--help"])
+    assert exc.value.code == 0
+    assert f"ddtree-lab {verb}" in capsys.readouterr().out
+
+
+def test_every_verb_is_listed():
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert sorted(sub.choices) == sorted(VERBS)

@@ -17,7 +17,7 @@ def test_gpu_check_parses_and_its_plan_fits_the_budget():
     out = subprocess.run(["bash", str(SCRIPT), "--dry-run"], check=True, capture_output=True, text=True).stdout
     rows = [line.split(None, 2) for line in out.splitlines()[1:] if re.match(r"^\S+\s+\d+s\s", line)]
     names = [r[0] for r in rows]
-    assert {"triton-verify", "session-gpu", "sglang-kernels", "tree-build-cuda", "live-step-cuda",
+    assert {"triton-verify", "audit-triton", "session-gpu", "sglang-kernels", "tree-build-cuda", "live-step-cuda",
             "verify-bench"} == set(names)
     assert sum(int(r[1][:-1]) for r in rows) <= 480  # 8 minutes
     for _, _, cmd in rows:

@@ -218,7 +218,7 @@ def test_lab_views_draw_every_converted_row():
     from ddtree_lab import views
 
     run = sr.recording_to_trace(sr.load_recording(FIXTURE))
-    assert [(s.step, s.request_id) for s in run.steps if s.extra["verdict"] == "differs"] == [(2, "req-1")]
+    assert [(s.step, s.request_id) for s in run.steps if s.extra["verdict"] == "differs"] == [(2, "req-4")]
     for step in run.steps:
         assert "digraph" in views.to_dot(views.step_view(step, run))
         assert "<table" in views.decisions_table_html(views.step_view(step, run))
@@ -335,7 +335,7 @@ def test_default_patch_points_cover_sglangs_kernel_modules():
 def test_step_parts_hold_what_a_step_trace_needs():
     recording = sr.load_recording(FIXTURE)
     parts = sr.recording.step_parts(recording.steps[1], 2)
-    assert parts["request_id"] == "req-2" and parts["kind"] == "chain" and parts["rank"] == 0
+    assert parts["request_id"] == "req-5" and parts["kind"] == "chain" and parts["rank"] == 0
     assert parts["target_probs"].shape[:2] == (1, parts["verify_input"].num_rows)
     assert parts["coins"].shape == (1, parts["verify_input"].num_rows) and parts["final_coins"].shape == (1,)
     assert parts["sampling"] == {"temperature": 0.8, "top_k": 10, "top_p": 1.0}
@@ -429,10 +429,11 @@ def test_converted_trace_lists_its_requests_and_summarises(tmp_path):
     out = sr.convert(FIXTURE, tmp_path / "sglang.ddtrace.safetensors")
     run = dl.load_trace(out)
     ids = [r["request_id"] for r in run.metadata["requests"]]
-    assert ids == ["req-0", "req-1", "req-2"]
+    assert ids == [f"req-{i}" for i in range(6)]
+    assert [r["params"]["temperature"] for r in run.metadata["requests"]] == [0.0] * 3 + [0.8] * 3
     assert all(run.metadata["requests"][s.request]["request_id"] == s.request_id for s in run.steps)
     rows = lab.summary(run)
-    assert [r["request"] for r in rows] == ids and all(r["steps"] >= 2 for r in rows)
+    assert [r["request"] for r in rows] == ids and [r["steps"] for r in rows] == [1] * 3 + [2] * 3
     recording = sr.load_recording(FIXTURE)
     converted = {(s.step, s.request_id) for s in run.steps}
     rows = [r for r in sr.replay_recording(recording) if r.request_id == "req-0" and (r.step, "req-0") in converted]
@@ -448,7 +449,7 @@ def test_converted_trace_lists_its_requests_and_summarises(tmp_path):
 def test_replay_report_ends_with_the_counts():
     lines = sr.replay_report(sr.replay(FIXTURE))
     assert len(lines) == 13 and lines[-1] == "12 rows: 8 agree, 1 differs (1 by design), 3 not replayable"
-    assert any(line.startswith("step 2 row 1 req-1 chain: differs: accept_index") for line in lines)
+    assert any(line.startswith("step 2 row 1 req-4 chain: differs: accept_index") for line in lines)
     assert sr.hook_dir().endswith("_sglang_hook") and Path(sr.hook_dir(), "sitecustomize.py").is_file()
 
 
@@ -478,3 +479,18 @@ def test_a_converted_row_bundles_and_replays(tmp_path):
     step = next(s for s in run.steps if s.extra["verdict"] == "differs")
     bundle.save_bundle(bundle.make_bundle(run, step), tmp_path)
     assert bundle.replay_bundle(tmp_path).ok
+
+
+def test_recording_problems_name_every_broken_row():
+    recording = sr.load_recording(FIXTURE)
+    assert sr.recording_problems(recording) == []
+    t = recording.steps[0]["tensors"]
+    first = int(t["retrive_next_token"][1, 0])
+    t["retrive_next_sibling"][1, first] = first  # a node that is its own next sibling: SGLang's walk would hang
+    recording.steps[1]["tensors"]["uniform_samples"][2, 3] = 1.0
+    recording.steps[2]["tensors"]["predicts"][0, 0] += 1  # predicts disagree with the accepted token
+    problems = sr.recording_problems(recording)
+    assert len(problems) == 3, problems
+    assert problems[0].startswith("step 0 (call 0), row 1 (req-1): ") and str(first) in problems[0]
+    assert problems[1] == "step 1 (call 1), row 2 (req-5): node 3: coin 1.0 is not in [0, 1)"
+    assert problems[2].startswith("step 2 (call 2), row 0 (req-3): SGLang's output: predicts")

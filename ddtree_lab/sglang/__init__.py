@@ -10,7 +10,8 @@
 * :mod:`.recorder` -- :class:`SGLangRecorder` (wrapping, the import hook), the environment
   switch :func:`install_from_env` and :func:`hook_dir` for ``PYTHONPATH``;
 * :mod:`.recording` -- the recording file (:func:`save_recording`, :func:`load_recording`,
-  checksummed) and lab objects from one recorded row (:func:`step_parts`);
+  checksummed), lab objects from one recorded row (:func:`step_parts`,
+  :func:`step_verify_input`) and the doctor's check of a recording (:func:`recording_problems`);
 * :mod:`.replay` -- :func:`replay_recording` with any lab backend, :func:`recording_to_trace`
   (lab traces, which the lab's views draw), and the command-line functions :func:`replay`,
   :func:`replay_report`, :func:`convert`.
@@ -35,7 +36,10 @@ from .recorder import install_from_env as install_from_env
 from .recording import Recording as Recording
 from .recording import RecordingFormatError as RecordingFormatError
 from .recording import load_recording as load_recording
+from .recording import recording_problems as recording_problems
 from .recording import save_recording as save_recording
+from .recording import step_parts as step_parts
+from .recording import step_verify_input as step_verify_input
 from .replay import ReplayResult as ReplayResult
 from .replay import convert as convert
 from .replay import count_verdicts as count_verdicts

@@ -35,7 +35,7 @@ from typing import Sequence
 
 import torch
 
-from ..retrieve import DDTreeVerifyInput
+from ..retrieve import DDTreeVerifyInput, find_retrieve_problem
 from ..verify import VerifyOutput
 from .buffers import verify_input_from_retrieve, verify_output_from_sglang
 
@@ -54,6 +54,7 @@ __all__ = [
     "step_target_probs",
     "is_one_hot_chain",
     "step_parts",
+    "recording_problems",
 ]
 
 FORMAT = "ddtree-lab/sglang-recording"
@@ -255,3 +256,39 @@ def step_parts(step: dict, row: int) -> dict:
         "sampling": {k: v[row] for k, v in step.get("sampling", {}).items()},
         "sglang_output": step_sglang_output(step, row, vi),
     }
+
+
+def recording_problems(recording: Recording) -> list[str]:
+    """Every broken recorded row (the doctor's check of a recording), one line each:
+    ``"step k (call c), row r (request id): ..."``.
+
+    Checked per row: the links form a tree (:func:`ddtree_lab.retrieve.find_retrieve_problem`,
+    ``retrive_index`` included; SGLang's sibling walks have no hop bound, so a cyclic chain
+    named here hangs its kernel); sampled rows' coins lie in [0, 1); SGLang's outputs are
+    consistent with the buffers (:func:`~ddtree_lab.sglang.buffers.verify_output_from_sglang`).
+    A row with broken links gets that line only.
+    """
+    problems = []
+    for k, step in enumerate(recording.steps):
+        t = step["tensors"]
+        for row, rid in enumerate(step["request_ids"]):
+            where = f"step {k} (call {step.get('call', k)}), row {row} ({rid})"
+            one = slice(row, row + 1)
+            ri = t["retrive_index"][one]
+            link = find_retrieve_problem(t["retrive_next_token"][one], t["retrive_next_sibling"][one],
+                                         (ri >= 0).sum(1), retrieve_index=ri)
+            if link is not None:
+                problems.append(f"{where}: {str(link).removeprefix('request 0, ').removeprefix('request 0: ')}")
+                continue
+            if step["kind"] != "greedy":
+                coins = t["uniform_samples"][row]
+                for i in (~((coins >= 0) & (coins < 1))).nonzero().flatten().tolist():
+                    problems.append(f"{where}: node {i}: coin {float(coins[i])} is not in [0, 1)")
+                final = float(t["uniform_samples_final"][row])
+                if not 0.0 <= final < 1.0:
+                    problems.append(f"{where}: final coin {final} is not in [0, 1)")
+            try:
+                step_sglang_output(step, row)
+            except ValueError as exc:
+                problems.append(f"{where}: SGLang's output: {str(exc).removeprefix('request 0: ')}")
+    return problems

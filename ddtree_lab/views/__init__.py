@@ -8,7 +8,11 @@ the walk events and a decision cursor, ``to_dict()``); everything else renders t
 * :mod:`ddtree_lab.views.text` -- :func:`to_text` (the tree), :func:`decisions_text`;
 * :mod:`ddtree_lab.views.html` -- :func:`decisions_table_html`, :func:`children_html`,
   :func:`mass_bar_svg`, :func:`bonus_html`, :func:`committed_html`;
-* :mod:`ddtree_lab.views.stepper` -- the verify stepper widget (:class:`VerifyStepper`).
+* :mod:`ddtree_lab.views.stepper` -- the verify stepper widget (:class:`VerifyStepper`);
+* :mod:`ddtree_lab.views.compare` -- greedy against sampling: plotly figures over a batch's
+  steps (tau, calibration, acceptance and sibling rank by depth, drafter quality, tokens/s);
+* :mod:`ddtree_lab.views.tuner` -- the top-k / top-p / budget tuner widget (:class:`Tuner`,
+  :func:`expected_tau_text`) over :class:`ddtree_lab.analysis.TunerData`.
 
 Views read traces only; no view touches a model.
 """

@@ -1,0 +1,71 @@
+"""Write labs/07_drafters.ipynb (DFlash against ridge: τ against budget, trees side by side) and
+execute it in place so it carries static outputs.
+
+    python scripts/make_notebook_drafters.py [--no-execute]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+LABS = Path(__file__).resolve().parent.parent / "labs"
+
+CELLS = [
+    ("md", """# 07 · Drafters: the DFlash drafter trained here against the ridge drafter
+
+The embedded default target (SmolLM2-135M-Instruct, fp32, CPU) has two drafters of block size
+L = 16:
+
+* **DFlash** (`fixtures/drafters/smollm2_dflash_b16`): one Qwen3-style layer that reads five of
+  the target's layers by KV injection (`ddtree_lab/models/dflash.py`, the public DFlash
+  architecture), trained on this CPU by `scripts/train_dflash.py` on text the target wrote --
+  for 14 minutes only, which left it near a unigram model (see its model card);
+* **ridge** (`fixtures/drafters/smollm2_ridge_b16`, the lab's default): per-offset linear heads.
+
+The figure shows the accept length τ (accepted draft tokens + 1 per step) that
+`benchmarks/live_tau.py` measured on held-out prompts, for DDTree trees of budget B and for the
+chain (the drafter's argmax block, DFlash's own verification). Below it, one live greedy step of
+each drafter on the same prompt: compare the shapes of the trees."""),
+    ("code", """import ddtree_lab as dl
+from ddtree_lab import lab
+from ddtree_lab.models import RidgeDrafter
+from ddtree_lab.views.tau import load_tau_records, tau_budget_figure
+
+target, dflash = lab.load_default(drafter="dflash")
+ridge = RidgeDrafter.load(target)          # the default drafter
+card = dflash.record["held_out_eval"]
+print(dflash.name, "| held-out top-1 by position:", card["top1_by_position"][:6], "| chain tau", card["chain_tau"])"""),
+    ("md", "## τ against budget (measured by `benchmarks/live_tau.py`)"),
+    ("code", """rows = load_tau_records("../benchmarks/live_tau.json")
+tau_budget_figure(rows)"""),
+    ("md", "## One live greedy step of each drafter (budget 32)"),
+    ("code", """prompt = "Tell me something interesting about lighthouses."
+runs = {}
+for name, d in (("dflash", dflash), ("ridge", ridge)):
+    runs[name] = dl.LiveSession(target, d, budget=32, sampling=dl.SamplingParams(temperature=0.0)).run(prompt, max_new_tokens=16)
+    taus = [s.accept_length + 1 for s in runs[name].steps]
+    print(f"{name:>6}: {len(taus)} steps, tau per step {taus}")"""),
+    ("code", "lab.show_step(runs['dflash'], 1)"),
+    ("code", "lab.show_step(runs['ridge'], 1)"),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--no-execute", action="store_true")
+    args = ap.parse_args()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_markdown_cell(s) if k == "md" else nbformat.v4.new_code_cell(s) for k, s in CELLS]
+    if not args.no_execute:
+        NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(LABS)}}).execute()
+    nbformat.write(nb, LABS / "07_drafters.ipynb")
+    print("wrote labs/07_drafters.ipynb")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,317 @@
+"""Train the DFlash drafter of the embedded default target (SmolLM2-135M-Instruct) on this CPU.
+
+Recipe (DFlash, arXiv 2602.06036, section on training; z-lab/dflash for the architecture):
+
+1. Data: ``scripts/make_dflash_data.py`` (the target's own answers to the training prompts, with
+   the features of the chosen target layers recorded while it generated).
+2. Every step takes ``--batch`` sequences and ``--blocks`` random anchor positions ``a`` per
+   sequence (inside the generated part). Each block ``[ids[a], mask x (L-1)]`` sees the context
+   features of positions ``< a`` and the other tokens of its own block (no causal mask inside),
+   never another block; position ``k`` predicts ``ids[a + k]``.
+3. Loss: cross-entropy with weight ``exp(-(k-1)/gamma)`` on position ``k``. The target is
+   frozen; its embedding and LM head are shared and frozen. To fit this CPU the softmax runs
+   over the tokens the training text contains plus ``--negatives`` random other tokens drawn
+   afresh every step (a sampled softmax; evaluation always uses the full vocabulary).
+4. AdamW, linear warm-up then cosine decay over a wall-clock budget (``--minutes``): the run
+   stops on time. A checkpoint (public DFlash layout, fp16) and the loss curve are written every
+   ``--checkpoint-minutes`` so a partial run still yields weights.
+
+    python scripts/train_dflash.py [--minutes 21] [--layers 1] [--out fixtures/drafters/smollm2_dflash_b16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm.auto import tqdm
+
+from ddtree_lab.models import cache_dir, load_default_target
+from ddtree_lab.models.dflash import (DFlashConfig, DFlashDraftModel, DFlashDrafter, block_hit_rates, target_features,
+                                      default_dflash_path)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_split(split: str) -> tuple[list[dict], dict]:
+    """Every sequence of ``split`` (``train`` / ``heldout``) written by make_dflash_data.py."""
+    rows, meta = [], {}
+    files = sorted((cache_dir() / "dflash_data").glob(f"{split}_*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no {split} data in {cache_dir() / 'dflash_data'}: run scripts/make_dflash_data.py")
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            meta = h.metadata()
+            n = len([k for k in h.keys() if k.startswith("ids.")])
+            for j in range(n):
+                rows.append({"ids": h.get_tensor(f"ids.{j}"), "features": h.get_tensor(f"features.{j}"),
+                             "prompt_len": int(h.get_tensor(f"prompt_len.{j}")[0]), "sampled": meta["sampled"]})
+    return rows, meta
+
+
+def make_batch(rows: list[dict], batch: int, blocks: int, L: int, rng: random.Random):
+    """Sample a training batch (module docstring, step 2).
+
+    Returns ``(features [B, C, kH], ctx_pos [B, C], block_ids [B, nb*L], block_pos [B, nb*L],
+    mask [B, nb*L, C + nb*L] bool, labels [B, nb, L-1] (-1 = none))``.
+    """
+    chosen = [r for r in rng.sample(rows, batch)]
+    c_max = max(r["features"].shape[0] for r in chosen)
+    kh = chosen[0]["features"].shape[1]
+    feats = torch.zeros(batch, c_max, kh, dtype=torch.float16)
+    block_ids = torch.zeros(batch, blocks * L, dtype=torch.int64)
+    block_pos = torch.zeros(batch, blocks * L, dtype=torch.int64)
+    mask = torch.zeros(batch, blocks * L, c_max + blocks * L, dtype=torch.bool)
+    labels = torch.full((batch, blocks, L - 1), -1, dtype=torch.int64)
+    for b, r in enumerate(chosen):
+        ids, t = r["ids"], r["ids"].shape[0]
+        feats[b, : r["features"].shape[0]] = r["features"]
+        lo, hi = max(1, r["prompt_len"]), t - 2
+        anchors = [rng.randint(lo, hi) for _ in range(blocks)] if hi >= lo else [t - 2] * blocks
+        for j, a in enumerate(anchors):
+            s = slice(j * L, (j + 1) * L)
+            block_ids[b, s] = ids[a]  # position 0: the anchor; the rest are replaced by the mask below
+            block_pos[b, s] = torch.arange(a, a + L)
+            mask[b, s, :a] = True
+            mask[b, s, c_max + j * L : c_max + (j + 1) * L] = True
+            n = min(L - 1, t - 1 - a)
+            labels[b, j, :n] = ids[a + 1 : a + 1 + n]
+    ctx_pos = torch.arange(c_max)[None].expand(batch, -1)
+    return feats, ctx_pos, block_ids, block_pos, mask, labels
+
+
+def save_curve(log: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [e["step"] for e in log]
+    loss = [e["loss"] for e in log]
+    smooth, acc = [], None
+    for x in loss:
+        acc = x if acc is None else 0.95 * acc + 0.05 * x
+        smooth.append(acc)
+    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=110)
+    ax.plot(steps, loss, color="#bbb", lw=0.8, label="loss per step")
+    ax.plot(steps, smooth, color="#1f77b4", lw=1.8, label="EMA 0.95")
+    ax.set_xlabel("step")
+    ax.set_ylabel("weighted CE (sampled softmax)")
+    ax.set_title("DFlash drafter for SmolLM2-135M-Instruct: training loss")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_card_md(record: dict, path: Path) -> None:
+    """The model card as Markdown (the JSON beside it is the source)."""
+    ev = record["held_out_eval"]
+    a, d, r = record["architecture"], record["data"], record["recipe"]
+    rows = " | ".join(f"{x:.2f}" for x in ev["top1_by_position"])
+    text = f"""# {record['name']}: DFlash drafter for {record['target']}
+
+A DFlash block drafter (KV injection of target features, block size {a['block_size']}) trained on this
+project's CPU machine by `scripts/train_dflash.py`; weights in the public DFlash checkpoint layout
+(`config.json`, `model.safetensors`, {a['weights_dtype']}). Load with
+`DFlashDrafter.load(target)` (`ddtree_lab.models.dflash`).
+
+- Architecture: {a['layers']} Qwen3-style layer(s), {a['parameters'] / 1e6:.2f} M parameters; context = target
+  layers {a['target_layer_ids']} (outputs, HF `hidden_states[l + 1]`), projected by `fc`; mask token
+  `{a['mask_token']}` (id {a['mask_token_id']}); the target's embedding and LM head are shared and frozen.
+- Data: self-distillation. The target answered {d['train_sequences']} training prompts
+  (`{d['prompts']}`, {d['new_tokens_per_prompt']} new tokens each; {d['decoding']}),
+  {d['train_tokens']} tokens in all; generated by `{d['generator']}`. {d['held_out_sequences']} held-out prompts
+  (other topics and templates) were answered greedily for evaluation only.
+- Recipe: {r['batch']} sequences x {r['blocks']} random anchors per step, loss weight exp(-(k-1)/{r['gamma']}),
+  lr {r['lr']} ({r['optimizer']}), {r['loss']}.
+- Run: {record['steps']} steps in {record['train_minutes']} min on one CPU thread; final loss (EMA) {record['final_loss_ema']}.
+  Loss curve: `docs/dflash_loss.png`.
+
+## Measured on held-out text ({ev['anchors']} anchors in {len(ev['sequences'])} sequences, every {ev['stride']}th position)
+
+Top-1 hit rate of the argmax block by position k = 1..{len(ev['top1_by_position'])}:
+
+{rows}
+
+Greedy chain accept length (1 + leading hits): **{ev['chain_tau']}**. `tests/test_dflash.py` reproduces these
+figures from the shipped weights. Live τ with DDTree trees: `benchmarks/live_tau.out.txt`.
+"""
+    path.write_text(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(default_dflash_path()))
+    ap.add_argument("--minutes", type=float, default=21.0, help="wall-clock training budget")
+    ap.add_argument("--checkpoint-minutes", type=float, default=6.0)
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=3)
+    ap.add_argument("--blocks", type=int, default=16, help="anchors per sequence per step")
+    ap.add_argument("--gamma", type=float, default=4.0, help="loss weight exp(-(k-1)/gamma)")
+    ap.add_argument("--lr", type=float, default=4e-3)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--negatives", type=int, default=1024)
+    ap.add_argument("--eval-sequences", type=int, default=4, help="held-out sequences in the recorded hit rate")
+    ap.add_argument("--eval-checkpoints", action="store_true",
+                    help="also measure the held-out hit rate at intermediate checkpoints (costs CPU)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    t_start = time.time()
+    target = load_default_target()
+    for p in target.model.parameters():
+        p.requires_grad_(False)
+    rows, meta = load_split("train")
+    held, _ = load_split("heldout")
+    layer_ids = json.loads(meta["layer_ids"])
+    # Preconditioning of fc: the target's features span four orders of magnitude per dimension
+    # (massive activations up to ~2e4 on a few dimensions), which makes Adam's steps on fc swamp
+    # the context with noise. Training therefore sees every feature dimension divided by its RMS
+    # over the training text, and the exported fc.weight is divided by the same scale, so the
+    # shipped drafter reads the raw features (the public architecture, unchanged).
+    sq = torch.zeros(rows[0]["features"].shape[1], dtype=torch.float64)
+    count = 0
+    for r in rows:
+        sq += r["features"].double().pow(2).sum(0)
+        count += r["features"].shape[0]
+    feature_scale = (sq / count).sqrt().float().clamp(min=1e-2)
+    for r in rows:
+        r["features"] = (r["features"].float() / feature_scale).to(torch.float16)
+    tcfg = target.model.config
+    L = args.block_size
+    mask_token_id = target.tokenizer.convert_tokens_to_ids("<empty_output>")
+    cfg = DFlashConfig(hidden_size=tcfg.hidden_size, num_hidden_layers=args.layers,
+                       num_attention_heads=tcfg.num_attention_heads, num_key_value_heads=tcfg.num_key_value_heads,
+                       head_dim=tcfg.head_dim, intermediate_size=tcfg.intermediate_size, block_size=L,
+                       mask_token_id=int(mask_token_id), target_layer_ids=layer_ids,
+                       rope_theta=float(tcfg.rope_parameters["rope_theta"]), rms_norm_eps=float(tcfg.rms_norm_eps),
+                       num_target_layers=int(tcfg.num_hidden_layers),
+                       extra={"architectures": ["DFlashDraftModel"], "model_type": "qwen3"})
+    model = DFlashDraftModel(cfg)
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            torch.nn.init.normal_(p, std=0.02)
+    with torch.no_grad():  # the output feeds the target's LM head: start at a tenth of its final-norm scale (small logits)
+        model.norm.weight.copy_(0.1 * target.model.model.norm.weight)
+    head = target.model.get_output_embeddings().weight.detach()  # [V, H], frozen (tied to the embedding)
+    embed = target.model.get_input_embeddings().weight.detach()
+    vocab = torch.unique(torch.cat([r["ids"] for r in rows]))
+    in_vocab = torch.zeros(head.shape[0], dtype=torch.bool)
+    in_vocab[vocab] = True
+    outside = torch.nonzero(~in_vocab)[:, 0]
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    weights = torch.exp(-torch.arange(L - 1, dtype=torch.float32) / args.gamma)
+    budget = args.minutes * 60
+    out_dir = Path(args.out)
+    log: list[dict] = []
+    evals: list[dict] = []
+    eval_seqs = [(r["ids"].tolist(), r["prompt_len"]) for r in held[: args.eval_sequences]]
+    eval_feats = [target_features(target, ids, layer_ids) for ids, _ in eval_seqs]
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{len(rows)} training sequences ({sum(r['ids'].numel() for r in rows)} tokens), {len(held)} held-out; "
+          f"target layers {layer_ids}; drafter {args.layers} layers, {n_params / 1e6:.2f} M parameters; "
+          f"softmax over {vocab.numel()} data tokens + {args.negatives} negatives", flush=True)
+
+    def checkpoint(step: int, final: bool = False) -> dict:
+        export = copy.deepcopy(model).eval()
+        with torch.no_grad():
+            export.fc.weight.div_(feature_scale[None, :])  # back to raw target features
+        drafter = DFlashDrafter(target, export, name="smollm2-dflash-b16")
+        drafter.save(out_dir)
+        if final or args.eval_checkpoints:
+            # Evaluate the fp16 weights as shipped (reloaded), through the drafter's own lifecycle.
+            shipped = DFlashDrafter.load(target, out_dir, dtype=torch.float32)
+            rates = block_hit_rates(shipped, eval_seqs, stride=4, features=eval_feats)
+            evals.append({"step": step, "minutes": round((time.time() - t_start) / 60, 2), **rates})
+        else:
+            rates = evals[-1] if evals else {"anchors": 0, "top1_by_position": [], "chain_tau": None}
+            rates = {k: rates[k] for k in ("anchors", "top1_by_position", "chain_tau")}
+        model.train()
+        record = {
+            "name": "smollm2-dflash-b16", "target": target.name, "kind": "DFlash (KV injection), trained here",
+            "final": final, "steps": step, "train_minutes": round((time.time() - t_train) / 60, 2),
+            "architecture": {"layers": args.layers, "block_size": L, "target_layer_ids": layer_ids,
+                             "mask_token": "<empty_output>", "mask_token_id": int(mask_token_id),
+                             "parameters": n_params, "weights_dtype": "float16"},
+            "data": {"generator": "scripts/make_dflash_data.py", "prompts": "fixtures/drafters/dflash_prompts.json",
+                     "train_sequences": len(rows), "train_tokens": int(sum(r["ids"].numel() for r in rows)),
+                     "new_tokens_per_prompt": int(meta["new_tokens"]),
+                     "decoding": "2 of 3 batches greedy, 1 of 3 sampled at T=0.7",
+                     "held_out_sequences": len(held)},
+            "recipe": {k: getattr(args, k) for k in ("batch", "blocks", "gamma", "lr", "warmup", "negatives", "seed")}
+                      | {"optimizer": "AdamW(0.9, 0.95), wd 0.01, grad clip 1.0, warm-up + cosine over the time budget",
+                         "loss": "CE weighted exp(-(k-1)/gamma), sampled softmax (data tokens + random negatives)",
+                         "preconditioning": "fc trained on features divided by their per-dimension RMS; exported fc.weight divided by the same scale"},
+            "final_loss_ema": round(ema, 4) if ema is not None else None,
+            "held_out_eval": {"sequences": eval_seqs, "stride": 4, **rates},
+            "evals": evals,
+        }
+        (out_dir / "model_card.json").write_text(json.dumps(record, indent=1) + "\n")
+        write_card_md(record, out_dir / "MODEL_CARD.md")
+        (out_dir / "train_log.json").write_text(json.dumps(log) + "\n")
+        save_curve(log, REPO / "docs" / "dflash_loss.png")
+        tqdm.write(f"checkpoint step {step}: held-out top-1 by position {rates['top1_by_position'][:6]}..., "
+                   f"chain tau {rates['chain_tau']}" + ("" if final or args.eval_checkpoints else " (last measured)"))
+        return record
+
+    t_train = time.time()
+    next_ckpt = t_train + args.checkpoint_minutes * 60
+    ema = None
+    step = 0
+    bar = tqdm(desc="training", unit="step", mininterval=5)
+    model.train()
+    while True:
+        frac = (time.time() - t_train) / budget
+        if frac >= 1.0:
+            break
+        lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        feats, ctx_pos, block_ids, block_pos, mask, labels = make_batch(rows, args.batch, args.blocks, L, rng)
+        tokens = block_ids.clone()
+        tokens.view(args.batch, args.blocks, L)[:, :, 1:] = mask_token_id
+        ctx_kv = model.context_kv(feats.float(), ctx_pos)
+        hidden = model.block_forward(embed[tokens], block_pos, ctx_kv, mask)
+        hidden = hidden.view(args.batch, args.blocks, L, -1)[:, :, 1:]  # [B, nb, L-1, H]
+        negatives = outside[torch.randint(outside.numel(), (args.negatives,))]
+        sub = torch.cat([vocab, negatives])
+        lookup = torch.full((head.shape[0],), -1, dtype=torch.int64)
+        lookup[sub] = torch.arange(sub.numel())
+        logits = hidden @ head[sub].T
+        valid = labels >= 0
+        target_idx = lookup[labels.clamp(min=0)]
+        ce = torch.nn.functional.cross_entropy(logits[valid], target_idx[valid], reduction="none")
+        w = weights.expand_as(labels)[valid]
+        loss = (ce * w).sum() / w.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+        log.append({"step": step, "loss": round(loss.item(), 4), "lr": lr, "t": round(time.time() - t_train, 1)})
+        bar.update()
+        bar.set_postfix(loss=f"{ema:.3f}", lr=f"{lr:.2e}", min=f"{(time.time() - t_train) / 60:.1f}")
+        if time.time() >= next_ckpt:
+            checkpoint(step)
+            next_ckpt = time.time() + args.checkpoint_minutes * 60
+    bar.close()
+    record = checkpoint(step, final=True)
+    print(json.dumps({k: record[k] for k in ("steps", "train_minutes", "final_loss_ema")}), flush=True)
+    print(f"total {(time.time() - t_start) / 60:.1f} min", flush=True)
+
+
+if __name__ == "__main__":
+    main()
