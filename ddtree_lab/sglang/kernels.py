@@ -53,7 +53,7 @@ def sglang_kernels() -> dict:
 
     Raises:
         ImportError: sglang is not installed (``pip install --no-deps sglang`` plus the light
-            packages of the ``sglang-cpu`` extra, docs/SGLANG.md).
+            packages of the ``sglang-cpu`` extra, README "Using the lab with SGLang").
         RuntimeError: imported earlier without the interpreter on a CPU-only machine.
     """
     global _KERNELS
