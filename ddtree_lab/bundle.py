@@ -329,7 +329,7 @@ def load_bundle(directory: str | Path) -> Bundle:
         vocab = meta.get("vocab_size")
         check_step_tensors(f"{path}: step 0", js, t, int(vocab) if isinstance(vocab, int) else None, 2,
                            exempt=("final_row_prefix",))
-        step = step_from_json(js, t)
+        step = step_from_json(js, t, f"{path}: step 0")
         texts = {int(k): str(v) for k, v in (doc.get("token_texts") or {}).items()}
     except TraceFormatError:
         raise

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -128,6 +129,17 @@ def _threads(n: int | None) -> str:
 # -- verbs ----------------------------------------------------------------------------------
 
 
+def _lossy_note(steps) -> str:
+    """``"LOSSY: threshold_acc=0.5 (3 of 8 steps)"`` for the lossy steps among ``steps``, or ``""``."""
+    from .views.model import lossy_mark
+
+    lossy = [s for s in steps if s.lossy]
+    if not lossy:
+        return ""
+    marks = "; ".join(sorted({lossy_mark(s.thresholds) for s in lossy}))
+    return f"{marks} ({len(lossy)} of {len(steps)} steps)"
+
+
 def cmd_info(args) -> int:
     """Requests with prompts, parameters and mean tau; then each request's steps."""
     run = _load_trace(args.trace)
@@ -155,9 +167,11 @@ def cmd_info(args) -> int:
         shown = {k: v for k, v in params.items() if v not in (None, 0, 1.0) or k == "temperature"}
         mean = f"{sum(taus) / len(taus):.3f}" if taus else "-"
         rid = r.get("request_id", steps[0].request_id if steps else str(req))
+        lossy = _lossy_note(steps)
         print(f"request {req} (id {rid}): {len(steps)} steps, mean tau {mean}, "
               + ", ".join(f"{k} {v}" for k, v in shown.items())
-              + (f", finish {r['finish_reason']}" if r.get("finish_reason") else ""))
+              + (f", finish {r['finish_reason']}" if r.get("finish_reason") else "")
+              + (f", {lossy}" if lossy else ""))
         if prompt is not None:
             text = prompt if len(prompt) <= 70 else prompt[:67] + "..."
             print(f"  prompt: {json.dumps(text, ensure_ascii=False)}")
@@ -238,6 +252,9 @@ def _replay_trace(args) -> int:
         if not steps:
             raise CLIError(f"{args.trace}: no step matches --step {args.step} --request {args.request}")
     differing, exact, tolerant = 0, 0, 0
+    lossy = _lossy_note(steps)
+    if lossy:
+        print(f"{lossy}: replayed under the recorded thresholds (the emitted law is not the target's)")
     with_diffs = getattr(tr, "replay_differences", None)
     for s in steps:
         where = f"step {s.step}, request {s.request}"
@@ -279,6 +296,11 @@ def _replay_trace(args) -> int:
 def _replay_bundle(args) -> int:
     bundle = _bundle_module()
     b = bundle.load_bundle(args.trace)
+    if b.step.lossy:
+        from .views.model import lossy_mark
+
+        print(f"{args.trace}: {lossy_mark(b.step.thresholds)}: replayed under the recorded thresholds "
+              "(the emitted law is not the target's)")
     result = bundle.replay_bundle(b, backend=args.backend)
     diffs = getattr(result, "differences", result if isinstance(result, list) else [])
     for d in diffs:
@@ -531,7 +553,11 @@ def cmd_record(args) -> int:
 
         target = _load_model(args.target or "default")
         drafter = RidgeDrafter.load(target, args.drafter) if args.drafter else RidgeDrafter.load(target)
-    kw = {"record": args.level}
+    kw = {"record": args.level, "threshold_single": args.threshold_single, "threshold_acc": args.threshold_acc}
+    for name in ("threshold_single", "threshold_acc"):
+        t = getattr(args, name)
+        if not (math.isfinite(t) and t >= 0):
+            raise CLIError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {t}")
     if args.backend is not None:
         kw["verify_backend"] = args.backend
     session = LiveSession(target, drafter, budget=args.budget, sampling=params, seed=args.seed, **kw)
@@ -627,6 +653,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--level", choices=["full", "light", "off"], default="full", help="recording level")
     p.add_argument("--backend", choices=["reference", "torch-lazy", "triton", "auto"], help="verify backend")
+    p.add_argument("--threshold-single", type=float, default=1.0,
+                   help="SGLang's threshold_single (1: exact; below 1 the run is recorded as lossy)")
+    p.add_argument("--threshold-acc", type=float, default=1.0,
+                   help="SGLang's threshold_acc (1: exact; any other value is recorded as lossy)")
     p.add_argument("--threads", type=int, help="torch threads (default: ddtree_lab.threads picks them for this machine)")
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

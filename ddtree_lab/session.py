@@ -80,7 +80,8 @@ def _request_output(out: VerifyOutput, b: int) -> VerifyOutput:
         accept_index=out.accept_index[b : b + 1].clone(), accept_length=out.accept_length[b : b + 1].clone(),
         emitted_tokens=out.emitted_tokens[b : b + 1].clone(), bonus_token=out.bonus_token[b : b + 1].clone(),
         support_exhausted=out.support_exhausted[b : b + 1].clone(), decisions=[decisions],
-        bonus=[dataclasses.replace(out.bonus[b], request=0)], backend=out.backend)
+        bonus=[dataclasses.replace(out.bonus[b], request=0)], backend=out.backend, thresholds=out.thresholds,
+        lossy=out.lossy)
 
 
 def default_backend(record: str, device) -> str:
@@ -119,19 +120,22 @@ class LiveSession:
             (:func:`ddtree_lab.verify_tree` on the raw logits); default
             :func:`default_backend` of the level. Recorded in every :class:`StepTrace`.
         record: ``"full"`` (default), ``"light"`` or ``"off"`` (module docstring).
+        threshold_single, threshold_acc: SGLang's acceptance thresholds, passed to the
+            verifier (:func:`ddtree_lab.verify_sampled`); 1.0 (default) is the exact rule,
+            anything else is recorded as lossy in every step.
 
     The session sets torch's thread count once per process (:mod:`ddtree_lab.threads`).
 
     Raises:
         ValueError: block size mismatch, unknown backend or level, or invalid parameters
-            (naming the request).
+            (naming the request), or bad thresholds.
     """
 
     def __init__(self, target, drafter: Drafter, block_size: int | None = None, budget: int | Sequence[int] = 32,
                  sampling: SamplingParams | Sequence[SamplingParams] = SamplingParams(temperature=0.0),
                  seed: int = 0, max_depth: int | None = None, top1_spine: bool = False,
                  min_prob: float | None = None, top_m: int = 16, verify_backend: str | None = None,
-                 record: str = "full"):
+                 record: str = "full", threshold_single: float = 1.0, threshold_acc: float = 1.0):
         if block_size is not None and block_size != drafter.block_size:
             raise ValueError(f"block_size {block_size} != the drafter's block size {drafter.block_size}")
         if record not in RECORD_LEVELS:
@@ -150,7 +154,11 @@ class LiveSession:
         self.min_prob = min_prob
         self.top_m = top_m
         self.record = record
+        from .verify import _check_thresholds
         from .verify_backends import BACKENDS
+
+        _check_thresholds(threshold_single, threshold_acc)
+        self.threshold_single, self.threshold_acc = float(threshold_single), float(threshold_acc)
 
         if verify_backend is None:
             verify_backend = default_backend(record, target.device)
@@ -264,12 +272,14 @@ class LiveSession:
         if self.verify_backend == "reference":
             if probs is None:
                 probs = target_probs(logits.cpu(), params, num_nodes=vi.num_nodes)
-            out = verify_sampled(vi, probs, coins, final)
+            out = verify_sampled(vi, probs, coins, final, threshold_single=self.threshold_single,
+                                 threshold_acc=self.threshold_acc)
         else:
             from .verify_backends import verify_tree
 
             host = logits if self.verify_backend in ("triton", "auto") else logits.cpu()
-            out = verify_tree(vi, host, params, coins, final, backend=self.verify_backend)
+            out = verify_tree(vi, host, params, coins, final, backend=self.verify_backend,
+                              threshold_single=self.threshold_single, threshold_acc=self.threshold_acc)
         clock.mark("verify")
         traces = []
         if self.record != "off":
@@ -374,6 +384,7 @@ class LiveSession:
             "drafter": self.drafter.metadata(),
             "block_size": self.block_size, "budget": self.budget, "max_depth": self.max_depth,
             "top1_spine": self.top1_spine, "min_prob": self.min_prob, "top_m": self.top_m, "seed": self.seed,
+            "thresholds": [self.threshold_single, self.threshold_acc],
             "record": self.record, "num_steps": self.num_steps, "stage_totals": dict(self.stage_totals),
             "verifier": f"{self.verify_backend} (greedy requests: one-hot rows); see each step's backend",
             "requests": [{"request": r.request, "request_id": r.request_id, "prompt": r.prompt,

@@ -45,7 +45,8 @@ reproduces the recorded output bit for bit.
 **File format** (``.ddtrace.safetensors``, version 2): one safetensors file. Tensors are
 named ``"{k}.{field}"`` for step ``k``; the safetensors metadata key ``"ddtree_lab"`` holds
 one JSON document: ``format``, ``version``, run ``metadata``, token texts, each step's
-scalars, parameters and decision log, and ``tensors``: for every tensor its dtype, shape and
+scalars, parameters, decision log and ``thresholds`` (``[threshold_single, threshold_acc]``
+with its ``lossy`` flag; files without them read as ``[1, 1]``, not lossy), and ``tensors``: for every tensor its dtype, shape and
 SHA-256 of its bytes. The key ``"ddtree_lab_sha256"`` holds the SHA-256 of the JSON document.
 Loading checks both, and every tensor's dtype and shape against the document and the tree,
 before anything uses a value; a corrupted file is refused with one line naming file, step
@@ -66,7 +67,7 @@ import torch
 
 from .retrieve import DDTreeVerifyInput, tree_attention_mask
 from .sampling import SamplingParams
-from .verify import BonusDraw, Decision, VerifyOutput, verify_sampled
+from .verify import BonusDraw, Decision, VerifyOutput, is_lossy, verify_sampled
 
 __all__ = ["StepTrace", "RunTrace", "Difference", "make_step_trace", "compare_outputs", "row_records",
            "save_trace", "load_trace", "replay", "replay_differences", "ReplayMismatch", "TraceFormatError",
@@ -226,6 +227,16 @@ class StepTrace:
     @property
     def accept_length(self) -> int:
         return int(self.output.accept_length[0])
+
+    @property
+    def thresholds(self) -> tuple[float, float]:
+        """``(threshold_single, threshold_acc)`` the verifier ran with (``(1, 1)``: exact)."""
+        return self.output.thresholds
+
+    @property
+    def lossy(self) -> bool:
+        """Whether the thresholds broke exactness (:func:`ddtree_lab.verify.is_lossy`)."""
+        return self.output.lossy
 
     @property
     def accepted_path(self) -> list[int]:
@@ -749,7 +760,7 @@ def _step_json(s: StepTrace) -> dict:
         "decisions": [[d.depth, d.parent, d.node, d.token, d.target_prob, d.cumulative_mass, d.coin, d.verdict]
                       for d in s.decisions],
         "bonus": None if bonus is None else bonus.to_dict(), "timings": s.timings, "backend": s.backend,
-        "extra": s.extra,
+        "extra": s.extra, "thresholds": [float(t) for t in s.output.thresholds], "lossy": bool(s.output.lossy),
     }
 
 
@@ -882,7 +893,7 @@ def load_trace(path: str | Path) -> RunTrace:
             raise TraceFormatError(f"{where}: params: {str(exc).removeprefix('SamplingParams: ')}") from exc
         try:
             check_step_tensors(where, js, got, vocab, version)
-            step = step_from_json(js, got)
+            step = step_from_json(js, got, where)
         except TraceFormatError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -900,8 +911,27 @@ def load_trace(path: str | Path) -> RunTrace:
     return RunTrace(metadata=metadata, steps=steps, token_texts=texts)
 
 
-def step_from_json(js: dict, t: dict) -> StepTrace:
-    """A :class:`StepTrace` from its JSON record and its (checked) tensors."""
+def _thresholds_of(js: dict, where: str) -> tuple[float, float]:
+    """A step record's ``thresholds`` (files written before they were stored: ``(1, 1)``).
+
+    Raises:
+        TraceFormatError: not two finite numbers >= 0, or a ``lossy`` flag that disagrees.
+    """
+    raw = js.get("thresholds", [1.0, 1.0])
+    if (not isinstance(raw, list) or len(raw) != 2
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in raw)
+            or not all(math.isfinite(x) and x >= 0 for x in raw)):
+        raise TraceFormatError(f"{where}thresholds must be [threshold_single, threshold_acc], two finite numbers >= 0, "
+                               f"got {raw!r}")
+    thresholds = (float(raw[0]), float(raw[1]))
+    if "lossy" in js and bool(js["lossy"]) != is_lossy(*thresholds):
+        raise TraceFormatError(f"{where}lossy={js['lossy']!r} disagrees with thresholds {list(thresholds)}")
+    return thresholds
+
+
+def step_from_json(js: dict, t: dict, where: str = "") -> StepTrace:
+    """A :class:`StepTrace` from its JSON record and its (checked) tensors; ``where`` (e.g.
+    ``"FILE: step 3"``) prefixes a :class:`TraceFormatError` for bad thresholds."""
     decisions = [Decision(0, int(d[0]), int(d[1]), int(d[2]), int(d[3]), float(d[4]), float(d[5]),
                           None if d[6] is None else float(d[6]), str(d[7])) for d in js["decisions"]]
     bonus = None
@@ -909,11 +939,13 @@ def step_from_json(js: dict, t: dict) -> StepTrace:
         bonus = dict(js["bonus"])
         bonus["request"] = 0
         bonus = BonusDraw(**bonus)
+    thresholds = _thresholds_of(js, f"{where}: " if where else "")
     output = VerifyOutput(
         accept_index=t["accept_index"][None], accept_length=torch.tensor([int(js["accept_length"])]),
         emitted_tokens=t["emitted_tokens"][None], bonus_token=torch.tensor([int(js["bonus_token"])]),
         support_exhausted=torch.tensor([bool(js["support_exhausted"])]), decisions=[decisions],
-        bonus=[] if bonus is None else [bonus], backend=str(js.get("backend", "reference")))
+        bonus=[] if bonus is None else [bonus], backend=str(js.get("backend", "reference")),
+        thresholds=thresholds, lossy=is_lossy(*thresholds))
     fields_ = {name: t.get(name) for name in _TENSOR_FIELDS if name not in _OUTPUT_FIELDS}
     final_coin, final_mass = js.get("final_coin"), js.get("final_mass")
     return StepTrace(step=int(js["step"]), request=int(js["request"]), request_id=str(js["request_id"]),
@@ -978,11 +1010,12 @@ def replay_differences(step: StepTrace, vocab_size: int | None = None) -> tuple[
     final = torch.tensor([0.0 if step.final_coin is None else step.final_coin], dtype=torch.float32)
     tol = _tolerance(step)
     mass = step.final_mass if step.final_row_prefix.numel() else None
+    ts, ta = step.thresholds  # a lossy step replays under its own thresholds
     try:
-        out = verify_sampled(vi, rows, coins, final, final_masses=[mass])
+        out = verify_sampled(vi, rows, coins, final, final_masses=[mass], threshold_single=ts, threshold_acc=ta)
     except ValueError:
         # a different walk ends on a row whose bonus prefix is not stored: compare the walk
-        out = verify_sampled(vi, rows, coins, final)
+        out = verify_sampled(vi, rows, coins, final, threshold_single=ts, threshold_acc=ta)
         diffs = compare_outputs(step.output, out, tol)
         if diffs:
             return out, diffs

@@ -285,3 +285,26 @@ def test_help_on_every_verb(verb, capsys):
 def test_every_verb_is_listed():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert sorted(sub.choices) == sorted(VERBS)
+
+
+def test_a_lossy_recording_is_marked_by_info_replay_and_render(tmp_path, capsys):
+    out = tmp_path / "lossy.ddtrace.safetensors"
+    assert main(["record", "--prompt", "Name a colour.", "--budget", "4", "--max-new-tokens", "4", "--quiet",
+                 "--temperature", "0.8", "--threshold-acc", "0.5", "-o", str(out)]) == 0
+    run = dl.load_trace(out)
+    assert run.steps and all(s.thresholds == (1.0, 0.5) and s.lossy for s in run.steps)
+    assert run.metadata["thresholds"] == [1.0, 0.5]
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    n = len(run.steps)
+    assert f"LOSSY: threshold_acc=0.5 ({n} of {n} steps)" in capsys.readouterr().out
+    assert main(["replay", str(out)]) == 0  # replayed under the recorded thresholds
+    text = capsys.readouterr().out
+    assert "LOSSY: threshold_acc=0.5" in text and "replayed bit for bit" in text
+    s = run.steps[0]
+    assert main(["render", str(out), "--step", str(s.step), "--request", "0", "--format", "dot"]) == 0
+    assert "LOSSY: threshold_acc=0.5" in capsys.readouterr().out
+    assert main(["info", str(SAMPLED)]) == 0
+    assert "LOSSY" not in capsys.readouterr().out
+    assert main(["record", "--prompt", "x", "--threshold-acc", "-1", "--quiet", "-o", str(out)]) != 0
+    assert "--threshold-acc must be a finite number >= 0" in capsys.readouterr().err

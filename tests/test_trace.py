@@ -75,6 +75,7 @@ def test_a_version_1_trace_still_loads_and_replays():
         assert s.level == "full" and s.missing() == list(V2_FIELDS)
         assert "compile" in s.timings and "retrieve" not in s.timings
         dl.replay(s)
+        assert s.thresholds == (1.0, 1.0) and s.lossy is False  # written before thresholds were stored
     assert run.metadata["vocab_size"] == 49152 and run.metadata["top_m_logits"] is None
 
 
@@ -106,8 +107,9 @@ def test_truncation_bound_reported():
 # -- make_step_trace on synthetic steps --------------------------------------------------------
 
 
-def _synthetic(params, vocab=300, budget=12, seed=0):
-    """A verified batch of two requests on random (tied) target logits."""
+def _synthetic(params, vocab=300, budget=12, seed=0, **thresholds):
+    """A verified batch of two requests on random (tied) target logits (``thresholds``:
+    ``threshold_single`` / ``threshold_acc`` for the verifier)."""
     g = torch.Generator().manual_seed(seed)
     draft = torch.randn(2, 4, vocab, generator=g) * 3
     ids, lps = dl.draft_topk_from_logits(draft, k=6)
@@ -118,7 +120,7 @@ def _synthetic(params, vocab=300, budget=12, seed=0):
     probs = dl.target_probs(logits, params, num_nodes=vi.num_nodes)
     coins, final = dl.draw_coins(dl.make_generators([dl.SamplingParams(seed=seed), dl.SamplingParams(seed=seed + 1)]),
                                  vi.num_rows)
-    out = dl.verify_sampled(vi, probs, coins, final)
+    out = dl.verify_sampled(vi, probs, coins, final, **thresholds)
     return tree, vi, ids, lps, logits, probs, coins, final, out
 
 
@@ -383,3 +385,48 @@ def test_a_live_light_recording_replays_and_names_what_it_lacks(target, drafter,
         assert set(s.missing()) == {"top_token_ids", "top_probs", *V2_FIELDS}
         assert s.backend == session.verify_backend
         dl.replay(s)
+
+
+def test_lossy_thresholds_round_trip_and_show_in_the_views(tmp_path):
+    from ddtree_lab.views import decisions_table_html, decisions_text, step_view, to_dot, to_text
+
+    params = dl.SamplingParams(temperature=1.0)
+    tree, vi, ids, lps, logits, probs, coins, final, _ = _synthetic(params, seed=2)
+    p1 = float(probs[0, 0, tree.node_token_ids[0, 1]])
+    assert 0 < p1 < 0.5
+    coins[0, 0] = 1.5 * p1  # S_1 <= u < S_1 / 0.5: the exact rule rejects node 1, threshold_acc = 0.5 accepts it
+    outs = [dl.verify_sampled(vi, probs, coins, final, threshold_acc=t) for t in (0.5, 1.0)]
+    lossy, exact = (_make(0, "full", (tree, vi, ids, lps, logits, probs, coins, final, o), params) for o in outs)
+    assert lossy.thresholds == (1.0, 0.5) and lossy.lossy
+    assert exact.thresholds == (1.0, 1.0) and not exact.lossy
+    path = dl.save_trace(dl.RunTrace({"target": {"vocab_size": 300}}, [lossy, exact]), tmp_path / "t.ddtrace.safetensors")
+    back = dl.load_trace(path)
+    assert [(s.thresholds, s.lossy) for s in back.steps] == [((1.0, 0.5), True), ((1.0, 1.0), False)]
+    for s in back.steps:
+        dl.replay(s)  # a lossy step replays under its own thresholds
+    assert lossy.decisions[0].verdict == "accept" and exact.decisions[0].verdict == "reject"
+    mark = "LOSSY: threshold_acc=0.5"
+    view, plain = step_view(back.steps[0]), step_view(back.steps[1])
+    assert view.lossy and view.lossy_mark == mark and mark in view.title
+    assert mark in to_dot(view) and 'fontcolor="#c00000"' in to_dot(view)
+    assert mark in to_text(view) and decisions_text(view).startswith(mark)
+    assert mark in decisions_table_html(view) and "#c00000" in decisions_table_html(view)
+    for text in (to_dot(plain), to_text(plain), decisions_text(plain), decisions_table_html(plain)):
+        assert "LOSSY" not in text and "#c00000" not in text
+
+
+def test_a_step_with_bad_thresholds_is_refused(tmp_path):
+    src = dl.save_trace(dl.load_trace(V1), tmp_path / "v2.ddtrace.safetensors")
+
+    def edit(value, lossy=None):
+        def f(doc, tensors):
+            doc["steps"][1]["thresholds"] = value
+            if lossy is not None:
+                doc["steps"][1]["lossy"] = lossy
+        return f
+
+    for value, lossy, why in (([1.0, -0.5], None, "thresholds must be"), ([1.0], None, "thresholds must be"),
+                              ([1.0, 0.5], False, "disagrees with thresholds")):
+        bad = _resigned(src, tmp_path, edit(value, lossy))
+        with pytest.raises(dl.TraceFormatError, match=f"step 1: .*{why}"):
+            dl.load_trace(bad)

@@ -157,7 +157,7 @@ def _cut(out: VerifyOutput, node: int) -> VerifyOutput:
     emitted[0, : len(drafted)] = torch.tensor(drafted, dtype=torch.int64)
     return VerifyOutput(accept_index=accept, accept_length=torch.tensor([len(path) - 1]), emitted_tokens=emitted,
                         bonus_token=torch.tensor([-1]), support_exhausted=torch.tensor([False]),
-                        decisions=[kept], bonus=[], backend=out.backend)
+                        decisions=[kept], bonus=[], backend=out.backend, thresholds=out.thresholds, lossy=out.lossy)
 
 
 def _explain(parts: dict, lab: VerifyOutput, sgl: VerifyOutput, s: int) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from .model import NodeView, StepView, _fmt, step_view, token_label
+from .model import LOSSY_COLOR, NodeView, StepView, _fmt, step_view, token_label
 
 __all__ = ["to_dot", "step_svg", "render_svg", "svg_size", "STATUS_STYLE"]
 
@@ -87,11 +87,13 @@ def _attrs(style: dict) -> str:
 
 
 def to_dot(view: StepView) -> str:
-    """The DOT source of a step view (deterministic: golden tests compare it)."""
+    """The DOT source of a step view (deterministic: golden tests compare it). A lossy step's
+    title ends with its ``LOSSY: ...`` mark and the graph label is red."""
     cur = view.cursor
+    red = f', fontcolor="{LOSSY_COLOR}"' if view.lossy else ""
     out = ["digraph step {",
            '  graph [rankdir=LR, ordering=out, nodesep=0.04, ranksep=0.22, fontname="Helvetica",',
-           f'         label="{_esc(view.title)}\\n{_esc(LEGEND)}", labelloc=t, labeljust=l, fontsize=11];',
+           f'         label="{_esc(view.title)}\\n{_esc(LEGEND)}", labelloc=t, labeljust=l, fontsize=11{red}];',
            '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10, margin="0.04,0.02", '
            'height=0.3];',
            "  edge [arrowsize=0.5];"]

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from ..trace import RunTrace
-from .model import StepView, token_label
+from .model import LOSSY_COLOR, StepView, token_label
 
 __all__ = ["decisions_table_html", "children_html", "mass_bar_svg", "bonus_html", "committed_html"]
 
@@ -53,7 +53,8 @@ def decisions_table_html(view: StepView) -> str:
 
     Sampled steps: target p, ``S_k`` and the coin the verifier compared (accept the first
     child with ``u < S_k`` and ``p > 0``). Greedy steps: target p (softmax of the raw logits)
-    and whether the token is the target's argmax (no coin)."""
+    and whether the token is the target's argmax (no coin). A lossy step (thresholds other
+    than 1) gets its ``LOSSY: ...`` mark in red above the table."""
     greedy = view.greedy
     if greedy:
         head = ["#", "depth", "parent", "node", "token", "target p", "= argmax?", "verdict"]
@@ -65,7 +66,9 @@ def decisions_table_html(view: StepView) -> str:
         rows.append(common + (["yes" if d.verdict == "accept" else "no"] if greedy else [_num(d.mass), _num(d.coin)])
                     + [d.verdict])
         styles.append(_STATUS_BG["accepted" if d.verdict == "accept" else "rejected"])
-    return _table(head, rows, styles, "ddtree-decisions") + f"<p>{_bonus_sentence(view)}</p>"
+    warn = (f'<p class="ddtree-lossy" style="color:{LOSSY_COLOR};font-weight:bold">{html.escape(view.lossy_mark)} '
+            "(the emitted law is not the target's)</p>" if view.lossy else "")
+    return warn + _table(head, rows, styles, "ddtree-decisions") + f"<p>{_bonus_sentence(view)}</p>"
 
 
 def _bonus_sentence(view: StepView) -> str:

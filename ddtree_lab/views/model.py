@@ -46,10 +46,13 @@ import torch
 from ..trace import RunTrace, StepTrace
 
 __all__ = ["NodeView", "DecisionRow", "BonusView", "Cursor", "StepView", "WalkEvent", "step_view", "token_label",
-           "walk_events", "STATUSES"]
+           "lossy_mark", "walk_events", "STATUSES"]
 
 #: node statuses: root, accepted (on the accepted path), rejected (visited and rejected),
 #: unvisited (never reached), pending (cursor views: not judged yet), collapsed (a summary).
+#: the colour of a lossy step's mark (DOT label, HTML table header).
+LOSSY_COLOR = "#c00000"
+
 STATUSES = ("root", "accepted", "rejected", "unvisited", "pending", "collapsed", "bonus")
 
 _VISIBLE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
@@ -252,6 +255,9 @@ class StepView:
         expected_accept: the sum of ``path p`` over the draft nodes (exact expected number of
             accepted draft tokens of this tree under the target-only rule).
         cursor: the :class:`Cursor` when the view was made with one (:meth:`at`), else ``None``.
+        thresholds: ``(threshold_single, threshold_acc)`` the step was verified with.
+        lossy: the thresholds break exactness (:func:`ddtree_lab.verify.is_lossy`); the title
+            then ends with :attr:`lossy_mark`.
     """
 
     title: str
@@ -270,6 +276,13 @@ class StepView:
     hidden: int = 0
     expected_accept: float | None = None
     cursor: Cursor | None = None
+    thresholds: tuple[float, float] = (1.0, 1.0)
+    lossy: bool = False
+
+    @property
+    def lossy_mark(self) -> str:
+        """``"LOSSY: threshold_acc=0.5"`` (the thresholds that differ from 1), or ``""``."""
+        return lossy_mark(self.thresholds) if self.lossy else ""
 
     @property
     def num_events(self) -> int:
@@ -304,6 +317,7 @@ class StepView:
             "decisions": [d.to_dict() for d in self.decisions],
             "events": [{"kind": e.kind, "node": int(e.node)} for e in self.events],
             "cursor": None if self.cursor is None else self.cursor.to_dict(),
+            "thresholds": list(self.thresholds), "lossy": self.lossy,
         }
 
 
@@ -378,6 +392,14 @@ def _mode(step: StepTrace) -> str:
     if p.min_p:
         parts.append(f"min-p {p.min_p:g}")
     return " ".join(parts)
+
+
+def lossy_mark(thresholds: tuple[float, float]) -> str:
+    """``"LOSSY: threshold_single=0.9, threshold_acc=0.5"``: the thresholds that break
+    exactness (``threshold_single < 1``, ``threshold_acc != 1``; :func:`ddtree_lab.verify.is_lossy`)."""
+    single, acc = thresholds
+    parts = ([f"threshold_single={single:g}"] if single < 1.0 else []) + ([f"threshold_acc={acc:g}"] if acc != 1.0 else [])
+    return "LOSSY: " + ", ".join(parts)
 
 
 def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None, collapse_unvisited: bool = False,
@@ -474,8 +496,11 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
                else f"accepted {step.accept_length}, support exhausted (no bonus)")
     shown = f" ({hidden} hidden)" if hidden else ""
     title = (f"step {step.step} · request {step.request_id} · {mode} · {n - 1} draft nodes{shown} · {outcome}")
+    if step.lossy:
+        title += f" · {lossy_mark(step.thresholds)}"
     view = StepView(title, step.step, step.request, step.request_id, greedy, mode, nodes, bonus, step.bonus.node,
-                    rows, walk_events(step.decisions, step.bonus), list(step.accepted_path), n, hidden, expected)
+                    rows, walk_events(step.decisions, step.bonus), list(step.accepted_path), n, hidden, expected,
+                    thresholds=tuple(step.thresholds), lossy=bool(step.lossy))
     return view if cursor is None else view.at(cursor)
 
 

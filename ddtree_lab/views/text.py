@@ -57,7 +57,8 @@ def to_text(view: StepView) -> str:
 
 def decisions_text(view: StepView) -> str:
     """The decision table as fixed-width text (greedy: target p and the argmax comparison;
-    sampled: target p, S_k, coin, verdict), then the bonus line."""
+    sampled: target p, S_k, coin, verdict), then the bonus line; a lossy step's
+    ``LOSSY: ...`` mark comes first."""
     greedy = view.greedy
     head = (["#", "depth", "parent", "node", "token", "target p", "= argmax?", "verdict"] if greedy else
             ["#", "depth", "parent", "node", "token", "target p", "S_k", "coin", "verdict"])
@@ -70,7 +71,8 @@ def decisions_text(view: StepView) -> str:
         else:
             rows.append(common + [_num(d.mass), _num(d.coin), d.verdict])
     widths = [max(len(r[c]) for r in [head] + rows) for c in range(len(head))]
-    out = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [head] + rows]
+    out = ([view.lossy_mark] if view.lossy else []) + [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [head] + rows]
     b = view.bonus
     if b.token < 0:
         out.append(f"bonus: none (support exhausted at node {b.node}, residual mass {_num(b.residual_mass)}, "
