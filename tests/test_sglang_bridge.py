@@ -193,9 +193,27 @@ def test_buffer_checks_report_every_problem_not_only_the_first():
     broken = sb.SGLangVerifyBuffers(**{**buffers.__dict__, "tree_mask": mask.reshape(-1), "positions": positions,
                                        "retrive_next_sibling": ns})
     problems = sb.find_sglang_buffer_problems(broken)
-    assert len(problems) == 3, problems
     assert problems[0] == "request 0, row 2: the mask misses ancestor column(s) [0]"
-    assert problems[1].startswith("request 1") and str(first) in problems[1]
-    assert problems[2].startswith("request 2, row 1: position")
+    assert problems[1].startswith("request 1, node 0: sibling chain") and str(first) in problems[1]
+    # the loop cuts off the root's later children: each is named (every problem, not the first)
+    assert problems[2:-1] and all(p.startswith("request 1, node ") and p.endswith("not reachable from the root")
+                                  for p in problems[2:-1]), problems
+    assert problems[-1].startswith("request 2, row 1: position")
     assert sb.find_sglang_buffer_problem(broken) == problems[0]
     assert sb.find_sglang_buffer_problems(buffers) == []
+
+
+def test_buffer_checks_report_two_distinct_link_problems_of_one_request():
+    _, vi = _random_vi(3, bs=2, budget=8, prefix=torch.tensor([3, 4]))
+    n = vi.num_rows
+    buffers = sb.to_sglang_buffers(vi, TreeMaskMode.QLEN_ONLY)
+    nt, ri = buffers.retrive_next_token.clone(), buffers.retrive_index.clone()
+    leaf = max(i for i in range(1, n) if int(nt[1, i]) == -1)
+    nt[1, leaf] = n + 4  # request 1: a first-child link out of range
+    ri[1, 2] = 2  # request 1, node 2: a request-0 row index (SGLang's rows are b * N + i)
+    broken = sb.SGLangVerifyBuffers(**{**buffers.__dict__, "retrive_next_token": nt, "retrive_index": ri})
+    problems = sb.find_sglang_buffer_problems(broken)
+    assert len(problems) == 2, problems
+    assert any(p.startswith(f"request 1, node {leaf}: ") and "retrieve_next_token" in p and str(n + 4) in p
+               for p in problems), problems
+    assert any(p.startswith("request 1, node 2: retrieve_index = 2, expected") for p in problems), problems

@@ -490,7 +490,23 @@ def test_recording_problems_name_every_broken_row():
     recording.steps[1]["tensors"]["uniform_samples"][2, 3] = 1.0
     recording.steps[2]["tensors"]["predicts"][0, 0] += 1  # predicts disagree with the accepted token
     problems = sr.recording_problems(recording)
-    assert len(problems) == 3, problems
-    assert problems[0].startswith("step 0 (call 0), row 1 (req-1): ") and str(first) in problems[0]
-    assert problems[1] == "step 1 (call 1), row 2 (req-5): node 3: coin 1.0 is not in [0, 1)"
-    assert problems[2].startswith("step 2 (call 2), row 0 (req-3): SGLang's output: predicts")
+    assert problems[0].startswith("step 0 (call 0), row 1 (req-1): node 0: sibling chain") and str(first) in problems[0]
+    # the loop cuts off the root's later children: each is named (every problem, not the first)
+    assert problems[1:-2] and all(p.startswith("step 0 (call 0), row 1 (req-1): node ")
+                                  and p.endswith("not reachable from the root") for p in problems[1:-2]), problems
+    assert problems[-2] == "step 1 (call 1), row 2 (req-5): node 3: coin 1.0 is not in [0, 1)"
+    assert problems[-1].startswith("step 2 (call 2), row 0 (req-3): SGLang's output: predicts")
+
+
+def test_recording_problems_report_two_distinct_problems_of_one_row():
+    recording = sr.load_recording(FIXTURE)
+    t = recording.steps[0]["tensors"]
+    n = t["retrive_next_token"].shape[1]
+    leaf = max(i for i in range(1, n) if int(t["retrive_next_token"][1, i]) == -1 and int(t["retrive_index"][1, i]) >= 0)
+    t["retrive_next_token"][1, leaf] = n + 4  # a first-child link out of range
+    t["retrive_index"][1, 2] = 5  # node 2 claims node 5's row (recordings store request-local rows)
+    problems = sr.recording_problems(recording)
+    assert len(problems) == 2, problems
+    assert all(p.startswith("step 0 (call 0), row 1 (req-1): node ") for p in problems), problems
+    assert any(f"node {leaf}: " in p and "retrieve_next_token" in p for p in problems), problems
+    assert any("node 2: retrieve_index" in p for p in problems), problems

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from .._checks import check_shape, check_tensor
-from ..retrieve import DDTreeVerifyInput, decode_retrieve, find_retrieve_problem, tree_attention_mask
+from ..retrieve import DDTreeVerifyInput, decode_retrieve, find_retrieve_problems, tree_attention_mask
 from ..verify import VerifyOutput
 
 __all__ = [
@@ -358,10 +358,11 @@ def find_sglang_buffer_problems(buffers: SGLangVerifyBuffers, num_nodes: torch.T
 
     Checked: the mask has SGLang's size (and, bit-packed, dtype) for its mode; per request, every
     ``FULL_MASK`` prefix column is True; the links form a tree
-    (:func:`ddtree_lab.retrieve.find_retrieve_problem`, ``retrive_index`` included); each mask
-    row that misses an ancestor or sees a non-ancestor (one line per row, naming the columns);
-    each position that is not ``seq_lens + depth``. A request whose links are broken gets that
-    one line (its mask and positions cannot be judged). Padding rows (past ``num_nodes``,
+    (:func:`ddtree_lab.retrieve.find_retrieve_problems`, ``retrive_index`` included: every
+    broken link, not only the first); each mask row that misses an ancestor or sees a
+    non-ancestor (one line per row, naming the columns); each position that is not
+    ``seq_lens + depth``. A request whose links are broken gets those lines only (its mask and
+    positions cannot be judged). Padding rows (past ``num_nodes``,
     default the rows whose ``retrive_index`` is not -1) are not checked. O(N^2) per request
     (the mask). SGLang's sibling walks have no hop bound: a cyclic chain hangs its kernels, and
     is reported here with the nodes it revisits.
@@ -394,17 +395,17 @@ def find_sglang_buffer_problems(buffers: SGLangVerifyBuffers, num_nodes: torch.T
     except ValueError as err:
         problems.append(str(err))
     positions = buffers.positions.view(bs, n)
-    base = torch.arange(bs, dtype=torch.int64)[:, None] * n
-    local_index = torch.where(buffers.retrive_index >= 0, buffers.retrive_index - base, -1)
+    links: dict[int, list[str]] = {}
+    for p in find_retrieve_problems(buffers.retrive_next_token, buffers.retrive_next_sibling, num_nodes,
+                                    retrieve_index=buffers.retrive_index):  # SGLang's rows: b * N + i
+        links.setdefault(p.request, []).append(str(p))
     for b in range(bs):
         count = int(num_nodes[b])
         if prefix_ok is not None and not bool(prefix_ok[b]):
             problems.append(f"request {b}: a FULL_MASK prefix column is False (the tree rows must see the whole prefix)")
         one = slice(b, b + 1)
-        link = find_retrieve_problem(buffers.retrive_next_token[one], buffers.retrive_next_sibling[one],
-                                     num_nodes[one], retrieve_index=local_index[one])
-        if link is not None:
-            problems.append(str(link).replace("request 0", f"request {b}", 1))
+        if b in links:
+            problems.extend(links[b])
             continue
         parents, depths = decode_retrieve(buffers.retrive_next_token[one], buffers.retrive_next_sibling[one], num_nodes[one])
         if tree is not None:

@@ -35,7 +35,7 @@ from typing import Sequence
 
 import torch
 
-from ..retrieve import DDTreeVerifyInput, find_retrieve_problem
+from ..retrieve import DDTreeVerifyInput, find_retrieve_problems
 from ..verify import VerifyOutput
 from .buffers import verify_input_from_retrieve, verify_output_from_sglang
 
@@ -262,11 +262,12 @@ def recording_problems(recording: Recording) -> list[str]:
     """Every broken recorded row (the doctor's check of a recording), one line each:
     ``"step k (call c), row r (request id): ..."``.
 
-    Checked per row: the links form a tree (:func:`ddtree_lab.retrieve.find_retrieve_problem`,
-    ``retrive_index`` included; SGLang's sibling walks have no hop bound, so a cyclic chain
-    named here hangs its kernel); sampled rows' coins lie in [0, 1); SGLang's outputs are
-    consistent with the buffers (:func:`~ddtree_lab.sglang.buffers.verify_output_from_sglang`).
-    A row with broken links gets that line only.
+    Checked per row: the links form a tree (:func:`ddtree_lab.retrieve.find_retrieve_problems`:
+    every broken link, ``retrive_index`` included; SGLang's sibling walks have no hop bound, so
+    a cyclic chain named here hangs its kernel); sampled rows' coins lie in [0, 1); SGLang's
+    outputs are consistent with the buffers
+    (:func:`~ddtree_lab.sglang.buffers.verify_output_from_sglang`). A row with broken links gets
+    those lines only.
     """
     problems = []
     for k, step in enumerate(recording.steps):
@@ -275,10 +276,11 @@ def recording_problems(recording: Recording) -> list[str]:
             where = f"step {k} (call {step.get('call', k)}), row {row} ({rid})"
             one = slice(row, row + 1)
             ri = t["retrive_index"][one]
-            link = find_retrieve_problem(t["retrive_next_token"][one], t["retrive_next_sibling"][one],
-                                         (ri >= 0).sum(1), retrieve_index=ri)
-            if link is not None:
-                problems.append(f"{where}: {str(link).removeprefix('request 0, ').removeprefix('request 0: ')}")
+            links = find_retrieve_problems(t["retrive_next_token"][one], t["retrive_next_sibling"][one],
+                                           (ri >= 0).sum(1), retrieve_index=ri)
+            if links:
+                problems.extend(f"{where}: {str(link).removeprefix('request 0, ').removeprefix('request 0: ')}"
+                                for link in links)
                 continue
             if step["kind"] != "greedy":
                 coins = t["uniform_samples"][row]
