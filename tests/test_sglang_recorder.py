@@ -204,13 +204,26 @@ def test_fixture_replays_with_only_named_differences():
     assert any(int(r.sglang.accept_length[0]) >= 2 for r in results)
 
 
+#: Softmax outputs of the recipe: torch picks its CPU exp / softmax kernels by instruction set
+#: (ATEN_CPU_CAPABILITY: scalar, AVX2, AVX-512), and they round differently (measured: up to
+#: 1.04e-6 relative, scalar against AVX2). Zeros (filtered tokens) and everything else are exact.
+SOFTMAX_TENSORS = {"target_prob_rows", "draft_probs"}
+
+
 @needs_sglang
 def test_fixture_is_what_record_cpu_demo_makes():
     made = _fixture_recipe()()
     saved = sr.load_recording(FIXTURE)
     assert len(made) == len(saved)
-    for a, b in zip(made.steps, saved.steps):
-        assert all(torch.equal(a["tensors"][k], b["tensors"][k]) for k in a["tensors"]), a["kind"]
+    for k, (a, b) in enumerate(zip(made.steps, saved.steps)):
+        assert set(a["tensors"]) == set(b["tensors"]), k
+        for name, got in a["tensors"].items():
+            want = b["tensors"][name]
+            if name in SOFTMAX_TENSORS:
+                assert got.dtype == want.dtype and torch.equal(got == 0, want == 0), (k, name)
+                torch.testing.assert_close(got, want, rtol=4e-6, atol=0.0, msg=f"step {k} {a['kind']} {name}")
+            else:
+                assert torch.equal(got, want), (k, a["kind"], name)
 
 
 def test_lab_views_draw_every_converted_row():
