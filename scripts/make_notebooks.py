@@ -143,11 +143,14 @@ display(HTML(views.decisions_table_html(views.step_view(sampled, run))))
 display(SVG(views.step_svg(sampled, run)))"""),
     ("md", """## Where SGLang and the lab differ
 
-Step 2, `req-4`: the drafted token holds all of the root row's float32 mass (`1 - 2**-24`)
-and the coin equals it. SGLang compares `u < S` in float32, rejects the token, and draws its
-bonus from an empty residual: token `V - 1`, which the target gives probability 0. In exact
-arithmetic the token holds the whole row, `S = 1 > u`, and the lab accepts it and walks on.
-The drawing is the lab's walk; SGLang's output is in the replay line."""),
+Step 2, `req-4`: node 1's drafted token (7) holds all of the root row's mass: its float32
+probability is `1 - 2**-24` (printed `0.99999994`), every other entry of the row is 0, and the
+coin at the root equals it. SGLang compares `u < S` in float32, so it rejects node 1 and draws
+its bonus from the empty residual: it emits token 39 = `V - 1` (`V = 40`), a token the target
+gives probability 0, with accept length 0. The lab follows exact arithmetic: the children hold
+the whole row, so `S = 1 > u`, it accepts node 1 and walks on (accepted path `[0, 1, 2, 3]`,
+emitted `[7, 12, 5, 11]`). The differences below are SGLang's output (`recorded`) against the
+lab's (`replayed`); the table and the drawing are the lab's walk."""),
     ("code", """for s in run.steps:
     if s.extra["verdict"] == "differs":
         print(f"step {s.step} {s.request_id}:")
