@@ -68,8 +68,10 @@ def test_sampled_batch_with_mixed_params_records_replayable_steps(target, drafte
 
 
 def test_session_rejects_bad_input(target, drafter):
-    with pytest.raises(ValueError, match="request 1: top_p must be in"):
-        dl.LiveSession(target, drafter, sampling=[dl.SamplingParams(), dl.SamplingParams(top_p=0.0)]).run(
+    with pytest.raises(ValueError, match=r"SamplingParams: top_p must be in \(0, 1\], got 0.0"):
+        dl.SamplingParams(top_p=0.0)  # refused when made, before any session sees it
+    with pytest.raises(ValueError, match="request 1: top_k = 100000 exceeds the vocabulary size 49152"):
+        dl.LiveSession(target, drafter, sampling=[dl.SamplingParams(), dl.SamplingParams(1.0, top_k=100000)]).run(
             ["a", "b"], max_new_tokens=4)
     with pytest.raises(ValueError, match="block_size 8 != the drafter's block size 16"):
         dl.LiveSession(target, drafter, block_size=8)
