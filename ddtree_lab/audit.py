@@ -814,8 +814,11 @@ def audit(case: AuditCase, verifier: Verifier | str = "reference", draws: int = 
         :class:`AuditReport` (``.text()``, ``.figure()``, ``.verdict``, ``.p_value``).
 
     Raises:
-        ValueError: the verifier refused the step (the message names verifier, step and why).
+        ValueError: the verifier refused the step (the message names verifier, step and why),
+            or draws is not an integer >= 1.
     """
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+        raise ValueError(f"audit: draws must be an integer >= 1, got {draws!r}")
     fn, name = _resolve(verifier, threshold_single, threshold_acc, validate)
     law = exact_law(case, kind)
     try:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 EXIT_PROBLEM = 1
 EXIT_ERROR = 2
+MIN_DRAWS = 100  # fewer coin sets than this cannot reject at the usual alpha
 
 
 class CLIError(Exception):
@@ -39,11 +40,78 @@ class CLIError(Exception):
 def _load_trace(path: str):
     from .trace import load_trace
 
-    if not Path(path).exists():
-        raise CLIError(f"{path}: no such file")
-    if Path(path).is_dir():
+    p = Path(path)
+    if p.is_dir():
         raise CLIError(f"{path}: is a directory, not a trace file")
+    if _kind_of(path) == "recording":
+        raise CLIError(f"{path}: is an SGLang recording, not a lab trace: convert it first with "
+                       f"`ddtree-lab sglang convert {path} -o TRACE.ddtrace.safetensors`")
     return load_trace(path)
+
+
+def _check_bundle_dir(path: str) -> None:
+    """A directory given as a bundle must hold bundle.safetensors."""
+    if not (Path(path) / "bundle.safetensors").is_file():
+        raise CLIError(f"{path}: is not a bundle (no bundle.safetensors in it)")
+
+
+def _check_out_file(path: str) -> None:
+    """An output file path: not a directory, and its directory exists (checked before any work)."""
+    p = Path(path)
+    if p.is_dir():
+        raise CLIError(f"{path}: is a directory (give a file name)")
+    if not p.parent.is_dir():
+        raise CLIError(f"{path}: directory {p.parent} does not exist")
+
+
+def _check_suffix(path: str, fmt: str, suffixes: tuple[str, ...]) -> None:
+    if Path(path).suffix.lower() not in suffixes:
+        raise CLIError(f"{path}: suffix {Path(path).suffix or '(none)'!r} does not match the format {fmt} "
+                       f"(use {' or '.join(suffixes)})")
+
+
+def _select_steps(run, step: int | None, request: int | None, path: str) -> list:
+    """The StepTraces matching --step / --request (all when neither is given).
+
+    Raises:
+        CLIError: the selection matches nothing (naming the requests / steps that exist).
+    """
+    steps = run.steps
+    if request is not None:
+        reqs = sorted({s.request for s in run.steps})
+        steps = [s for s in steps if s.request == request]
+        if not steps:
+            raise CLIError(f"{path}: --request {request} does not exist (requests: {', '.join(map(str, reqs))})")
+    if step is not None:
+        have = sorted({s.step for s in steps})
+        steps = [s for s in steps if s.step == step]
+        if not steps:
+            who = f"request {request}" if request is not None else "the trace"
+            span = f"steps {have[0]}..{have[-1]}" if have else "no steps"
+            raise CLIError(f"{path}: --step {step} is out of range for {who} ({span})")
+    return steps
+
+
+def _check_bundle_selection(b, args, path: str) -> None:
+    """--step / --request on a bundle must name the bundle's own step (or be left out)."""
+    step = getattr(args, "step", None)
+    request = getattr(args, "request", None)
+    if step is not None and step != b.step.step:
+        raise CLIError(f"{path}: the bundle holds step {b.step.step} (request {b.step.request}), not --step {step}")
+    if request is not None and request != b.step.request:
+        raise CLIError(f"{path}: the bundle holds request {b.step.request} (step {b.step.step}), "
+                       f"not --request {request}")
+
+
+def _recording_step(rec, args, path: str) -> int | None:
+    """The verify-call index chosen by --step on a recording (None: all)."""
+    if getattr(args, "request", None) is not None:
+        raise CLIError(f"{path}: a recording addresses verify calls by --step, not --request "
+                       "(convert it with `ddtree-lab sglang convert` to address requests)")
+    step = getattr(args, "step", None)
+    if step is not None and not 0 <= step < len(rec.steps):
+        raise CLIError(f"{path}: --step {step} does not exist (the recording has steps 0..{len(rec.steps) - 1})")
+    return step
 
 
 def _kind_of(path: str) -> str:
@@ -86,15 +154,7 @@ def _find_step(run, step: int | None, request: int | None, path: str):
     """The StepTrace of decoding step ``step`` of ``request``."""
     if step is None:
         raise CLIError(f"{path}: --step is required")
-    matches = [s for s in run.steps if s.step == step and (request is None or s.request == request)]
-    if not matches:
-        steps = sorted({s.step for s in run.steps if request is None or s.request == request})
-        who = f"request {request}" if request is not None else "the trace"
-        have = f"steps {steps[0]}..{steps[-1]}" if steps else "no steps"
-        if request is not None and not any(s.request == request for s in run.steps):
-            reqs = sorted({s.request for s in run.steps})
-            raise CLIError(f"{path}: --request {request} does not exist (requests: {', '.join(map(str, reqs))})")
-        raise CLIError(f"{path}: --step {step} is out of range for {who} ({have})")
+    matches = _select_steps(run, step, request, path)
     if len(matches) > 1:
         reqs = ", ".join(str(s.request) for s in matches)
         raise CLIError(f"{path}: step {step} exists for requests {reqs}: pass --request")
@@ -184,14 +244,21 @@ def cmd_render(args) -> int:
     """Draw one step's tree as SVG, PNG, DOT or text (format from --format or the -o suffix)."""
     from .views import decisions_text, render_svg, step_view, to_dot, to_text
 
-    run = _load_trace(args.trace)
-    step = _find_step(run, args.step, args.request, args.trace)
     fmt = args.format
+    if args.out:
+        _check_out_file(args.out)
     if fmt is None:
         suffix = Path(args.out).suffix.lower() if args.out else ".txt"
         fmt = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot", ".txt": "text"}.get(suffix)
         if fmt is None:
             raise CLIError(f"{args.out}: unknown picture suffix {suffix!r} (use .svg, .png, .dot or .txt, or --format)")
+    elif args.out:
+        _check_suffix(args.out, fmt, {"svg": (".svg",), "png": (".png",), "dot": (".dot", ".gv"),
+                                      "text": (".txt",), "decisions": (".txt",)}[fmt])
+    if fmt == "png" and not args.out:
+        raise CLIError("--format png needs -o FILE")
+    run = _load_trace(args.trace)
+    step = _find_step(run, args.step, args.request, args.trace)
     view = step_view(step, run, args.collapse)
     if fmt == "svg":
         data: str | bytes = render_svg(to_dot(view))
@@ -245,12 +312,7 @@ def _replay_trace(args) -> int:
         raise CLIError(f"{args.trace}: a trace stores probabilities, not logits: replay it with --backend reference, "
                        f"or make a bundle (ddtree-lab bundle) to replay with {args.backend}")
     run = _load_trace(args.trace)
-    steps = run.steps
-    if args.step is not None or args.request is not None:
-        steps = [s for s in steps if (args.step is None or s.step == args.step)
-                 and (args.request is None or s.request == args.request)]
-        if not steps:
-            raise CLIError(f"{args.trace}: no step matches --step {args.step} --request {args.request}")
+    steps = _select_steps(run, args.step, args.request, args.trace)
     differing, exact, tolerant = 0, 0, 0
     lossy = _lossy_note(steps)
     if lossy:
@@ -295,7 +357,9 @@ def _replay_trace(args) -> int:
 
 def _replay_bundle(args) -> int:
     bundle = _bundle_module()
+    _check_bundle_dir(args.trace)
     b = bundle.load_bundle(args.trace)
+    _check_bundle_selection(b, args, args.trace)
     if b.step.lossy:
         from .views.model import lossy_mark
 
@@ -314,9 +378,16 @@ def _replay_bundle(args) -> int:
     return 0
 
 
-def _replay_recording(path: str, backend: str) -> int:
+def _replay_recording(path: str, backend: str, args=None) -> int:
     sg = _sglang()
-    results = sg.replay_recording(sg.load_recording(path), backend)
+    rec = sg.load_recording(path)
+    step = _recording_step(rec, args, path) if args is not None else None
+    if step is None:
+        results = sg.replay_recording(rec, backend)
+    else:
+        from .sglang.replay import replay_step
+
+        results = [replay_step(rec.steps[step], r, backend, step) for r in range(len(rec.steps[step]["rows"]))]
     for line in sg.replay_report(results):
         print(line)
     counts = sg.count_verdicts(results)
@@ -329,7 +400,7 @@ def cmd_replay(args) -> int:
     if kind == "bundle":
         return _replay_bundle(args)
     if kind == "recording":
-        return _replay_recording(args.trace, args.backend)
+        return _replay_recording(args.trace, args.backend, args)
     return _replay_trace(args)
 
 
@@ -359,6 +430,20 @@ def cmd_audit(args) -> int:
     """The losslessness audit: a verifier's law on a step against the exact law."""
     from . import audit as au
 
+    if args.draws < MIN_DRAWS:
+        raise CLIError(f"--draws {args.draws}: need at least {MIN_DRAWS} coin sets (with fewer the test "
+                       "cannot reject anything, so every verifier would look lossless)")
+    if args.random is not None and args.random < 1:
+        raise CLIError(f"--random {args.random}: the number of random cases must be >= 1")
+    if args.nodes < 2:
+        raise CLIError(f"--nodes {args.nodes}: a random tree needs >= 2 nodes (the root and a draft node)")
+    if args.vocab < 2:
+        raise CLIError(f"--vocab {args.vocab}: a random case needs a vocabulary of >= 2 tokens")
+    if not 0 < args.alpha < 1:
+        raise CLIError(f"--alpha {args.alpha}: the significance level must be in (0, 1)")
+    if args.plot:
+        _check_out_file(args.plot)
+        _check_suffix(args.plot, "html", (".html", ".htm"))
     _threads(args.threads)
     cases = []
     if args.random is not None:
@@ -371,7 +456,9 @@ def cmd_audit(args) -> int:
         raise CLIError("audit needs a TRACE, a BUNDLE or --random N")
     elif _kind_of(args.source) == "bundle":
         bundle = _bundle_module()
+        _check_bundle_dir(args.source)
         b = bundle.load_bundle(args.source)
+        _check_bundle_selection(b, args, args.source)
         cases = [au.case_from_step(b.step, b.token_texts)]
     else:
         run = _load_trace(args.source)
@@ -453,24 +540,25 @@ def cmd_doctor(args) -> int:
     if kind == "recording":
         sg = _sglang()
         rec = sg.load_recording(args.source)
-        checked = rec.num_rows
+        only = _recording_step(rec, args, args.source)
+        checked = rec.num_rows if only is None else len(rec.steps[only]["rows"])
         for p in sg.recording_problems(rec):  # links, coins, SGLang's outputs against the buffers
+            if only is not None and not p.startswith(f"step {only} "):
+                continue
             found += 1
             print(f"{args.source}: {p}")
     elif kind == "bundle":
         bundle = _bundle_module()
+        _check_bundle_dir(args.source)
         b = bundle.load_bundle(args.source)
+        _check_bundle_selection(b, args, args.source)
         checked = 1
         for p in _trace_problems(b.step if hasattr(b, "step") else b):
             found += 1
             print(f"{args.source}: {p}")
     else:
         run = _load_trace(args.source)
-        for s in run.steps:
-            if args.step is not None and s.step != args.step:
-                continue
-            if args.request is not None and s.request != args.request:
-                continue
+        for s in _select_steps(run, args.step, args.request, args.source):
             checked += 1
             for p in _trace_problems(s):
                 found += 1
@@ -488,16 +576,21 @@ def cmd_doctor(args) -> int:
     return EXIT_PROBLEM if found else 0
 
 
-def _read_prompts(args) -> tuple[list[str], list[dict], list[str]]:
-    prompts, overrides, ids = [], [], []
+def _read_prompts(args) -> tuple[list[str], list[dict], list[str], list[str]]:
+    """Prompts, per-request overrides, request ids and where each came from (for errors)."""
+    prompts, overrides, ids, origins = [], [], [], []
     for p in args.prompt or []:
         prompts.append(p)
         overrides.append({})
         ids.append(str(len(ids)))
+        origins.append(f"--prompt {len(origins)}")
     if args.prompts:
         path = Path(args.prompts)
+        if path.is_dir():
+            raise CLIError(f"{args.prompts}: is a directory, not a JSONL file")
         if not path.exists():
             raise CLIError(f"{args.prompts}: no such file")
+        before = len(prompts)
         allowed = {"prompt", "id", "temperature", "top_k", "top_p", "min_p", "seed"}
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():
@@ -512,12 +605,23 @@ def _read_prompts(args) -> tuple[list[str], list[dict], list[str]]:
             if unknown:
                 raise CLIError(f"{args.prompts}, line {n}: unknown field(s) {', '.join(sorted(unknown))} "
                                f"(known: {', '.join(sorted(allowed))})")
+            for k in ("temperature", "top_p", "min_p"):
+                v = obj.get(k)
+                if k in obj and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                    raise CLIError(f"{args.prompts}, line {n}: field {k!r} must be a number, got {json.dumps(v)}")
+            for k in ("top_k", "seed"):
+                v = obj.get(k)
+                if k in obj and (isinstance(v, bool) or not isinstance(v, int)):
+                    raise CLIError(f"{args.prompts}, line {n}: field {k!r} must be an integer, got {json.dumps(v)}")
             prompts.append(obj["prompt"])
             overrides.append({k: v for k, v in obj.items() if k not in ("prompt", "id")})
             ids.append(str(obj.get("id", len(ids))))
+            origins.append(f"{args.prompts}, line {n}")
+        if len(prompts) == before:
+            raise CLIError(f"{args.prompts}: no prompts (expected one JSON object per line)")
     if not prompts:
         raise CLIError("record needs --prompt TEXT or --prompts FILE.jsonl")
-    return prompts, overrides, ids
+    return prompts, overrides, ids, origins
 
 
 def cmd_record(args) -> int:
@@ -529,19 +633,36 @@ def cmd_record(args) -> int:
     from .trace import save_trace
 
     out = Path(args.out)
-    if not out.parent.exists():
-        raise CLIError(f"{args.out}: directory {out.parent} does not exist")
-    prompts, overrides, ids = _read_prompts(args)
+    _check_out_file(args.out)
+    if args.max_new_tokens < 1:
+        raise CLIError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
+    if args.budget < 1:
+        raise CLIError(f"--budget {args.budget}: must be >= 1 (draft nodes per tree)")
+    if args.threads is not None and args.threads < 1:
+        raise CLIError(f"--threads {args.threads}: must be >= 1")
+    for name in ("threshold_single", "threshold_acc"):
+        t = getattr(args, name)
+        if not (math.isfinite(t) and t >= 0):
+            raise CLIError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {t}")
+    for flag, spec in (("--target", args.target), ("--drafter", args.drafter)):
+        if spec is not None and not Path(spec).exists():
+            raise CLIError(f"{flag} {spec}: no such file or directory")
+    if args.target is not None and not Path(args.target).is_dir():
+        raise CLIError(f"--target {args.target}: not a model directory")
+    prompts, overrides, ids, origins = _read_prompts(args)
     base = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           seed=None)
     params = []
     for b, o in enumerate(overrides):
-        p = dataclasses.replace(base, **o)
+        try:
+            p = dataclasses.replace(base, **o)
+        except (ValueError, TypeError) as exc:
+            raise CLIError(f"{origins[b]}: {str(exc).removeprefix('SamplingParams: ')}") from exc
         if p.seed is None:
             p = dataclasses.replace(p, seed=args.seed * 1000 + b)
         why = p.problem()
         if why is not None:
-            raise CLIError(f"request {b} ({ids[b]}): {why}")
+            raise CLIError(f"{origins[b]}: request {b} ({ids[b]}): {why}")
         params.append(p)
     threads = _threads(args.threads)
     from . import lab
@@ -554,10 +675,6 @@ def cmd_record(args) -> int:
         target = _load_model(args.target or "default")
         drafter = RidgeDrafter.load(target, args.drafter) if args.drafter else RidgeDrafter.load(target)
     kw = {"record": args.level, "threshold_single": args.threshold_single, "threshold_acc": args.threshold_acc}
-    for name in ("threshold_single", "threshold_acc"):
-        t = getattr(args, name)
-        if not (math.isfinite(t) and t >= 0):
-            raise CLIError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {t}")
     if args.backend is not None:
         kw["verify_backend"] = args.backend
     session = LiveSession(target, drafter, budget=args.budget, sampling=params, seed=args.seed, **kw)
@@ -588,8 +705,7 @@ def cmd_sglang(args) -> int:
         return _replay_recording(args.recording, args.backend)
     if args.sglang_cmd == "convert":
         out = Path(args.out)
-        if not out.parent.exists():
-            raise CLIError(f"{args.out}: directory {out.parent} does not exist")
+        _check_out_file(args.out)
         path = sg.convert(args.recording, out)
         print(f"{args.recording} -> {path}")
         return 0
@@ -600,6 +716,9 @@ def cmd_lab(args) -> int:
     """Open JupyterLab on labs/ bound to 127.0.0.1 with a fresh random token (as scripts/lab.sh)."""
     import secrets
     import shutil
+
+    if not 1 <= args.port <= 65535:
+        raise CLIError(f"--port {args.port}: must be in 1..65535")
 
     labs = Path(__file__).resolve().parent.parent / "labs"
     if not labs.is_dir():

@@ -665,18 +665,27 @@ def write_container(path: str | Path, doc: dict, tensors: dict[str, torch.Tensor
 
     Raises:
         FileNotFoundError: the parent directory of ``path`` does not exist.
+        IsADirectoryError: ``path`` is a directory.
+        OSError: the file cannot be written (naming ``path``).
     """
     from safetensors.torch import save_file
 
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory (give a file name, e.g. {path / 'run.ddtrace.safetensors'})")
     if not path.parent.is_dir():
         raise FileNotFoundError(f"{path}: directory {path.parent} does not exist (nothing is created for you)")
     doc = dict(doc)
     doc["tensors"] = {k: {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape), "sha256": tensor_sha256(t)}
                       for k, t in tensors.items()}
     text = json.dumps(doc)
-    save_file(tensors, str(path), metadata={"ddtree_lab": text,
-                                            "ddtree_lab_sha256": hashlib.sha256(text.encode()).hexdigest()})
+    try:
+        save_file(tensors, str(path), metadata={"ddtree_lab": text,
+                                                "ddtree_lab_sha256": hashlib.sha256(text.encode()).hexdigest()})
+    except OSError:
+        raise
+    except Exception as exc:  # safetensors raises its own error types (e.g. SafetensorError)
+        raise OSError(f"{path}: cannot write ({exc})") from exc
     return path
 
 
@@ -686,6 +695,7 @@ def read_container(path: str | Path, fmt: str, versions: Sequence[int], what: st
 
     Raises:
         FileNotFoundError: no such file.
+        IsADirectoryError: ``path`` is a directory.
         TraceFormatError: not a safetensors file, not a ddtree-lab ``fmt`` file, an unknown
             version, or a corrupted / inconsistent document or tensor (one line naming file,
             step and field).
@@ -693,6 +703,8 @@ def read_container(path: str | Path, fmt: str, versions: Sequence[int], what: st
     from safetensors import safe_open
 
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory, not a {what} file")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     try:
@@ -780,6 +792,8 @@ def save_trace(run: RunTrace, path: str | Path) -> Path:
 
     Raises:
         FileNotFoundError: the directory of ``path`` does not exist.
+        IsADirectoryError: ``path`` is a directory.
+        OSError: the file cannot be written (the message names ``path``).
     """
     tensors = {}
     for k, s in enumerate(run.steps):
@@ -864,6 +878,7 @@ def load_trace(path: str | Path) -> RunTrace:
 
     Raises:
         FileNotFoundError: no such file.
+        IsADirectoryError: ``path`` is a directory.
         TraceFormatError: not a ddtree-lab trace, an unknown version, a checksum that fails,
             or a missing / badly typed / badly shaped field (one line: file, step, field).
     """

@@ -311,3 +311,124 @@ def test_a_lossy_recording_is_marked_by_info_replay_and_render(tmp_path, capsys)
     assert "LOSSY" not in capsys.readouterr().out
     assert main(["record", "--prompt", "x", "--threshold-acc", "-1", "--quiet", "-o", str(out)]) != 0
     assert "--threshold-acc must be a finite number >= 0" in capsys.readouterr().err
+
+
+# -- a new user's findings: arguments are checked before any work, and selections that match nothing fail
+
+
+def _err(capsys):
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_record_refuses_a_bad_output_path_before_loading_the_model(tmp_path, capsys, monkeypatch):
+    from ddtree_lab import lab
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(lab, "load_default", no_model)
+    out = str(tmp_path / "r.ddtrace.safetensors")
+    assert main(["record", "--prompt", "x", "-o", str(tmp_path)]) == 2
+    assert "is a directory" in _err(capsys)
+    assert main(["record", "--prompt", "x", "-o", str(tmp_path / "no" / "r.safetensors")]) == 2
+    assert "does not exist" in _err(capsys)
+    assert main(["record", "--prompt", "x", "--max-new-tokens", "0", "-o", out]) == 2
+    assert "--max-new-tokens 0" in _err(capsys)
+    assert main(["record", "--prompt", "x", "--budget", "-1", "-o", out]) == 2
+    assert "--budget -1" in _err(capsys)
+    assert main(["record", "--prompt", "x", "--target", "/no/such", "-o", out]) == 2
+    err = _err(capsys)
+    assert "--target /no/such" in err and "--model" not in err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{"prompt": "b", "temperature": "hot"}\n')
+    assert main(["record", "--prompts", str(bad), "-o", out]) == 2
+    err = _err(capsys)
+    assert f"{bad}, line 2" in err and "temperature" in err
+    bad.write_text('{"prompt": "a"}\n{"prompt": "b", "temperature": -3}\n')
+    assert main(["record", "--prompts", str(bad), "-o", out]) == 2
+    assert f"{bad}, line 2" in _err(capsys)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    assert main(["record", "--prompts", str(empty), "-o", out]) == 2
+    err = _err(capsys)
+    assert f"{empty}: no prompts" in err and "record needs" not in err
+    assert not Path(out).exists()
+
+
+def test_save_and_load_trace_name_a_directory(tmp_path):
+    run = dl.load_trace(TRACE)
+    with pytest.raises(IsADirectoryError, match=str(tmp_path)):
+        dl.save_trace(run, tmp_path)
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        dl.load_trace(tmp_path)
+
+
+def test_selections_that_match_nothing_fail(tmp_path, capsys):
+    assert main(["doctor", str(TRACE), "--step", "500", "--request", "0"]) == 2
+    assert "--step 500" in (err := _err(capsys)) and "steps 0.." in err
+    assert main(["doctor", str(TRACE), "--request", "9"]) == 2
+    assert "requests: 0, 1, 2" in _err(capsys)
+    assert main(["replay", str(TRACE), "--request", "9"]) == 2
+    assert "--request 9" in _err(capsys)
+    assert main(["doctor", str(TRACE), "--step", "8", "--request", "1"]) == 0
+    assert "1 steps checked" in capsys.readouterr().out
+    rec = str(RECORDING.with_suffix(""))
+    for verb in ("replay", "doctor"):
+        assert main([verb, rec, "--step", "99"]) == 2
+        assert "--step 99" in (err := _err(capsys)) and "steps 0.." in err
+    assert main(["doctor", rec, "--step", "0"]) == 0
+    out = capsys.readouterr().out
+    assert main(["doctor", rec]) == 0
+    assert out.split()[0] != capsys.readouterr().out.split()[0]  # one step's rows, not all
+    b = tmp_path / "bug8"
+    assert main(["bundle", str(TRACE), "--step", "8", "--request", "1", "-o", str(b)]) == 0
+    capsys.readouterr()
+    for args in (["replay", str(b), "--step", "3"], ["doctor", str(b), "--request", "5"],
+                 ["audit", str(b), "--step", "5"]):
+        assert main(args) == 2
+        assert "the bundle holds" in (err := _err(capsys)) and "step 8" in err
+    assert main(["doctor", str(b), "--step", "8", "--request", "1"]) == 0
+    assert main(["doctor", str(tmp_path)]) == 2
+    assert "is not a bundle (no bundle.safetensors" in _err(capsys)
+    assert main(["replay", str(tmp_path)]) == 2
+    assert "is not a bundle" in _err(capsys)
+
+
+def test_audit_argument_checks(tmp_path, capsys):
+    for args, flag in ((["--random", "1", "--draws", "0"], "--draws"), (["--random", "1", "--draws", "1"], "--draws"),
+                       (["--random", "1", "--draws", "-5"], "--draws"), (["--random", "0"], "--random"),
+                       (["--random", "-1"], "--random"), (["--random", "1", "--vocab", "1"], "--vocab"),
+                       (["--random", "1", "--nodes", "1"], "--nodes"),
+                       (["--random", "1", "--plot", "/no/such/dir/a.html"], "/no/such/dir"),
+                       (["--random", "1", "--plot", str(tmp_path / "a.txt")], "suffix")):
+        assert main(["audit", *args]) == 2, args
+        assert flag in _err(capsys)
+    assert not (tmp_path / "a.txt").exists()
+    with pytest.raises(ValueError, match="draws"):
+        from ddtree_lab import audit as au
+
+        au.audit(au.random_case(0), draws=0)
+
+
+def test_recordings_point_to_convert_and_suffixes_must_match(tmp_path, capsys):
+    rec = str(RECORDING.with_suffix(""))
+    assert main(["info", rec]) == 2
+    assert "SGLang recording" in (err := _err(capsys)) and "sglang convert" in err
+    assert main(["render", rec, "--step", "0"]) == 2
+    assert "SGLang recording" in _err(capsys)
+    png = tmp_path / "x.png"
+    assert main(["render", str(TRACE), "--step", "0", "--request", "0", "--format", "svg", "-o", str(png)]) == 2
+    assert "suffix" in _err(capsys) and not png.exists()
+    assert main(["lab", "--port", "-1", "--dry-run"]) == 2
+    assert "--port -1" in _err(capsys)
+    assert main(["lab", "--port", "65536", "--dry-run"]) == 2
+    capsys.readouterr()
+
+
+def test_readme_sglang_convert_example_passes_o():
+    lines = [x for x in (ROOT / "README.md").read_text().splitlines() if x.startswith("ddtree-lab sglang convert")]
+    assert lines and all(" -o " in x for x in lines)
+    for x in lines:
+        build_parser().parse_args(x.split()[1:])
