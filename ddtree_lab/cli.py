@@ -441,6 +441,10 @@ def cmd_audit(args) -> int:
         raise CLIError(f"--vocab {args.vocab}: a random case needs a vocabulary of >= 2 tokens")
     if not 0 < args.alpha < 1:
         raise CLIError(f"--alpha {args.alpha}: the significance level must be in (0, 1)")
+    if args.threads is not None and args.threads < 1:
+        raise CLIError(f"--threads {args.threads}: must be >= 1")
+    if args.random is not None and (args.source is not None or args.step is not None or args.request is not None):
+        raise CLIError("--random N audits random cases: leave out the TRACE/BUNDLE, --step and --request")
     if args.plot:
         _check_out_file(args.plot)
         _check_suffix(args.plot, "html", (".html", ".htm"))
@@ -534,6 +538,8 @@ def _trace_problems(step) -> list[str]:
 
 def cmd_doctor(args) -> int:
     """Check verify buffers (every broken invariant) and, with --model, tree logits."""
+    if args.sample < 1:
+        raise CLIError(f"--sample {args.sample}: must be >= 1")
     kind = _kind_of(args.source)
     found = 0
     checked = 0
@@ -683,11 +689,14 @@ def cmd_record(args) -> int:
     bar = tqdm(total=len(prompts) * args.max_new_tokens, unit="tok", desc="record", disable=args.quiet,
                file=sys.stderr)
     done = 0
-    for _ in session.generate(prompts, max_new_tokens=args.max_new_tokens, chat=not args.no_chat, request_ids=ids):
-        now = sum(len(r.generated) for r in session.requests)
-        bar.update(now - done)
-        done = now
-    bar.close()
+    try:
+        for _ in session.generate(prompts, max_new_tokens=args.max_new_tokens, chat=not args.no_chat,
+                                  request_ids=ids):
+            now = sum(len(r.generated) for r in session.requests)
+            bar.update(now - done)
+            done = now
+    finally:
+        bar.close()  # ends the bar's line, so an error prints on its own line
     run = session.trace()
     run.metadata["threads"] = threads
     save_trace(run, out)

@@ -402,7 +402,8 @@ def test_audit_argument_checks(tmp_path, capsys):
                        (["--random", "-1"], "--random"), (["--random", "1", "--vocab", "1"], "--vocab"),
                        (["--random", "1", "--nodes", "1"], "--nodes"),
                        (["--random", "1", "--plot", "/no/such/dir/a.html"], "/no/such/dir"),
-                       (["--random", "1", "--plot", str(tmp_path / "a.txt")], "suffix")):
+                       (["--random", "1", "--plot", str(tmp_path / "a.txt")], "suffix"),
+                       (["--random", "1", "--step", "3"], "--random"), (["--random", "1", "--threads", "0"], "--threads")):
         assert main(["audit", *args]) == 2, args
         assert flag in _err(capsys)
     assert not (tmp_path / "a.txt").exists()
@@ -421,6 +422,8 @@ def test_recordings_point_to_convert_and_suffixes_must_match(tmp_path, capsys):
     png = tmp_path / "x.png"
     assert main(["render", str(TRACE), "--step", "0", "--request", "0", "--format", "svg", "-o", str(png)]) == 2
     assert "suffix" in _err(capsys) and not png.exists()
+    assert main(["doctor", str(TRACE), "--sample", "0"]) == 2
+    assert "--sample 0" in _err(capsys)
     assert main(["lab", "--port", "-1", "--dry-run"]) == 2
     assert "--port -1" in _err(capsys)
     assert main(["lab", "--port", "65536", "--dry-run"]) == 2
