@@ -4,7 +4,7 @@ A bundle directory holds
 
 * ``bundle.safetensors``: the step (tree, buffers, draft top-k, parameters, coins, recorded
   output and decision log, timings) in the trace container (every tensor and the JSON
-  document checksummed, :func:`ddtree_lab.trace.read_container`), the token texts of the
+  document checksummed, :func:`ddtree_lab.container.read_container`), the token texts of the
   tokens involved, and where it came from;
 * ``tree.svg``: the step's diagram (:func:`ddtree_lab.views.step_svg`);
 * ``README.md``: what it is and how to replay it (``ddtree-lab replay DIR``).
@@ -41,8 +41,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .trace import (TraceFormatError, Difference, RunTrace, StepTrace, compare_outputs, read_container,
-                    replay_differences, step_from_json, step_tensors, check_step_tensors, write_container,
+from .container import read_container, write_container
+from .trace import (TraceFormatError, Difference, RunTrace, StepTrace, compare_outputs,
+                    replay_differences, step_from_json, step_tensors, check_step_tensors,
                     _step_json)
 from .verify import VerifyOutput
 

@@ -572,9 +572,9 @@ def cmd_doctor(args) -> int:
         if args.model is not None:
             target = _load_model(args.model)
             step = _find_step(run, args.step, args.request, args.source)
-            from . import audit as au
+            from . import doctor
 
-            check = au.check_recorded_rows(target, run, step, sample=args.sample, seed=args.seed)
+            check = doctor.check_recorded_rows(target, run, step, sample=args.sample, seed=args.seed)
             print(f"step {step.step}, request {step.request}: {check.text()}")
             if check.first_bad is not None:
                 found += 1

@@ -11,8 +11,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import ddtree_lab as dl
-from ddtree_lab.trace import (LEVELS, STAGES, Difference, compare_outputs, make_step_trace, replay_differences,
-                              write_container)
+from ddtree_lab.container import write_container
+from ddtree_lab.trace import LEVELS, STAGES, Difference, compare_outputs, make_step_trace, replay_differences
 
 TRACES = Path(__file__).resolve().parent.parent / "fixtures" / "traces"
 GREEDY = TRACES / "smollm2_greedy_b32.ddtrace.safetensors"

@@ -1,0 +1,133 @@
+"""The checksummed file container shared by traces, bundles and SGLang recordings.
+
+One safetensors file whose metadata key ``"ddtree_lab"`` holds one JSON document; the document
+records a SHA-256, dtype and shape for every tensor and a SHA-256 of itself, so a corrupted or
+truncated file is refused with one line naming the field. Loading reads tensors and JSON only:
+no code from the file is ever executed (no pickle).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+__all__ = ["TraceFormatError", "tensor_sha256", "write_container", "read_container"]
+
+_DTYPE_NAMES = {torch.int64: "int64", torch.float32: "float32", torch.float64: "float64"}
+
+
+class TraceFormatError(ValueError):
+    """A trace or bundle file that is not one, is corrupted, or has a missing or bad field."""
+
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """SHA-256 of a CPU tensor's bytes (C order)."""
+    return hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+
+
+def _field_of(key: str) -> str:
+    step, _, name = key.partition(".")
+    return f"step {step}: field {name!r}" if name and step.isdigit() else f"field {key!r}"
+
+
+def write_container(path: str | Path, doc: dict, tensors: dict[str, torch.Tensor]) -> Path:
+    """Write ``tensors`` and the JSON ``doc`` (plus each tensor's dtype, shape and SHA-256, and
+    the document's own SHA-256) to one safetensors file. Creates no directory.
+
+    Raises:
+        FileNotFoundError: the parent directory of ``path`` does not exist.
+        IsADirectoryError: ``path`` is a directory.
+        OSError: the file cannot be written (naming ``path``).
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory (give a file name, e.g. {path / 'run.ddtrace.safetensors'})")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{path}: directory {path.parent} does not exist (nothing is created for you)")
+    doc = dict(doc)
+    doc["tensors"] = {k: {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape), "sha256": tensor_sha256(t)}
+                      for k, t in tensors.items()}
+    text = json.dumps(doc)
+    try:
+        save_file(tensors, str(path), metadata={"ddtree_lab": text,
+                                                "ddtree_lab_sha256": hashlib.sha256(text.encode()).hexdigest()})
+    except OSError:
+        raise
+    except Exception as exc:  # safetensors raises its own error types (e.g. SafetensorError)
+        raise OSError(f"{path}: cannot write ({exc})") from exc
+    return path
+
+
+def read_container(path: str | Path, fmt: str, versions: Sequence[int], what: str = "trace") -> tuple[dict, dict]:
+    """Read a file written by :func:`write_container`: ``(doc, tensors)``, every checksum,
+    dtype and shape checked against the document before a tensor is returned.
+
+    Raises:
+        FileNotFoundError: no such file.
+        IsADirectoryError: ``path`` is a directory.
+        TraceFormatError: not a safetensors file, not a ddtree-lab ``fmt`` file, an unknown
+            version, or a corrupted / inconsistent document or tensor (one line naming file,
+            step and field).
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory, not a {what} file")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        f = safe_open(str(path), framework="pt")
+    except Exception as exc:  # safetensors raises its own error types
+        raise TraceFormatError(f"{path}: not a safetensors file ({exc})") from exc
+    with f:
+        meta = f.metadata() or {}
+        if "ddtree_lab" not in meta:
+            raise TraceFormatError(f"{path}: no 'ddtree_lab' metadata: not a ddtree-lab {what}")
+        text = meta["ddtree_lab"]
+        want = meta.get("ddtree_lab_sha256")
+        if want is not None and hashlib.sha256(text.encode()).hexdigest() != want:
+            raise TraceFormatError(f"{path}: the JSON document fails its checksum: the file is corrupted")
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TraceFormatError(f"{path}: {what} metadata is not valid JSON ({exc})") from exc
+        if not isinstance(doc, dict) or doc.get("format") != fmt:
+            raise TraceFormatError(f"{path}: format {doc.get('format') if isinstance(doc, dict) else None!r} "
+                                   f"is not {fmt!r}")
+        if doc.get("version") not in versions:
+            raise TraceFormatError(f"{path}: {what} version {doc.get('version')!r}; this ddtree-lab reads "
+                                   f"version{'s' if len(versions) > 1 else ''} {', '.join(map(str, versions))}")
+        declared = doc.get("tensors")
+        keys = set(f.keys())
+        if declared is None:  # version 1 traces: no checksums
+            return doc, {k: f.get_tensor(k) for k in keys}
+        if want is None:
+            raise TraceFormatError(f"{path}: the JSON document has no checksum")
+        if not isinstance(declared, dict):
+            raise TraceFormatError(f"{path}: 'tensors' must be an object")
+        extra = keys - set(declared)
+        if extra:
+            raise TraceFormatError(f"{path}: {_field_of(sorted(extra)[0])}: tensor not listed in the document")
+        tensors = {}
+        for key, info in declared.items():
+            if key not in keys:
+                raise TraceFormatError(f"{path}: {_field_of(key)}: tensor is missing")
+            sl = f.get_slice(key)
+            dtype, shape = str(sl.get_dtype()).lower(), list(sl.get_shape())
+            want_dtype = {"int64": "i64", "float32": "f32", "float64": "f64"}.get(info.get("dtype"))
+            if want_dtype is None or dtype != want_dtype or shape != info.get("shape"):
+                raise TraceFormatError(f"{path}: {_field_of(key)}: tensor is {dtype} {shape}, the document says "
+                                       f"{info.get('dtype')} {info.get('shape')}")
+            t = f.get_tensor(key)
+            if tensor_sha256(t) != info.get("sha256"):
+                raise TraceFormatError(f"{path}: {_field_of(key)}: checksum mismatch: the file is corrupted")
+            tensors[key] = t
+    return doc, tensors
