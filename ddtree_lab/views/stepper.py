@@ -292,7 +292,8 @@ class VerifyStepper:
                                     continuous_update=False)
         b["decision"].add_class("ddtree-decision")
         b["coin"] = w.FloatSlider(value=0.5, min=0.0, max=0.9999, step=0.0001, readout_format=".4f",
-                                  description="what-if u", continuous_update=False)
+                                  description="what-if u", continuous_update=False,
+                                  style={"description_width": "110px"})
         b["coin"].add_class("ddtree-coin-slider")
         b["reset"] = w.Button(description="recorded coin")
         b["verdict"] = w.HTML()
@@ -345,6 +346,10 @@ class VerifyStepper:
             b["decision"].value = self.k
             greedy = self.trace.params.is_greedy
             b["coin"].disabled = b["reset"].disabled = greedy
+            # the what-if coin is the current node's (it decides among its children), never the final coin
+            b["coin"].description = f"what-if u #{self.current_node}"
+            b["coin"].tooltip = (f"coin of node #{self.current_node}: it decides among its children "
+                                 "(the bonus draw's final coin is not changed)")
             if self.coin is None and not greedy:
                 b["coin"].value = min(float(self.view.nodes[self.current_node].child_coin or 0.0), 0.9999)
             b["verdict"].value = self.verdict_html()

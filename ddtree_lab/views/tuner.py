@@ -202,7 +202,7 @@ class Tuner:
         self.state = TunerState.from_run(run)
         self.live = live
         st, data = self.state, self.state.data
-        cu = {"continuous_update": False, "style": {"description_width": "80px"}, "layout": {"width": "420px"}}
+        cu = {"continuous_update": False, "style": {"description_width": "90px"}, "layout": {"width": "420px"}}
         self.temperature = w.FloatSlider(value=st.temperature, min=0.0, max=2.0, step=0.05, description="temperature",
                                          readout_format=".2f", **cu)
         self.top_k = w.IntSlider(value=st.top_k, min=0, max=max(200, st.top_k), description="top-k", **cu)
