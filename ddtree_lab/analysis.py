@@ -35,7 +35,7 @@ Accept-length words follow DESIGN.md: ``accept length`` counts accepted draft to
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch

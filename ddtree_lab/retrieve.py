@@ -20,7 +20,6 @@ ascending index order *are* children in descending log-weight order.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Sequence
 
 import torch
 

@@ -246,7 +246,6 @@ class LiveSession:
         if not active:
             return []
         step_no = self.num_steps
-        bs = len(active)
         clock = _Clock(self.target.device)
         anchors = torch.tensor([r.anchor for r in active], dtype=torch.int64)
         prefix = torch.tensor([r.prefix_len for r in active], dtype=torch.int64)

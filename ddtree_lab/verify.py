@@ -60,7 +60,7 @@ import torch
 
 from ._checks import check_shape, check_tensor
 from .retrieve import DDTreeVerifyInput, check_verify_buffers
-from .sampling import SamplingParams, check_logits_rows, normalize_params
+from .sampling import SamplingParams, check_logits_rows
 
 __all__ = [
     "Decision",

@@ -266,8 +266,13 @@ def test_tuner_widget_state_follows_simulated_slider_moves(small_run):
     before = t.tree.value
     t.step.value = 4
     assert t.tree.value != before and "step 4" in t.tree.value
+    assert not t.top_k.disabled and not t.top_p.disabled and not t.min_p.disabled
     t.temperature.value = 0.0
     assert t.expected_tau.value == tv.expected_tau_text(data, SamplingParams(temperature=0.0), 3)
+    # at T = 0 the filters cannot change the argmax: their sliders are greyed, with a reason
+    assert t.top_k.disabled and t.top_p.disabled and t.min_p.disabled and "greedy" in t.top_p.tooltip
+    t.temperature.value = 0.7
+    assert not t.top_p.disabled
 
 
 def test_tuner_live_button_calls_the_given_function(small_run):

@@ -264,7 +264,6 @@ def _row_state(row_ptr, V, T, K, P, MINP, sx_ptr, si_ptr,
     count = tl.zeros([], tl.int32)
     if (T > 0) & (err == 0):
         ms = tl.math.div_rn(m, T)
-        zero64 = tl.zeros([], tl.int64)
         # ---- top-k: the k-th largest logit by a bitwise search over its key
         if (K > 0) & (K < V):
             kth_s = tl.math.div_rn(_value_of(_lattice(_kth_largest_key(row_ptr, V, K, LOW, BLOCK), LOW)), T)

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..trace import RunTrace
 from .model import LOSSY_COLOR, StepView, token_label
+from .model import number_label as _num
 
 __all__ = ["decisions_table_html", "children_html", "mass_bar_svg", "bonus_html", "committed_html"]
 
@@ -25,13 +26,6 @@ def _e(text) -> str:
 
 def _tok(text: str) -> str:
     return _e(token_label(text))
-
-
-def _num(x: float | None, digits: int = 4) -> str:
-    if x is None:
-        return "-"
-    text = f"{x:.{digits}g}"
-    return f"{x:.9g}" if text in ("0", "1") and x not in (0.0, 1.0) else text
 
 
 def _p(value: float | None, upper: bool) -> str:

@@ -609,11 +609,17 @@ def _cursor(view: StepView, k: int) -> Cursor:
                   _verdict(view, last, current, k), None if last is None else last.kind)
 
 
-def _fmt(x: float | None) -> str:
+def number_label(x: float | None, digits: int = 4, missing: str = "-") -> str:
+    """``x`` with ``digits`` significant digits, but never rounded to a bare 0 or 1 that it is
+    not (0.99999994 prints in full); ``missing`` for None. The one number format of every view."""
     if x is None:
-        return "?"
-    text = f"{x:.4g}"
+        return missing
+    text = f"{x:.{digits}g}"
     return f"{x:.9g}" if text in ("0", "1") and x not in (0.0, 1.0) else text
+
+
+def _fmt(x: float | None) -> str:
+    return number_label(x, missing="?")
 
 
 def _verdict(view: StepView, event, current: int, k: int) -> str:

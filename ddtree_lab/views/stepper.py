@@ -27,8 +27,6 @@ import html
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
-
 from ..trace import RunTrace, StepTrace
 from .dot import step_svg
 from .html import bonus_html, children_html, decisions_table_html, mass_bar_svg

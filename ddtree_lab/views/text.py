@@ -4,17 +4,11 @@
 from __future__ import annotations
 
 from .model import StepView, token_label
+from .model import number_label as _num
 
 __all__ = ["to_text", "decisions_text"]
 
 MARKS = {"root": "◆", "accepted": "✔", "rejected": "✘", "unvisited": "·", "pending": "?", "collapsed": "…"}
-
-
-def _num(x: float | None, digits: int = 4) -> str:
-    if x is None:
-        return "-"
-    text = f"{x:.{digits}g}"
-    return f"{x:.9g}" if text in ("0", "1") and x not in (0.0, 1.0) else text  # never print 0.99999994 as 1
 
 
 def to_text(view: StepView) -> str:

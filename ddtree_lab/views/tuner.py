@@ -260,6 +260,10 @@ class Tuner:
 
     def _update(self) -> None:
         self._sync()
+        greedy = self.temperature.value == 0  # top-k / top-p / min-p do not change an argmax
+        for s in (self.top_k, self.top_p, self.min_p):
+            s.disabled = greedy
+            s.tooltip = "no effect at temperature 0 (greedy: the argmax)" if greedy else None
         st = self.state
         self.result = res = st.result()
         self.expected_tau.value = expected_tau_text(res)
