@@ -16,7 +16,7 @@ Recipe (DFlash, arXiv 2602.06036, section on training; z-lab/dflash for the arch
    stops on time. A checkpoint (public DFlash layout, fp16) and the loss curve are written every
    ``--checkpoint-minutes`` so a partial run still yields weights.
 
-    python scripts/train_dflash.py [--minutes 21] [--layers 1] [--out fixtures/drafters/smollm2_dflash_b16]
+    python scripts/train_dflash.py [--minutes 44] [--layers 2] [--threads 2] [--out fixtures/drafters/smollm2_dflash_b16]
 """
 
 from __future__ import annotations
@@ -57,12 +57,23 @@ def load_split(split: str) -> tuple[list[dict], dict]:
 
 
 def make_batch(rows: list[dict], batch: int, blocks: int, L: int, rng: random.Random):
-    """Sample a training batch (module docstring, step 2).
+    """Sample a training batch (module docstring, step 2): ``batch`` sequences, ``blocks``
+    random anchors in the generated part of each. Returns :func:`blocks_for`'s tensors."""
+    chosen = rng.sample(rows, batch)
+    anchors = []
+    for r in chosen:
+        lo, hi = max(1, r["prompt_len"]), r["ids"].shape[0] - 2
+        anchors.append([rng.randint(lo, hi) for _ in range(blocks)] if hi >= lo else [hi] * blocks)
+    return blocks_for(chosen, anchors, L)
+
+
+def blocks_for(chosen: list[dict], anchors: list[list[int]], L: int):
+    """The blocks anchored at ``anchors[b]`` in sequence ``chosen[b]`` (the same count per sequence).
 
     Returns ``(features [B, C, kH], ctx_pos [B, C], block_ids [B, nb*L], block_pos [B, nb*L],
     mask [B, nb*L, C + nb*L] bool, labels [B, nb, L-1] (-1 = none))``.
     """
-    chosen = [r for r in rng.sample(rows, batch)]
+    batch, blocks = len(chosen), len(anchors[0])
     c_max = max(r["features"].shape[0] for r in chosen)
     kh = chosen[0]["features"].shape[1]
     feats = torch.zeros(batch, c_max, kh, dtype=torch.float16)
@@ -73,11 +84,9 @@ def make_batch(rows: list[dict], batch: int, blocks: int, L: int, rng: random.Ra
     for b, r in enumerate(chosen):
         ids, t = r["ids"], r["ids"].shape[0]
         feats[b, : r["features"].shape[0]] = r["features"]
-        lo, hi = max(1, r["prompt_len"]), t - 2
-        anchors = [rng.randint(lo, hi) for _ in range(blocks)] if hi >= lo else [t - 2] * blocks
-        for j, a in enumerate(anchors):
+        for j, a in enumerate(anchors[b]):
             s = slice(j * L, (j + 1) * L)
-            block_ids[b, s] = ids[a]  # position 0: the anchor; the rest are replaced by the mask below
+            block_ids[b, s] = ids[a]  # position 0: the anchor; the rest are replaced by the mask
             block_pos[b, s] = torch.arange(a, a + L)
             mask[b, s, :a] = True
             mask[b, s, c_max + j * L : c_max + (j + 1) * L] = True
@@ -87,7 +96,46 @@ def make_batch(rows: list[dict], batch: int, blocks: int, L: int, rng: random.Ra
     return feats, ctx_pos, block_ids, block_pos, mask, labels
 
 
-def save_curve(log: list[dict], path: Path) -> None:
+@torch.no_grad()
+def quick_eval(model, rows: list[dict], L: int, mask_token_id: int, embed: torch.Tensor, head: torch.Tensor,
+               stride: int = 8) -> dict:
+    """Held-out hit rates through the training path (full vocabulary): top-1 by position,
+    top-8 at position 1 and the greedy chain accept length, over every ``stride``-th anchor.
+    ``rows`` carry features scaled as in training. A cheap progress signal; the model card's
+    figures come from :func:`ddtree_lab.models.dflash.block_hit_rates` on the exported weights."""
+    was = model.training
+    model.eval()
+    hits = torch.zeros(L - 1)
+    counts = torch.zeros(L - 1)
+    top8 = 0
+    taus = []
+    for r in rows:
+        t = r["ids"].shape[0]
+        anchors = list(range(max(1, r["prompt_len"]), t - 1, stride))
+        if not anchors:
+            continue
+        feats, ctx_pos, block_ids, block_pos, mask, labels = blocks_for([r], [anchors], L)
+        tokens = block_ids.clone()
+        tokens.view(1, len(anchors), L)[:, :, 1:] = mask_token_id
+        h = model.block_forward(embed[tokens], block_pos, model.context_kv(feats.float(), ctx_pos), mask)
+        logits = h.view(len(anchors), L, -1)[:, 1:] @ head.T  # [n, L-1, V]
+        pred = logits.argmax(-1)
+        lab = labels[0]
+        ok = (pred == lab) & (lab >= 0)
+        hits += ok.sum(0).float()
+        counts += (lab >= 0).sum(0).float()
+        top8 += (logits[:, 0].topk(8, dim=-1).indices == lab[:, :1]).any(-1).sum().item()
+        lead = torch.cumprod(ok.int(), dim=1).sum(1)
+        taus += (1 + lead).tolist()
+    model.train(was)
+    rates = (hits / counts.clamp(min=1)).tolist()
+    return {"anchors": len(taus), "top1": [round(x, 3) for x in rates], "top8_pos1": round(top8 / max(1, len(taus)), 3),
+            "chain_tau": round(sum(taus) / max(1, len(taus)), 3)}
+
+
+def save_curve(log: list[dict], path: Path, quick: list[dict] | None = None) -> None:
+    """The training loss per step (and its EMA) and, on a second axis, the held-out hit rates
+    of :func:`quick_eval` (top-1 and top-8 at the first position) over the run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,15 +149,32 @@ def save_curve(log: list[dict], path: Path) -> None:
         smooth.append(acc)
     fig, ax = plt.subplots(figsize=(7, 3.5), dpi=110)
     ax.plot(steps, loss, color="#bbb", lw=0.8, label="loss per step")
-    ax.plot(steps, smooth, color="#1f77b4", lw=1.8, label="EMA 0.95")
+    ax.plot(steps, smooth, color="#1f77b4", lw=1.8, label="loss, EMA 0.95")
     ax.set_xlabel("step")
     ax.set_ylabel("weighted CE (sampled softmax)")
-    ax.set_title("DFlash drafter for SmolLM2-135M-Instruct: training loss")
-    ax.legend()
+    ax.set_title("DFlash drafter for SmolLM2-135M-Instruct: training")
     ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if quick:
+        ax2 = ax.twinx()
+        qs = [q["step"] for q in quick]
+        ax2.plot(qs, [q["top1"][0] for q in quick], "o-", color="#d62728", ms=3, label="held-out top-1, position 1")
+        ax2.plot(qs, [q["top8_pos1"] for q in quick], "s-", color="#2ca02c", ms=3, label="held-out top-8, position 1")
+        ax2.set_ylim(0, 1)
+        ax2.set_ylabel("held-out hit rate")
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    ax.legend(handles, labels, fontsize=8, loc="upper right")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def card_json(record: dict) -> str:
+    """The model card as JSON, one key per line but the held-out token ids on one line."""
+    ev = record["held_out_eval"]
+    text = json.dumps({**record, "held_out_eval": {**ev, "sequences": "@SEQUENCES@"}}, indent=1)
+    return text.replace('"@SEQUENCES@"', json.dumps(ev["sequences"])) + "\n"
 
 
 def write_card_md(record: dict, path: Path) -> None:
@@ -129,11 +194,13 @@ project's CPU machine by `scripts/train_dflash.py`; weights in the public DFlash
   `{a['mask_token']}` (id {a['mask_token_id']}); the target's embedding and LM head are shared and frozen.
 - Data: self-distillation. The target answered {d['train_sequences']} training prompts
   (`{d['prompts']}`, {d['new_tokens_per_prompt']} new tokens each; {d['decoding']}),
-  {d['train_tokens']} tokens in all; generated by `{d['generator']}`. {d['held_out_sequences']} held-out prompts
+  {d['train_tokens']} tokens in all (prompts included); generated by `{d['generator']}` in
+  {d['generation_minutes']} min on {d['generation_threads']} CPU thread(s). {d['held_out_sequences']} held-out prompts
   (other topics and templates) were answered greedily for evaluation only.
 - Recipe: {r['batch']} sequences x {r['blocks']} random anchors per step, loss weight exp(-(k-1)/{r['gamma']}),
   lr {r['lr']} ({r['optimizer']}), {r['loss']}.
-- Run: {record['steps']} steps in {record['train_minutes']} min on one CPU thread; final loss (EMA) {record['final_loss_ema']}.
+- Run: {record['steps']} steps in {record['train_minutes']} min on {record['threads']} CPU thread(s); final loss (EMA)
+  {record['final_loss_ema']}; data generation and training together {record['total_minutes']} min.
   Loss curve: `docs/dflash_loss.png`.
 
 ## Measured on held-out text ({ev['anchors']} anchors in {len(ev['sequences'])} sequences, every {ev['stride']}th position)
@@ -151,22 +218,33 @@ figures from the shipped weights. Live τ with DDTree trees: `benchmarks/live_ta
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(default_dflash_path()))
-    ap.add_argument("--minutes", type=float, default=21.0, help="wall-clock training budget")
+    ap.add_argument("--minutes", type=float, default=44.0, help="wall-clock training budget")
     ap.add_argument("--checkpoint-minutes", type=float, default=6.0)
-    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--batch", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--blocks", type=int, default=16, help="anchors per sequence per step")
     ap.add_argument("--gamma", type=float, default=4.0, help="loss weight exp(-(k-1)/gamma)")
-    ap.add_argument("--lr", type=float, default=4e-3)
-    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--negatives", type=int, default=1024)
-    ap.add_argument("--eval-sequences", type=int, default=4, help="held-out sequences in the recorded hit rate")
+    ap.add_argument("--eval-sequences", type=int, default=16, help="held-out sequences in the recorded hit rate")
     ap.add_argument("--eval-checkpoints", action="store_true",
                     help="also measure the held-out hit rate at intermediate checkpoints (costs CPU)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: ddtree_lab.threads' choice for this machine)")
+    ap.add_argument("--eval-minutes", type=float, default=2.0,
+                    help="print held-out hit rates (quick_eval) this often")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    if args.threads is not None:
+        if args.threads < 1:
+            ap.error(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    else:
+        from ddtree_lab.threads import configure_threads
+        configure_threads()
+    threads = torch.get_num_threads()
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     t_start = time.time()
@@ -176,6 +254,8 @@ def main() -> None:
     rows, meta = load_split("train")
     held, _ = load_split("heldout")
     layer_ids = json.loads(meta["layer_ids"])
+    record_path = cache_dir() / "dflash_data" / "record.json"
+    data_record = json.loads(record_path.read_text()) if record_path.exists() else {}
     # Preconditioning of fc: the target's features span four orders of magnitude per dimension
     # (massive activations up to ~2e4 on a few dimensions), which makes Adam's steps on fc swamp
     # the context with noise. Training therefore sees every feature dimension divided by its RMS
@@ -189,6 +269,7 @@ def main() -> None:
     feature_scale = (sq / count).sqrt().float().clamp(min=1e-2)
     for r in rows:
         r["features"] = (r["features"].float() / feature_scale).to(torch.float16)
+    held_scaled = [dict(r, features=(r["features"].float() / feature_scale).to(torch.float16)) for r in held]
     tcfg = target.model.config
     L = args.block_size
     mask_token_id = target.tokenizer.convert_tokens_to_ids("<empty_output>")
@@ -242,6 +323,7 @@ def main() -> None:
         record = {
             "name": "smollm2-dflash-b16", "target": target.name, "kind": "DFlash (KV injection), trained here",
             "final": final, "steps": step, "train_minutes": round((time.time() - t_train) / 60, 2),
+            "total_minutes": round((time.time() - t_train) / 60 + data_record.get("seconds", float("nan")) / 60, 1),
             "architecture": {"layers": args.layers, "block_size": L, "target_layer_ids": layer_ids,
                              "mask_token": "<empty_output>", "mask_token_id": int(mask_token_id),
                              "parameters": n_params, "weights_dtype": "float16"},
@@ -249,25 +331,29 @@ def main() -> None:
                      "train_sequences": len(rows), "train_tokens": int(sum(r["ids"].numel() for r in rows)),
                      "new_tokens_per_prompt": int(meta["new_tokens"]),
                      "decoding": "2 of 3 batches greedy, 1 of 3 sampled at T=0.7",
-                     "held_out_sequences": len(held)},
+                     "held_out_sequences": len(held),
+                     "generation_minutes": round(data_record.get("seconds", float("nan")) / 60, 2),
+                     "generation_threads": data_record.get("threads")},
             "recipe": {k: getattr(args, k) for k in ("batch", "blocks", "gamma", "lr", "warmup", "negatives", "seed")}
                       | {"optimizer": "AdamW(0.9, 0.95), wd 0.01, grad clip 1.0, warm-up + cosine over the time budget",
                          "loss": "CE weighted exp(-(k-1)/gamma), sampled softmax (data tokens + random negatives)",
                          "preconditioning": "fc trained on features divided by their per-dimension RMS; exported fc.weight divided by the same scale"},
             "final_loss_ema": round(ema, 4) if ema is not None else None,
             "held_out_eval": {"sequences": eval_seqs, "stride": 4, **rates},
-            "evals": evals,
+            "evals": evals, "quick_evals": quick, "threads": threads,
         }
-        (out_dir / "model_card.json").write_text(json.dumps(record, indent=1) + "\n")
+        (out_dir / "model_card.json").write_text(card_json(record))
         write_card_md(record, out_dir / "MODEL_CARD.md")
         (out_dir / "train_log.json").write_text(json.dumps(log) + "\n")
-        save_curve(log, REPO / "docs" / "dflash_loss.png")
+        save_curve(log, REPO / "docs" / "dflash_loss.png", quick)
         tqdm.write(f"checkpoint step {step}: held-out top-1 by position {rates['top1_by_position'][:6]}..., "
                    f"chain tau {rates['chain_tau']}" + ("" if final or args.eval_checkpoints else " (last measured)"))
         return record
 
     t_train = time.time()
     next_ckpt = t_train + args.checkpoint_minutes * 60
+    next_eval = t_train + args.eval_minutes * 60
+    quick: list[dict] = []
     ema = None
     step = 0
     bar = tqdm(desc="training", unit="step", mininterval=5)
@@ -304,6 +390,12 @@ def main() -> None:
         log.append({"step": step, "loss": round(loss.item(), 4), "lr": lr, "t": round(time.time() - t_train, 1)})
         bar.update()
         bar.set_postfix(loss=f"{ema:.3f}", lr=f"{lr:.2e}", min=f"{(time.time() - t_train) / 60:.1f}")
+        if time.time() >= next_eval:
+            q = quick_eval(model, held_scaled, L, int(mask_token_id), embed, head)
+            quick.append({"step": step, "minutes": round((time.time() - t_train) / 60, 2), **q})
+            tqdm.write(f"step {step} ({quick[-1]['minutes']} min) loss {ema:.3f}: held-out top-1 {q['top1'][:4]} "
+                       f"top-8@1 {q['top8_pos1']} chain tau {q['chain_tau']}")
+            next_eval = time.time() + args.eval_minutes * 60
         if time.time() >= next_ckpt:
             checkpoint(step)
             next_ckpt = time.time() + args.checkpoint_minutes * 60

@@ -225,7 +225,8 @@ def test_shipped_drafter_reproduces_its_recorded_held_out_hit_rate(target):
     from ddtree_lab.models.dflash import block_hit_rates, default_dflash_path
 
     drafter = DFlashDrafter.load(target)
-    assert (drafter.block_size, drafter.model.config.num_hidden_layers) == (16, 1)
+    assert drafter.block_size == 16
+    assert drafter.model.config.num_hidden_layers == drafter.record["architecture"]["layers"] in (1, 2)
     assert sum(f.stat().st_size for f in default_dflash_path().iterdir()) < 20e6
     card = drafter.record["held_out_eval"]
     prompts = json.loads((default_dflash_path().parent / "dflash_prompts.json").read_text())
@@ -237,8 +238,8 @@ def test_shipped_drafter_reproduces_its_recorded_held_out_hit_rate(target):
     assert got["chain_tau"] == pytest.approx(card["chain_tau"], abs=0.02)
     for k, (a, b) in enumerate(zip(got["top1_by_position"], card["top1_by_position"])):
         assert a == pytest.approx(b, abs=0.02), f"position {k + 1}"
-    # far above chance (1 / 49,152) at the first position, though weak (model card)
-    assert got["top1_by_position"][0] > 0.02
+    # far above chance (1 / 49,152) and above the ridge drafter's 16% at the first position
+    assert got["top1_by_position"][0] > 0.2
 
 
 def test_lab_loads_either_drafter():
@@ -246,10 +247,20 @@ def test_lab_loads_either_drafter():
 
     target, drafter = lab.load_default(drafter="dflash")
     assert isinstance(drafter, DFlashDrafter) and drafter.block_size == 16
-    _, ridge = lab.load_default()
+    ridge = lab.load_drafter(target, "ridge")
     assert type(ridge).__name__ == "RidgeDrafter"
-    with pytest.raises(ValueError, match="drafter must be one of"):
+    _, default = lab.load_default()
+    assert type(default).__name__ == {"dflash": "DFlashDrafter", "ridge": "RidgeDrafter"}[lab.DEFAULT_DRAFTER]
+    # a path works too: a directory is a DFlash checkpoint, a file ridge weights
+    from ddtree_lab.models import default_drafter_path
+    from ddtree_lab.models.dflash import default_dflash_path
+
+    assert isinstance(lab.load_drafter(target, str(default_dflash_path())), DFlashDrafter)
+    assert type(lab.load_drafter(target, str(default_drafter_path()))).__name__ == "RidgeDrafter"
+    with pytest.raises(ValueError, match="drafter must be 'dflash', 'ridge' or an existing path, got 'eagle'"):
         lab.load_default(drafter="eagle")
+    with pytest.raises(FileNotFoundError, match="'eagle'"):
+        lab.load_drafter(target, "eagle")
 
 
 def test_greedy_ddtree_with_the_dflash_drafter_equals_plain_greedy_decoding(target):

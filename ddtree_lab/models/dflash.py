@@ -26,7 +26,6 @@ with the parameter names ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``,
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -499,10 +498,15 @@ class DFlashDrafter:
         return self.target.lm_head(hidden[:, 1:]).float()
 
     def metadata(self) -> dict:
+        """What a trace records of this drafter: its configuration and the model card's figures
+        (without the held-out token ids and the training curves, which stay in the card)."""
         cfg = self.model.config
+        record = {k: v for k, v in (self.record or {}).items() if k not in ("evals", "quick_evals")}
+        if isinstance(record.get("held_out_eval"), dict):
+            record["held_out_eval"] = {k: v for k, v in record["held_out_eval"].items() if k != "sequences"}
         return {"kind": "DFlashDrafter", "name": self.name, "block_size": self.block_size,
                 "num_layers": cfg.num_hidden_layers, "target_layer_ids": list(self.target_layer_ids),
-                "mask_token_id": self.mask_token_id, "record": self.record}
+                "mask_token_id": self.mask_token_id, "record": record}
 
 
 @torch.no_grad()
