@@ -15,6 +15,12 @@ SmolLM2-135M fp32 on this CPU; the requests of one configuration run as one batc
 
     python benchmarks/live_tau.py [--new-tokens 48] [--prompts 4] [--out benchmarks/live_tau.out.txt]
 
+On two cores, the temperatures can run as two processes at once and be combined after:
+
+    python benchmarks/live_tau.py --temperatures 0 --out /tmp/t0.out.txt &
+    python benchmarks/live_tau.py --temperatures 0.8 --out /tmp/t08.out.txt; wait
+    python benchmarks/live_tau.py --combine /tmp/t0.out.txt /tmp/t08.out.txt
+
 The rows also go to ``benchmarks/live_tau.json`` (read by :func:`ddtree_lab.views.tau.tau_budget_figure`).
 """
 
@@ -87,6 +93,30 @@ def measure(target, drafter, budget, prompts, new_tokens, temperature) -> dict:
             "tok_s": generated / elapsed}
 
 
+def combine(parts: list[str], out_txt: Path) -> None:
+    """Concatenate the text and the JSON rows of separate runs measured on the same prompts.
+
+    Raises:
+        FileNotFoundError: a part's text or JSON is missing.
+        ValueError: the parts were measured on different prompts / lengths.
+    """
+    texts, rows, meta = [], [], None
+    for part in parts:
+        txt = Path(part)
+        js = txt.with_suffix("").with_suffix(".json")
+        if not (txt.is_file() and js.is_file()):
+            raise FileNotFoundError(f"--combine: {part} needs both {txt} and {js} (a finished run)")
+        data = json.loads(js.read_text())
+        if meta is not None and data["meta"] != meta:
+            raise ValueError(f"--combine: {part} was measured with {data['meta']}, not {meta}")
+        meta = data["meta"]
+        rows += data["rows"]
+        texts.append(f"# part {len(texts) + 1} of {len(parts)} (the parts ran at the same time, one thread each)\n"
+                     + txt.read_text())
+    out_txt.write_text("\n".join(texts))
+    out_txt.with_suffix("").with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--new-tokens", type=int, default=48)
@@ -96,7 +126,12 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "live_tau.out.txt"))
     ap.add_argument("--append", action="store_true",
                     help="add to the existing output files (run the drafters as separate processes)")
+    ap.add_argument("--combine", nargs="+", metavar="OUT_TXT",
+                    help="only merge earlier outputs (their .out.txt and .json) into --out; measure nothing")
     args = ap.parse_args()
+    if args.combine:
+        combine(args.combine, Path(args.out))
+        return
     torch.set_num_threads(1)
     torch.manual_seed(0)
     target = load_default_target()
