@@ -1,14 +1,15 @@
 """A live DDTree step on the embedded default target: where the time goes, per recording level.
 
-For each batch size (default 1, 4, 8) at budget B=32, greedy, on SmolLM2-135M-Instruct with its
-ridge drafter (L=16): the mean step time, each stage's share (draft, build, compile, target,
+For each batch size (default 1, 4, 8) at budget B=32, greedy, on SmolLM2-135M-Instruct with a
+drafter of L=16 (``--drafter``; ridge by default, the drafter the saved output
+``benchmarks/live_step.out.txt`` was measured with): the mean step time, each stage's share (draft, build, compile, target,
 verify, record, commit: the names every ``StepTrace.timings`` uses), the target forward's share,
 and tokens/s against plain greedy decoding of the same prompts (batched, one token per request
 per forward; both sides include their prefill). Goal on a CPU: at bs=4, B=32, level ``light``,
 everything but the target forward <= 15% of the step. It also runs bs=4 ``light`` with torch's
 default thread count beside the lab's choice (:mod:`ddtree_lab.threads`).
 
-    python benchmarks/live_step.py [--bs 1 4 8] [--tokens 24] [--levels full light off] [--device cpu]
+    python benchmarks/live_step.py [--bs 1 4 8] [--tokens 24] [--levels full light off] [--device cpu] [--drafter dflash]
 """
 
 from __future__ import annotations
@@ -72,10 +73,11 @@ def main() -> None:
     ap.add_argument("--levels", nargs="+", default=["full", "light", "off"], choices=["full", "light", "off"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--skip-threads", action="store_true", help="skip the torch-default-threads run")
+    ap.add_argument("--drafter", default="ridge", help="'ridge', 'dflash' or a path (ddtree_lab.lab.load_drafter)")
     args = ap.parse_args()
     choice = configure_threads()
-    target, drafter = lab.load_default(device=args.device)
-    print(f"live DDTree step, {target.name} fp32 on {args.device}, ridge drafter L={drafter.block_size}, "
+    target, drafter = lab.load_default(device=args.device, drafter=args.drafter)
+    print(f"live DDTree step, {target.name} fp32 on {args.device}, {drafter.name} drafter L={drafter.block_size}, "
           f"B={args.budget}, greedy, {args.tokens} new tokens per request; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads ({choice.reason})")
     live(target, drafter, PROMPTS[:1], 4, args.budget, "light", args.device)  # warm-up

@@ -650,7 +650,8 @@ def cmd_record(args) -> int:
         t = getattr(args, name)
         if not (math.isfinite(t) and t >= 0):
             raise CLIError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {t}")
-    for flag, spec in (("--target", args.target), ("--drafter", args.drafter)):
+    named_drafter = args.drafter in ("dflash", "ridge")
+    for flag, spec in (("--target", args.target), ("--drafter", None if named_drafter else args.drafter)):
         if spec is not None and not Path(spec).exists():
             raise CLIError(f"{flag} {spec}: no such file or directory")
     if args.target is not None and not Path(args.target).is_dir():
@@ -673,13 +674,14 @@ def cmd_record(args) -> int:
     threads = _threads(args.threads)
     from . import lab
 
-    if args.target is None and args.drafter is None:
-        target, drafter = lab.load_default()
+    if args.target is None:
+        target, drafter = lab.load_default(drafter=args.drafter or lab.DEFAULT_DRAFTER)
     else:
-        from .models import RidgeDrafter
-
-        target = _load_model(args.target or "default")
-        drafter = RidgeDrafter.load(target, args.drafter) if args.drafter else RidgeDrafter.load(target)
+        target = _load_model(args.target)
+        try:
+            drafter = lab.load_drafter(target, args.drafter or lab.DEFAULT_DRAFTER)
+        except ValueError as exc:
+            raise CLIError(f"--drafter {args.drafter or lab.DEFAULT_DRAFTER}: {exc}") from exc
     kw = {"record": args.level, "threshold_single": args.threshold_single, "threshold_acc": args.threshold_acc}
     if args.backend is not None:
         kw["verify_backend"] = args.backend
@@ -774,7 +776,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", help="JSONL file: one object per line with 'prompt' and optional 'id', "
                                      "'temperature', 'top_k', 'top_p', 'min_p', 'seed'")
     p.add_argument("--target", help="local Hugging Face model directory (default: the embedded SmolLM2-135M)")
-    p.add_argument("--drafter", help="ridge drafter safetensors file (default: the fixture fitted for SmolLM2)")
+    p.add_argument("--drafter", help="'dflash', 'ridge', a DFlash checkpoint directory or a ridge safetensors file "
+                                     "(default: the lab's default drafter for the embedded target)")
     _sampling_args(p, defaults=True)
     p.add_argument("--seed", type=int, default=0, help="coin seed (request b: seed * 1000 + b unless its own)")
     p.add_argument("--budget", type=int, default=32, help="draft nodes per tree (B)")

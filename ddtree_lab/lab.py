@@ -7,43 +7,69 @@ Everything here reads :class:`ddtree_lab.trace.RunTrace` records; only
 from __future__ import annotations
 
 import html
+from pathlib import Path
 
 from .trace import RunTrace
 from .views import committed_html, decisions_table_html, step_svg, step_view, to_text
 
-__all__ = ["load_default", "show_step", "show_steps", "show_text", "step_browser", "decisions_html", "summary",
-           "summary_html", "step_text", "verify_stepper", "live_more", "fixture_trace"]
+__all__ = ["DEFAULT_DRAFTER", "load_default", "load_drafter", "show_step", "show_steps", "show_text", "step_browser",
+           "decisions_html", "summary", "summary_html", "step_text", "verify_stepper", "live_more", "fixture_trace"]
 
 
-def load_default(device: str = "cpu", drafter: str = "ridge"):
-    """The embedded default target (SmolLM2-135M-Instruct, fp32) and a drafter fitted for it (L=16).
+DEFAULT_DRAFTER = "dflash"
+"""The drafter :func:`load_default` gives the embedded target: the one with the higher measured
+τ on the held-out prompts (``benchmarks/live_tau.out.txt``)."""
+
+
+def load_drafter(target, drafter: str = DEFAULT_DRAFTER):
+    """A drafter for ``target``: ``"dflash"`` (the DFlash drafter trained here,
+    ``fixtures/drafters/smollm2_dflash_b16``), ``"ridge"`` (the per-offset ridge heads,
+    ``fixtures/drafters/smollm2_ridge_b16.safetensors``), or a path: a directory is a DFlash
+    checkpoint (``config.json`` + safetensors, the public layout), a file is ridge weights.
+
+    Raises:
+        ValueError: an unknown name, or weights that do not fit ``target``.
+        FileNotFoundError: a path that does not exist.
+    """
+    from .models import RidgeDrafter
+    from .models.dflash import DFlashDrafter
+
+    if drafter == "dflash":
+        return DFlashDrafter.load(target)
+    if drafter == "ridge":
+        return RidgeDrafter.load(target)
+    path = Path(drafter)
+    if not path.exists():
+        raise FileNotFoundError(f"drafter {drafter!r}: not 'dflash', 'ridge', or an existing file or directory")
+    return DFlashDrafter.load(target, path) if path.is_dir() else RidgeDrafter.load(target, path)
+
+
+def load_default(device: str = "cpu", drafter: str = DEFAULT_DRAFTER):
+    """The embedded default target (SmolLM2-135M-Instruct, fp32) and a drafter for it (L=16).
 
     Args:
         device: where both run.
-        drafter: ``"ridge"`` (default: the per-offset ridge heads) or ``"dflash"`` (the DFlash
-            drafter trained on this CPU, ``fixtures/drafters/smollm2_dflash_b16``; its short
-            training left it weaker than the ridge drafter, see its model card).
+        drafter: ``"dflash"``, ``"ridge"`` or a path (:func:`load_drafter`); the default is
+            :data:`DEFAULT_DRAFTER`.
 
     Also sets torch's thread count for this machine once (:mod:`ddtree_lab.threads`;
     ``DDTREE_LAB_THREADS=N`` overrides).
 
     Raises:
-        ValueError: an unknown drafter name.
+        ValueError: a drafter that is neither a known name nor an existing path, or weights that
+            do not fit the target.
     """
     import torch
 
     from .threads import configure_threads
 
     configure_threads()
-    from .models import RidgeDrafter
     from .models import load_default_target
-    from .models.dflash import DFlashDrafter
 
-    loaders = {"dflash": DFlashDrafter.load, "ridge": RidgeDrafter.load}
-    if drafter not in loaders:
-        raise ValueError(f"drafter must be one of {sorted(loaders)}, got {drafter!r}")
+    if drafter not in ("dflash", "ridge") and not Path(drafter).exists():
+        raise ValueError(f"drafter must be 'dflash', 'ridge' or an existing path, got {drafter!r}")
     target = load_default_target(dtype=torch.float32, device=device)
-    return target, loaders[drafter](target)
+    return target, load_drafter(target, drafter)
 
 
 def _display(obj) -> None:

@@ -20,11 +20,13 @@ CELLS = [
 The embedded default target (SmolLM2-135M-Instruct, fp32, CPU) has two drafters of block size
 L = 16:
 
-* **DFlash** (`fixtures/drafters/smollm2_dflash_b16`): one Qwen3-style layer that reads five of
-  the target's layers by KV injection (`ddtree_lab/models/dflash.py`, the public DFlash
-  architecture), trained on this CPU by `scripts/train_dflash.py` on text the target wrote --
-  for 14 minutes only, which left it near a unigram model (see its model card);
-* **ridge** (`fixtures/drafters/smollm2_ridge_b16`, the lab's default): per-offset linear heads.
+* **DFlash** (`fixtures/drafters/smollm2_dflash_b16`, the lab's default): two Qwen3-style layers
+  that read five of the target's layers by KV injection (`ddtree_lab/models/dflash.py`, the
+  public DFlash architecture), trained on this CPU in under an hour (data included) by
+  `scripts/make_dflash_data.py` and `scripts/train_dflash.py` on text the target wrote (see
+  its model card);
+* **ridge** (`fixtures/drafters/smollm2_ridge_b16`): per-offset linear heads fitted in closed form,
+  kept for comparison (the fixture traces in `fixtures/traces/` were recorded with it).
 
 The figure shows the accept length τ (accepted draft tokens + 1 per step) that
 `benchmarks/live_tau.py` measured on held-out prompts, for DDTree trees of budget B and for the
@@ -35,8 +37,8 @@ from ddtree_lab import lab
 from ddtree_lab.models import RidgeDrafter
 from ddtree_lab.views.tau import load_tau_records, tau_budget_figure
 
-target, dflash = lab.load_default(drafter="dflash")
-ridge = RidgeDrafter.load(target)          # the default drafter
+target, dflash = lab.load_default()        # the default drafter: DFlash
+ridge = RidgeDrafter.load(target)
 card = dflash.record["held_out_eval"]
 print(dflash.name, "| held-out top-1 by position:", card["top1_by_position"][:6], "| chain tau", card["chain_tau"])"""),
     ("md", "## τ against budget (measured by `benchmarks/live_tau.py`)"),

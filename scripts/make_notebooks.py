@@ -18,8 +18,8 @@ LIVE_STEP = [
     ("md", """# 01 · Live DDTree steps on the embedded default target
 
 This notebook runs DDTree speculative decoding **live** on SmolLM2-135M-Instruct (the
-embedded default target, fp32 on the CPU) with the project's ridge drafter (block size
-L = 16), first greedily, then at temperature 0.8, and draws every step.
+embedded default target, fp32 on the CPU) with the DFlash drafter trained for it (block size
+L = 16; `fixtures/drafters/smollm2_dflash_b16`), first greedily, then at temperature 0.8, and draws every step.
 
 How to read a step's tree (drawn left to right: depth grows to the right): each node shows
 `#i`, its index (the `node` column of the decision tables), and its token, then `p`, the
@@ -42,7 +42,8 @@ from IPython.display import HTML
 
 target, drafter = lab.load_default()
 print(target.metadata())
-print(drafter.metadata()["record"]["held_out_top8_hit_rate"])"""),
+held_out = drafter.metadata()["record"]["held_out_eval"]  # the drafter's model card
+print(drafter.name, "| held-out top-1 by position:", held_out["top1_by_position"][:6], "| chain tau", held_out["chain_tau"])"""),
     ("md", "## Greedy (temperature 0)"),
     ("code", """greedy = dl.LiveSession(target, drafter, budget=32, sampling=dl.SamplingParams(temperature=0.0))
 run_greedy = greedy.run("Explain why the sky is blue in two sentences.", max_new_tokens=24)

@@ -27,7 +27,7 @@ from IPython.display import HTML, SVG, display"""
 GREEDY_VS_SAMPLING = [
     ("md", """# 03 · Greedy against temperature sampling on one live batch
 
-One live batch on the embedded default target (SmolLM2-135M-Instruct) with the ridge drafter,
+One live batch on the embedded default target (SmolLM2-135M-Instruct) with its DFlash drafter,
 the **same prompt** under three settings: greedy (T = 0), T = 0.7, and T = 1.0 with top-p 0.9.
 Every figure below reads the recorded `StepTrace`s only (`ddtree_lab.views.compare`), so the
 same cells work on a loaded trace file.
@@ -105,7 +105,7 @@ from ddtree_lab.views.tuner import Tuner
 run = dl.load_trace(Path("..") / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors")
 print(f"{len(run.steps)} recorded steps, {len(run.metadata['requests'])} requests, "
       f"recorded B = {run.metadata['budget']}")"""),
-    ("code", """target, drafter = lab.load_default()
+    ("code", """target, drafter = lab.load_default(drafter="ridge")  # the drafter the fixture trace was recorded with
 prompts = [r["prompt"] for r in run.metadata["requests"]][:1]
 
 def live(params, budget):

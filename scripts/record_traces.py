@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
     args = ap.parse_args()
-    target, drafter = lab.load_default()
+    target, drafter = lab.load_default(drafter="ridge")  # the drafter the shipped fixtures were recorded with
     runs = {
         "smollm2_greedy_b32.ddtrace.safetensors": dl.SamplingParams(temperature=0.0),
         "smollm2_t08_b32.ddtrace.safetensors": dl.SamplingParams(temperature=0.8, seed=8),

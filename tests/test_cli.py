@@ -207,9 +207,12 @@ def test_record_inline_and_jsonl(tmp_path, capsys):
     assert params["1"]["temperature"] == 0.0
     assert main(["replay", str(out2)]) == 0
     light = tmp_path / "light.ddtrace.safetensors"
-    assert main(["record", "--prompt", "Say hi.", "--budget", "4", "--max-new-tokens", "3", "--quiet", "--level",
-                 "light", "-o", str(light)]) == 0
-    assert dl.load_trace(light).metadata["record"] == "light"
+    for drafter in ("dflash", "ridge"):
+        assert main(["record", "--prompt", "Say hi.", "--budget", "4", "--max-new-tokens", "3", "--quiet", "--level",
+                     "light", "--drafter", drafter, "-o", str(light)]) == 0
+        meta = dl.load_trace(light).metadata
+        assert meta["record"] == "light" and meta["drafter"]["name"] == f"smollm2-{drafter}-b16"
+        light.unlink()
 
 
 def test_record_bad_input(tmp_path, capsys):
@@ -222,6 +225,8 @@ def test_record_bad_input(tmp_path, capsys):
     assert "temperature" in capsys.readouterr().err
     assert main(["record", "--prompt", "x", "-o", "/no/such/dir/r.safetensors"]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert main(["record", "--prompt", "x", "--drafter", "eagle", "-o", str(tmp_path / "r.safetensors")]) == 2
+    assert "--drafter eagle: no such file or directory" in capsys.readouterr().err
     assert not Path("/no/such/dir").exists()
 
 
