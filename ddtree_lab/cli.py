@@ -650,6 +650,8 @@ def cmd_record(args) -> int:
         t = getattr(args, name)
         if not (math.isfinite(t) and t >= 0):
             raise CLIError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {t}")
+    if args.drafter is not None and not args.drafter.strip():
+        raise CLIError("--drafter: empty; give 'dflash', 'ridge' or a path")
     named_drafter = args.drafter in ("dflash", "ridge")
     for flag, spec in (("--target", args.target), ("--drafter", None if named_drafter else args.drafter)):
         if spec is not None and not Path(spec).exists():
@@ -674,14 +676,12 @@ def cmd_record(args) -> int:
     threads = _threads(args.threads)
     from . import lab
 
-    if args.target is None:
-        target, drafter = lab.load_default(drafter=args.drafter or lab.DEFAULT_DRAFTER)
-    else:
-        target = _load_model(args.target)
-        try:
-            drafter = lab.load_drafter(target, args.drafter or lab.DEFAULT_DRAFTER)
-        except ValueError as exc:
-            raise CLIError(f"--drafter {args.drafter or lab.DEFAULT_DRAFTER}: {exc}") from exc
+    which = lab.DEFAULT_DRAFTER if args.drafter is None else args.drafter
+    target = _load_model("default" if args.target is None else args.target)
+    try:
+        drafter = lab.load_drafter(target, which)
+    except (ValueError, OSError) as exc:
+        raise CLIError(f"--drafter {which}: {exc}") from exc
     kw = {"record": args.level, "threshold_single": args.threshold_single, "threshold_acc": args.threshold_acc}
     if args.backend is not None:
         kw["verify_backend"] = args.backend

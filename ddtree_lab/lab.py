@@ -28,8 +28,8 @@ def load_drafter(target, drafter: str = DEFAULT_DRAFTER):
     checkpoint (``config.json`` + safetensors, the public layout), a file is ridge weights.
 
     Raises:
-        ValueError: an unknown name, or weights that do not fit ``target``.
-        FileNotFoundError: a path that does not exist.
+        ValueError: an empty string or a name that is neither known nor an existing path, or
+            weights that do not fit ``target`` / do not parse (the loaders name the file).
     """
     from .models import RidgeDrafter
     from .models.dflash import DFlashDrafter
@@ -39,8 +39,8 @@ def load_drafter(target, drafter: str = DEFAULT_DRAFTER):
     if drafter == "ridge":
         return RidgeDrafter.load(target)
     path = Path(drafter)
-    if not path.exists():
-        raise FileNotFoundError(f"drafter {drafter!r}: not 'dflash', 'ridge', or an existing file or directory")
+    if not drafter or not path.exists():
+        raise ValueError(f"drafter must be 'dflash', 'ridge' or an existing path, got {drafter!r}")
     return DFlashDrafter.load(target, path) if path.is_dir() else RidgeDrafter.load(target, path)
 
 
@@ -66,7 +66,7 @@ def load_default(device: str = "cpu", drafter: str = DEFAULT_DRAFTER):
     configure_threads()
     from .models import load_default_target
 
-    if drafter not in ("dflash", "ridge") and not Path(drafter).exists():
+    if drafter not in ("dflash", "ridge") and (not drafter or not Path(drafter).exists()):
         raise ValueError(f"drafter must be 'dflash', 'ridge' or an existing path, got {drafter!r}")
     target = load_default_target(dtype=torch.float32, device=device)
     return target, load_drafter(target, drafter)

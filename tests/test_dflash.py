@@ -159,8 +159,43 @@ def test_loader_names_unknown_and_missing_keys(tmp_path):
     cfg["dflash_config"] = {"target_layer_ids": TARGET_LAYERS}
     with pytest.raises(ValueError, match="mask_token_id"):
         load_dflash_state(write_checkpoint(tmp_path / "nomask", cfg=cfg))
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(FileNotFoundError, match="nowhere: no such directory"):
         load_dflash_state(tmp_path / "nowhere")
+
+
+def test_loader_names_the_file_on_damaged_or_misplaced_input(tmp_path):
+    """Every bad checkpoint is a ValueError / FileNotFoundError naming the file, never a raw
+    JSON, safetensors or attribute error."""
+    from ddtree_lab.models import RidgeDrafter
+
+    good = write_checkpoint(tmp_path / "good")
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"cfg/config.json: Expecting"):
+        load_dflash_state(tmp_path / "cfg")
+    (tmp_path / "cfg" / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="must be a JSON object, got list"):
+        load_dflash_state(tmp_path / "cfg")
+    with pytest.raises(ValueError, match="block_size must be >= 2"):
+        load_dflash_state(write_checkpoint(tmp_path / "b1", cfg=public_config(block_size=1)))
+    broken = write_checkpoint(tmp_path / "broken")
+    (broken / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(ValueError, match=r"broken/model.safetensors: not a readable safetensors file"):
+        load_dflash_state(broken)
+    with pytest.raises(ValueError, match="not a directory"):
+        load_dflash_state(good / "model.safetensors")
+    (good / "model_card.json").write_text("{")
+    with pytest.raises(ValueError, match=r"model_card.json: not valid JSON"):
+        DFlashDrafter.load(TinyTarget(), good)
+    # the ridge loader: a directory, a DFlash file, a non-safetensors file, a missing file
+    with pytest.raises(ValueError, match="a directory, not a ridge safetensors file"):
+        RidgeDrafter.load(TinyTarget(), good)
+    with pytest.raises(ValueError, match=r"not ridge weights, lacks tensors \['basis', 'heads', 'temperatures'\]"):
+        RidgeDrafter.load(TinyTarget(), good / "model.safetensors")
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        RidgeDrafter.load(TinyTarget(), tmp_path / "cfg" / "config.json")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        RidgeDrafter.load(TinyTarget(), tmp_path / "none.safetensors")
 
 
 def test_forward_matches_the_independent_implementation_through_the_cache(tmp_path):
@@ -259,8 +294,11 @@ def test_lab_loads_either_drafter():
     assert type(lab.load_drafter(target, str(default_drafter_path()))).__name__ == "RidgeDrafter"
     with pytest.raises(ValueError, match="drafter must be 'dflash', 'ridge' or an existing path, got 'eagle'"):
         lab.load_default(drafter="eagle")
-    with pytest.raises(FileNotFoundError, match="'eagle'"):
-        lab.load_drafter(target, "eagle")
+    for bad in ("eagle", ""):
+        with pytest.raises(ValueError, match=f"got {bad!r}"):
+            lab.load_drafter(target, bad)
+        with pytest.raises(ValueError, match=f"got {bad!r}"):
+            lab.load_default(drafter=bad)
 
 
 def test_greedy_ddtree_with_the_dflash_drafter_equals_plain_greedy_decoding(target):

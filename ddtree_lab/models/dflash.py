@@ -91,7 +91,11 @@ class DFlashConfig:
                 something this implementation does not do (attention bias, RoPE scaling,
                 sliding-window layers).
         """
+        if not isinstance(cfg, dict):
+            raise ValueError(f"DFlash config.json must be a JSON object, got {type(cfg).__name__}")
         dcfg = cfg.get("dflash_config") or {}
+        if not isinstance(dcfg, dict):
+            raise ValueError(f"DFlash config.json: dflash_config must be an object, got {type(dcfg).__name__}")
         missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
                    if k not in cfg]
         block_size = cfg.get("block_size", dcfg.get("block_size"))
@@ -109,6 +113,9 @@ class DFlashConfig:
             raise ValueError(f"DFlash config.json: RoPE type {kind!r} is not supported (only default)")
         if any(t != "full_attention" for t in (cfg.get("layer_types") or [])) and cfg.get("use_sliding_window"):
             raise ValueError("DFlash config.json: sliding-window layers are not supported")
+        if int(block_size) < 2:
+            raise ValueError(f"DFlash config.json: block_size must be >= 2 (an anchor and at least one mask), "
+                             f"got {block_size}")
         heads = int(cfg["num_attention_heads"])
         n_layers = int(cfg["num_hidden_layers"])
         layer_ids = dcfg.get("target_layer_ids")
@@ -292,22 +299,35 @@ def load_dflash_state(path: str | Path) -> tuple[DFlashConfig, dict[str, torch.T
     """Read a DFlash checkpoint directory (``config.json`` and one or more ``*.safetensors``).
 
     Raises:
-        FileNotFoundError: no directory, no ``config.json`` or no safetensors file.
-        ValueError: bad config (:meth:`DFlashConfig.from_dict`), unknown or missing parameter
-            names (both listed), or a parameter of the wrong shape.
+        FileNotFoundError: no such path, no ``config.json`` or no safetensors file.
+        ValueError: not a directory, a config that is not JSON or is bad
+            (:meth:`DFlashConfig.from_dict`), a safetensors file that does not parse, unknown or
+            missing parameter names (both listed), or a parameter of the wrong shape. Every
+            message names the file.
     """
     from safetensors.torch import load_file
 
     path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"DFlash checkpoint {path}: no such directory")
+    if not path.is_dir():
+        raise ValueError(f"DFlash checkpoint {path}: not a directory (a DFlash checkpoint is a directory with "
+                         "config.json and *.safetensors)")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json (a DFlash checkpoint is a directory)")
-    cfg = DFlashConfig.from_dict(json.loads((path / "config.json").read_text()))
+    try:
+        cfg = DFlashConfig.from_dict(json.loads((path / "config.json").read_text()))
+    except (ValueError, TypeError, KeyError) as exc:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{path / 'config.json'}: {exc}") from exc
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path} has no *.safetensors file")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f)))
+        try:
+            state.update(load_file(str(f)))
+        except Exception as exc:  # safetensors raises its own SafetensorError on a damaged file
+            raise ValueError(f"{f}: not a readable safetensors file ({exc})") from exc
     # Some exports prefix the names with "model."; strip one such prefix when every key has it.
     if state and all(k.startswith("model.") for k in state):
         state = {k[len("model."):]: v for k, v in state.items()}
@@ -392,7 +412,12 @@ class DFlashDrafter:
         model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
         model = model.to(device=device or target.device, dtype=dtype or target.dtype)
         card = path / "model_card.json"
-        record = json.loads(card.read_text()) if card.exists() else {}
+        try:
+            record = json.loads(card.read_text()) if card.exists() else {}
+        except ValueError as exc:
+            raise ValueError(f"{card}: not valid JSON ({exc}); remove or fix the model card") from exc
+        if not isinstance(record, dict):
+            raise ValueError(f"{card}: the model card must be a JSON object")
         return cls(target, model, name=name or record.get("name", path.name), record=record)
 
     def save(self, path: str | Path, record: dict | None = None) -> None:

@@ -69,16 +69,34 @@ class RidgeDrafter:
         """Load weights saved by :meth:`save` (safetensors; the JSON record sits beside it).
 
         Raises:
-            FileNotFoundError: no such file. ValueError: shapes do not fit ``target``.
+            FileNotFoundError: no such file. ValueError: a directory, a file that is not ridge
+                weights (named, with the tensors it lacks), a record that is not JSON, or shapes
+                that do not fit ``target``.
         """
         from safetensors import safe_open
 
         path = Path(path) if path is not None else default_drafter_path()
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in ("basis", "heads", "temperatures")}
+        if not path.exists():
+            raise FileNotFoundError(f"ridge drafter {path}: no such file")
+        if path.is_dir():
+            raise ValueError(f"ridge drafter {path}: a directory, not a ridge safetensors file "
+                             "(a directory is read as a DFlash checkpoint)")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                lacking = sorted({"basis", "heads", "temperatures"} - set(f.keys()))
+                if lacking:
+                    raise ValueError(f"ridge drafter {path}: not ridge weights, lacks tensors {lacking}")
+                tensors = {k: f.get_tensor(k) for k in ("basis", "heads", "temperatures")}
+        except ValueError:
+            raise
+        except Exception as exc:  # safetensors' own SafetensorError on a file that is not safetensors
+            raise ValueError(f"ridge drafter {path}: not a readable safetensors file ({exc})") from exc
         record_path = path.with_suffix(".json")
-        record = json.loads(record_path.read_text()) if record_path.exists() else {}
+        try:
+            record = json.loads(record_path.read_text()) if record_path.exists() else {}
+        except ValueError as exc:
+            raise ValueError(f"{record_path}: not valid JSON ({exc})") from exc
         if meta.get("target") and meta["target"] != target.name:
             raise ValueError(f"{path.name} was fitted for target {meta['target']!r}, not {target.name!r}")
         return cls(target, tensors["basis"], tensors["heads"], tensors["temperatures"],
