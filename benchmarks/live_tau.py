@@ -98,8 +98,13 @@ def combine(parts: list[str], out_txt: Path) -> None:
 
     Raises:
         FileNotFoundError: a part's text or JSON is missing.
-        ValueError: the parts were measured on different prompts / lengths.
+        ValueError: the parts were measured on different prompts / lengths, a part is given
+            twice, or two parts measured the same (drafter, temperature).
     """
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"--combine: a part is given twice: {parts}")
+    if str(out_txt) in parts:
+        raise ValueError(f"--combine: --out {out_txt} is one of the parts")
     texts, rows, meta = [], [], None
     for part in parts:
         txt = Path(part)
@@ -110,6 +115,10 @@ def combine(parts: list[str], out_txt: Path) -> None:
         if meta is not None and data["meta"] != meta:
             raise ValueError(f"--combine: {part} was measured with {data['meta']}, not {meta}")
         meta = data["meta"]
+        seen = {(r["drafter"], r["temperature"]) for r in rows}
+        again = sorted({(r["drafter"], r["temperature"]) for r in data["rows"]} & seen)
+        if again:
+            raise ValueError(f"--combine: {part} measured {again} again")
         rows += data["rows"]
         texts.append(f"# part {len(texts) + 1} of {len(parts)} (the parts ran at the same time, one thread each)\n"
                      + txt.read_text())
@@ -130,7 +139,12 @@ def main() -> None:
                     help="only merge earlier outputs (their .out.txt and .json) into --out; measure nothing")
     args = ap.parse_args()
     if args.combine:
-        combine(args.combine, Path(args.out))
+        if not Path(args.out).parent.is_dir():
+            ap.error(f"--out {args.out}: no such directory")
+        try:
+            combine(args.combine, Path(args.out))
+        except (OSError, ValueError) as exc:
+            ap.error(str(exc))
         return
     torch.set_num_threads(1)
     torch.manual_seed(0)

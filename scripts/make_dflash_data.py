@@ -11,7 +11,7 @@ stripped), so an interrupted run resumes where it stopped.
 It also writes ``<cache>/dflash_data/record.json`` (prompts, tokens, seconds), which the
 training script copies into the model card.
 
-    python scripts/make_dflash_data.py [--num-prompts 620] [--new-tokens 200] [--batch 96] [--threads 2]
+    python scripts/make_dflash_data.py [--num-prompts 620] [--new-tokens 160] [--batch 96] [--threads 2]
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def generate_batch(target, prompts: list[str], layer_ids: list[int], new_tokens:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-prompts", type=int, default=620)
-    ap.add_argument("--new-tokens", type=int, default=200)
+    ap.add_argument("--new-tokens", type=int, default=160)
     ap.add_argument("--batch", type=int, default=96, help="prompts per generate call (larger is faster on CPU)")
     ap.add_argument("--num-draft-layers", type=int, default=5,
                     help="how many target layers feed the drafter (z-lab's build_target_layer_ids)")
@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default: ddtree_lab.threads' choice for this machine)")
     args = ap.parse_args()
-    for name in ("num_prompts", "new_tokens", "batch", "num_draft_layers"):
+    for name in ("num_prompts", "new_tokens", "batch", "num_draft_layers", "held_out"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.threads is not None:
@@ -101,11 +101,18 @@ def main() -> None:
     else:
         from ddtree_lab.threads import configure_threads
         configure_threads()
+    prompts = json.loads(PROMPTS.read_text())
+    for flag, n, have in (("--num-prompts", args.num_prompts, len(prompts["train"])),
+                          ("--held-out", args.held_out, len(prompts["held_out"]))):
+        if n > have:
+            ap.error(f"{flag} {n}: {PROMPTS.name} has only {have}")
     t0 = time.time()
     target = load_default_target()
     n_layers = int(target.model.config.num_hidden_layers)
+    if args.num_draft_layers > n_layers - 3:
+        ap.error(f"--num-draft-layers {args.num_draft_layers}: the target has {n_layers} layers "
+                 f"(at most {n_layers - 3} distinct layers from 1 to N-3)")
     layer_ids = build_target_layer_ids(n_layers, args.num_draft_layers)
-    prompts = json.loads(PROMPTS.read_text())
     out_dir = data_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     from safetensors.torch import save_file
@@ -115,7 +122,14 @@ def main() -> None:
     jobs += [("heldout", prompts["held_out"][: args.held_out], 0)]
     for split, batch, k in tqdm(jobs, desc="target generates (batches)"):
         path = out_dir / f"{split}_{k:04d}.safetensors"
-        if path.exists():
+        if path.exists():  # resume, but only data made the same way
+            with safe_open(str(path), framework="pt") as h:
+                old = h.metadata() or {}
+            if (old.get("layer_ids"), old.get("new_tokens"), old.get("target")) != \
+                    (json.dumps(layer_ids), str(args.new_tokens), target.name):
+                raise SystemExit(f"{path} was made with layers {old.get('layer_ids')}, {old.get('new_tokens')} new "
+                                 f"tokens, target {old.get('target')}: not this run's settings; move {out_dir} "
+                                 "away to start afresh")
             continue
         sample = split == "train" and k % 3 == 2
         rows = generate_batch(target, batch, layer_ids, args.new_tokens, sample, args.seed * 1000 + k)

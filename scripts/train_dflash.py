@@ -16,7 +16,7 @@ Recipe (DFlash, arXiv 2602.06036, section on training; z-lab/dflash for the arch
    stops on time. A checkpoint (public DFlash layout, fp16) and the loss curve are written every
    ``--checkpoint-minutes`` so a partial run still yields weights.
 
-    python scripts/train_dflash.py [--minutes 44] [--layers 2] [--threads 2] [--out fixtures/drafters/smollm2_dflash_b16]
+    python scripts/train_dflash.py [--minutes 45] [--layers 2] [--threads 2] [--out fixtures/drafters/smollm2_dflash_b16]
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ project's CPU machine by `scripts/train_dflash.py`; weights in the public DFlash
   {d['generation_minutes']} min on {d['generation_threads']} CPU thread(s). {d['held_out_sequences']} held-out prompts
   (other topics and templates) were answered greedily for evaluation only.
 - Recipe: {r['batch']} sequences x {r['blocks']} random anchors per step, loss weight exp(-(k-1)/{r['gamma']}),
-  lr {r['lr']} ({r['optimizer']}), {r['loss']}.
+  lr {r['lr']} ({r['optimizer']}), sampled softmax (data tokens + {r['negatives']} random negatives).
 - Run: {record['steps']} steps in {record['train_minutes']} min on {record['threads']} CPU thread(s); final loss (EMA)
   {record['final_loss_ema']}; data generation and training together {record['total_minutes']} min.
   Loss curve: `docs/dflash_loss.png`.
@@ -218,7 +218,7 @@ figures from the shipped weights. Live τ with DDTree trees: `benchmarks/live_ta
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(default_dflash_path()))
-    ap.add_argument("--minutes", type=float, default=44.0, help="wall-clock training budget")
+    ap.add_argument("--minutes", type=float, default=45.0, help="wall-clock training budget")
     ap.add_argument("--checkpoint-minutes", type=float, default=6.0)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--block-size", type=int, default=16)
@@ -237,9 +237,18 @@ def main() -> None:
     ap.add_argument("--eval-minutes", type=float, default=2.0,
                     help="print held-out hit rates (quick_eval) this often")
     args = ap.parse_args()
+    for name, ok, rule in (
+            ("minutes", args.minutes > 0, "> 0"), ("checkpoint_minutes", args.checkpoint_minutes > 0, "> 0"),
+            ("eval_minutes", args.eval_minutes > 0, "> 0"), ("layers", args.layers >= 1, ">= 1"),
+            ("block_size", args.block_size >= 2, ">= 2"), ("batch", args.batch >= 1, ">= 1"),
+            ("blocks", args.blocks >= 1, ">= 1"), ("gamma", args.gamma > 0, "> 0"), ("lr", args.lr > 0, "> 0"),
+            ("warmup", args.warmup >= 1, ">= 1"), ("negatives", args.negatives >= 0, ">= 0"),
+            ("eval_sequences", args.eval_sequences >= 1, ">= 1"),
+            ("threads", args.threads is None or args.threads >= 1, ">= 1")):
+        value = getattr(args, name)
+        if not ok or (isinstance(value, float) and not math.isfinite(value)):  # nan fails every comparison
+            ap.error(f"--{name.replace('_', '-')} must be {rule}, got {value}")
     if args.threads is not None:
-        if args.threads < 1:
-            ap.error(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     else:
         from ddtree_lab.threads import configure_threads
@@ -247,6 +256,9 @@ def main() -> None:
     threads = torch.get_num_threads()
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
+    for split in ("train", "heldout"):
+        if not sorted((cache_dir() / "dflash_data").glob(f"{split}_*.safetensors")):
+            ap.error(f"no {split} data in {cache_dir() / 'dflash_data'}: run scripts/make_dflash_data.py first")
     t_start = time.time()
     target = load_default_target()
     for p in target.model.parameters():
@@ -334,7 +346,8 @@ def main() -> None:
                      "held_out_sequences": len(held),
                      "generation_minutes": round(data_record.get("seconds", float("nan")) / 60, 2),
                      "generation_threads": data_record.get("threads")},
-            "recipe": {k: getattr(args, k) for k in ("batch", "blocks", "gamma", "lr", "warmup", "negatives", "seed")}
+            "recipe": {k: getattr(args, k) for k in ("minutes", "batch", "blocks", "gamma", "lr", "warmup", "negatives",
+                                                     "seed")}
                       | {"optimizer": "AdamW(0.9, 0.95), wd 0.01, grad clip 1.0, warm-up + cosine over the time budget",
                          "loss": "CE weighted exp(-(k-1)/gamma), sampled softmax (data tokens + random negatives)",
                          "preconditioning": "fc trained on features divided by their per-dimension RMS; exported fc.weight divided by the same scale"},
