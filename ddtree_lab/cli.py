@@ -650,12 +650,14 @@ def cmd_record(args) -> int:
         t = getattr(args, name)
         if not (math.isfinite(t) and t >= 0):
             raise CLIError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {t}")
+    from . import lab
+
     if args.drafter is not None and not args.drafter.strip():
         raise CLIError("--drafter: empty; give 'dflash', 'ridge' or a path")
-    named_drafter = args.drafter in ("dflash", "ridge")
-    for flag, spec in (("--target", args.target), ("--drafter", None if named_drafter else args.drafter)):
-        if spec is not None and not Path(spec).exists():
-            raise CLIError(f"{flag} {spec}: no such file or directory")
+    if args.drafter is not None and not lab.drafter_exists(args.drafter):
+        raise CLIError(f"--drafter {args.drafter}: no such file or directory")
+    if args.target is not None and not Path(args.target).exists():
+        raise CLIError(f"--target {args.target}: no such file or directory")
     if args.target is not None and not Path(args.target).is_dir():
         raise CLIError(f"--target {args.target}: not a model directory")
     prompts, overrides, ids, origins = _read_prompts(args)
@@ -674,8 +676,6 @@ def cmd_record(args) -> int:
             raise CLIError(f"{origins[b]}: request {b} ({ids[b]}): {why}")
         params.append(p)
     threads = _threads(args.threads)
-    from . import lab
-
     which = lab.DEFAULT_DRAFTER if args.drafter is None else args.drafter
     target = _load_model("default" if args.target is None else args.target)
     try:

@@ -12,13 +12,19 @@ from pathlib import Path
 from .trace import RunTrace
 from .views import committed_html, decisions_table_html, step_svg, step_view, to_text
 
-__all__ = ["DEFAULT_DRAFTER", "load_default", "load_drafter", "show_step", "show_steps", "show_text", "step_browser",
+__all__ = ["DEFAULT_DRAFTER", "drafter_exists", "load_default", "load_drafter", "show_step", "show_steps", "show_text", "step_browser",
            "decisions_html", "summary", "summary_html", "step_text", "verify_stepper", "live_more", "fixture_trace"]
 
 
 DEFAULT_DRAFTER = "dflash"
 """The drafter :func:`load_default` gives the embedded target: the one with the higher measured
 τ on the held-out prompts (``benchmarks/live_tau.out.txt``)."""
+
+
+def drafter_exists(drafter: str) -> bool:
+    """Whether ``drafter`` names one (``"dflash"``, ``"ridge"``) or is an existing path; checked
+    before any model loads. Whether the weights are good is the loaders' business."""
+    return drafter in ("dflash", "ridge") or (bool(drafter) and Path(drafter).exists())
 
 
 def load_drafter(target, drafter: str = DEFAULT_DRAFTER):
@@ -38,9 +44,9 @@ def load_drafter(target, drafter: str = DEFAULT_DRAFTER):
         return DFlashDrafter.load(target)
     if drafter == "ridge":
         return RidgeDrafter.load(target)
-    path = Path(drafter)
-    if not drafter or not path.exists():
+    if not drafter_exists(drafter):
         raise ValueError(f"drafter must be 'dflash', 'ridge' or an existing path, got {drafter!r}")
+    path = Path(drafter)
     return DFlashDrafter.load(target, path) if path.is_dir() else RidgeDrafter.load(target, path)
 
 
@@ -66,7 +72,7 @@ def load_default(device: str = "cpu", drafter: str = DEFAULT_DRAFTER):
     configure_threads()
     from .models import load_default_target
 
-    if drafter not in ("dflash", "ridge") and (not drafter or not Path(drafter).exists()):
+    if not drafter_exists(drafter):
         raise ValueError(f"drafter must be 'dflash', 'ridge' or an existing path, got {drafter!r}")
     target = load_default_target(dtype=torch.float32, device=device)
     return target, load_drafter(target, drafter)
