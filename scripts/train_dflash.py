@@ -40,10 +40,15 @@ from ddtree_lab.models.dflash import (DFlashConfig, DFlashDraftModel, DFlashDraf
 REPO = Path(__file__).resolve().parents[1]
 
 
+def data_files(split: str) -> list[Path]:
+    """The batch files of ``split`` (``train`` / ``heldout``) written by make_dflash_data.py."""
+    return sorted((cache_dir() / "dflash_data").glob(f"{split}_*.safetensors"))
+
+
 def load_split(split: str) -> tuple[list[dict], dict]:
     """Every sequence of ``split`` (``train`` / ``heldout``) written by make_dflash_data.py."""
     rows, meta = [], {}
-    files = sorted((cache_dir() / "dflash_data").glob(f"{split}_*.safetensors"))
+    files = data_files(split)
     if not files:
         raise FileNotFoundError(f"no {split} data in {cache_dir() / 'dflash_data'}: run scripts/make_dflash_data.py")
     for f in files:
@@ -257,7 +262,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     for split in ("train", "heldout"):
-        if not sorted((cache_dir() / "dflash_data").glob(f"{split}_*.safetensors")):
+        if not data_files(split):
             ap.error(f"no {split} data in {cache_dir() / 'dflash_data'}: run scripts/make_dflash_data.py first")
     t_start = time.time()
     target = load_default_target()
