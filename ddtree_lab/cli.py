@@ -127,10 +127,20 @@ def _kind_of(path: str) -> str:
 
             with safe_open(str(p), framework="pt") as f:
                 meta = f.metadata() or {}
-            if "ddtree_lab" not in meta and p.with_suffix(".json").exists():
-                return "recording"
+            beside = p.with_suffix(".json")
         except Exception:  # not safetensors: load_trace names the problem
-            pass
+            return "trace"
+        if "ddtree_lab" not in meta and beside.exists():
+            from .sglang.recording import FORMAT
+
+            try:
+                doc = json.loads(beside.read_text())
+            except ValueError:
+                doc = None
+            if isinstance(doc, dict) and doc.get("format") == FORMAT:
+                return "recording"
+            raise CLIError(f"{path}: safetensors without ddtree_lab metadata and {beside.name} is not an SGLang "
+                           "recording: not a trace, bundle or recording (drafter weights?)")
         return "trace"
     raise CLIError(f"{path}: no such file")
 
@@ -655,7 +665,7 @@ def cmd_record(args) -> int:
     if args.drafter is not None and not args.drafter.strip():
         raise CLIError("--drafter: empty; give 'dflash', 'ridge' or a path")
     if args.drafter is not None and not lab.drafter_exists(args.drafter):
-        raise CLIError(f"--drafter {args.drafter}: no such file or directory")
+        raise CLIError(f"--drafter {args.drafter}: no such file or directory (and not 'dflash' or 'ridge')")
     if args.target is not None and not Path(args.target).exists():
         raise CLIError(f"--target {args.target}: no such file or directory")
     if args.target is not None and not Path(args.target).is_dir():

@@ -7,6 +7,7 @@ Everything here reads :class:`ddtree_lab.trace.RunTrace` records; only
 from __future__ import annotations
 
 import html
+from os import PathLike
 from pathlib import Path
 
 from .trace import RunTrace
@@ -21,10 +22,12 @@ DEFAULT_DRAFTER = "dflash"
 τ on the held-out prompts (``benchmarks/live_tau.out.txt``)."""
 
 
-def drafter_exists(drafter: str) -> bool:
+def drafter_exists(drafter: str | PathLike) -> bool:
     """Whether ``drafter`` names one (``"dflash"``, ``"ridge"``) or is an existing path; checked
     before any model loads. Whether the weights are good is the loaders' business."""
-    return drafter in ("dflash", "ridge") or (bool(drafter) and Path(drafter).exists())
+    if not isinstance(drafter, (str, PathLike)):
+        return False
+    return drafter in ("dflash", "ridge") or (bool(str(drafter)) and Path(drafter).exists())
 
 
 def load_drafter(target, drafter: str = DEFAULT_DRAFTER):

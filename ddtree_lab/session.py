@@ -146,6 +146,10 @@ class LiveSession:
         self.target = target
         self.drafter = drafter
         self.block_size = drafter.block_size
+        if not isinstance(budget, (list, tuple, torch.Tensor)):  # per-request lists are checked per batch
+            from .tree import _budgets
+
+            _budgets(budget, 1)
         self.budget = budget
         self.sampling = sampling
         self.seed = seed

@@ -227,6 +227,10 @@ def test_record_bad_input(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["record", "--prompt", "x", "--drafter", "eagle", "-o", str(tmp_path / "r.safetensors")]) == 2
     assert "--drafter eagle: no such file or directory" in capsys.readouterr().err
+    from ddtree_lab.models import default_drafter_path
+
+    assert main(["info", str(default_drafter_path())]) == 2  # drafter weights with a .json beside them
+    assert "not a trace, bundle or recording" in capsys.readouterr().err
     assert not Path("/no/such/dir").exists()
 
 

@@ -294,6 +294,12 @@ def test_lab_loads_either_drafter():
     assert type(lab.load_drafter(target, str(default_drafter_path()))).__name__ == "RidgeDrafter"
     with pytest.raises(ValueError, match="drafter must be 'dflash', 'ridge' or an existing path, got 'eagle'"):
         lab.load_default(drafter="eagle")
+    with pytest.raises(ValueError, match="got 123"):
+        lab.load_drafter(target, 123)
+    import ddtree_lab as dl
+
+    with pytest.raises(ValueError, match="budget must be in"):  # refused when made, before any prompt
+        dl.LiveSession(target, drafter, budget=-1)
     for bad in ("eagle", ""):
         with pytest.raises(ValueError, match=f"got {bad!r}"):
             lab.load_drafter(target, bad)
