@@ -151,7 +151,7 @@ def _copy_bandwidth(device: str, sync) -> float:
 
 
 def run_gpu(args) -> None:
-    from ddtree_lab.verify_backends import sampled_launcher
+    from ddtree_lab.verify import sampled_launcher
 
     device = "cpu" if args.dry_run else "cuda"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

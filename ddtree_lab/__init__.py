@@ -29,17 +29,17 @@ terms in the README, "Terms"):
   :func:`verify_tree`, :func:`verify_tree_greedy`, :func:`select_backend`.
 """
 
-from .retrieve import DDTreeVerifyInput as DDTreeVerifyInput
-from .retrieve import RetrieveError as RetrieveError
-from .retrieve import RetrieveProblem as RetrieveProblem
-from .retrieve import check_retrieve as check_retrieve
-from .retrieve import check_verify_buffers as check_verify_buffers
-from .retrieve import compile_retrieve as compile_retrieve
-from .retrieve import decode_retrieve as decode_retrieve
-from .retrieve import encode_retrieve as encode_retrieve
-from .retrieve import find_retrieve_problem as find_retrieve_problem
-from .retrieve import find_retrieve_problems as find_retrieve_problems
-from .retrieve import tree_attention_mask as tree_attention_mask
+from .buffers import DDTreeVerifyInput as DDTreeVerifyInput
+from .buffers import RetrieveError as RetrieveError
+from .buffers import RetrieveProblem as RetrieveProblem
+from .buffers import check_retrieve as check_retrieve
+from .buffers import check_verify_buffers as check_verify_buffers
+from .buffers import compile_retrieve as compile_retrieve
+from .buffers import decode_retrieve as decode_retrieve
+from .buffers import encode_retrieve as encode_retrieve
+from .buffers import find_retrieve_problem as find_retrieve_problem
+from .buffers import find_retrieve_problems as find_retrieve_problems
+from .buffers import tree_attention_mask as tree_attention_mask
 from .sampling import SamplingParams as SamplingParams
 from .sampling import greedy_params as greedy_params
 from .sampling import normalize_params as normalize_params
@@ -53,11 +53,11 @@ from .sglang import replay_recording as replay_recording
 from .sglang import to_sglang_buffers as to_sglang_buffers
 from .sglang import verify_output_from_sglang as verify_output_from_sglang
 from .sglang import verify_output_to_sglang as verify_output_to_sglang
-from .tree import DDTreeBuildResult as DDTreeBuildResult
-from .tree import build_tree as build_tree
-from .tree import build_tree_reference as build_tree_reference
-from .tree import check_draft_topk as check_draft_topk
-from .tree import draft_topk_from_logits as draft_topk_from_logits
+from .build import DDTreeBuildResult as DDTreeBuildResult
+from .build import build_tree as build_tree
+from .build import build_tree_reference as build_tree_reference
+from .draft import check_draft_topk as check_draft_topk
+from .draft import draft_topk_from_logits as draft_topk_from_logits
 from .trace import Difference as Difference
 from .trace import ReplayMismatch as ReplayMismatch
 from .trace import RunTrace as RunTrace
@@ -81,9 +81,9 @@ from .verify import draw_coins as draw_coins
 from .verify import make_generators as make_generators
 from .verify import verify_greedy as verify_greedy
 from .verify import verify_sampled as verify_sampled
-from .verify_backends import select_backend as select_backend
-from .verify_backends import verify_tree as verify_tree
-from .verify_backends import verify_tree_greedy as verify_tree_greedy
+from .verify import select_backend as select_backend
+from .verify import verify_tree as verify_tree
+from .verify import verify_tree_greedy as verify_tree_greedy
 
 from .session import LiveSession as LiveSession  # noqa: E402  (needs no model package at import)
 

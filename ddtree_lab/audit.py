@@ -43,7 +43,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .retrieve import DDTreeVerifyInput, find_retrieve_problem, tree_attention_mask
+from .buffers import DDTreeVerifyInput, find_retrieve_problem, tree_attention_mask
 from .sampling import SamplingParams, normalize_params, target_probs
 from .verify import VerifyOutput, verify_sampled, walk_sampled_batch
 
@@ -430,7 +430,7 @@ def _reference(threshold_single: float = 1.0, threshold_acc: float = 1.0, valida
 def _backend(name: str, threshold_single: float, threshold_acc: float, validate: bool = True) -> Verifier:
     import inspect
 
-    from .verify_backends import verify_tree
+    from .verify import verify_tree
 
     kw = {} if validate or "validate" not in inspect.signature(verify_tree).parameters else {"validate": False}
 

@@ -505,7 +505,7 @@ def _trace_problems(step) -> list[str]:
     """Every broken invariant of a recorded step's buffers."""
     import torch
 
-    from . import retrieve
+    from . import buffers as retrieve
 
     vi = step.verify_input()
     problems: list[str] = []

@@ -3,7 +3,7 @@
 A tree mask that hides an ancestor or shows a non-ancestor leaves every buffer valid and still
 corrupts the target's rows (the "accept length stuck at 1" symptom). These checks recompute
 sampled nodes' rows with a causal forward of the node's path and name the first node whose row
-differs. The buffer checks themselves are :func:`ddtree_lab.retrieve.find_retrieve_problems`.
+differs. The buffer checks themselves are :func:`ddtree_lab.buffers.find_retrieve_problems`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from .retrieve import DDTreeVerifyInput
+from .buffers import DDTreeVerifyInput
 from .sampling import SamplingParams, target_probs
 
 __all__ = ["TreeLogitsCheck", "check_tree_logits", "RecordedRowsCheck", "check_recorded_rows"]

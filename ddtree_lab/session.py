@@ -38,10 +38,11 @@ from typing import Iterator, Sequence
 import torch
 
 from .models.drafter import DraftContext, Drafter
-from .retrieve import compile_retrieve
+from .buffers import compile_retrieve
 from .sampling import SamplingParams, normalize_params, target_probs
 from .trace import TOP_M_LOGITS, RunTrace, StepTrace, make_step_trace
-from .tree import build_tree, draft_topk_from_logits
+from .build import build_tree
+from .draft import draft_topk_from_logits
 from .verify import VerifyOutput, draw_coins, make_generators, residual_draw, verify_sampled
 
 __all__ = ["LiveSession", "RequestState", "RECORD_LEVELS", "STAGES"]
@@ -91,7 +92,7 @@ def default_backend(record: str, device) -> str:
     if record == "full":
         return "reference"
     if torch.device(device).type == "cuda":
-        from .verify_backends import select_backend
+        from .verify import select_backend
 
         try:
             return "triton" if select_backend("triton", device)[0] == "triton" else "torch-lazy"
@@ -147,9 +148,9 @@ class LiveSession:
         self.drafter = drafter
         self.block_size = drafter.block_size
         if not isinstance(budget, (list, tuple, torch.Tensor)):  # per-request lists are checked per batch
-            from .tree import _budgets
+            from .build import request_budgets
 
-            _budgets(budget, 1)
+            request_budgets(budget, 1)
         self.budget = budget
         self.sampling = sampling
         self.seed = seed
@@ -158,10 +159,10 @@ class LiveSession:
         self.min_prob = min_prob
         self.top_m = top_m
         self.record = record
-        from .verify import _check_thresholds
-        from .verify_backends import BACKENDS
+        from .verify import check_thresholds
+        from .verify import BACKENDS
 
-        _check_thresholds(threshold_single, threshold_acc)
+        check_thresholds(threshold_single, threshold_acc)
         self.threshold_single, self.threshold_acc = float(threshold_single), float(threshold_acc)
 
         if verify_backend is None:
@@ -201,9 +202,9 @@ class LiveSession:
         params = [dataclasses.replace(p, seed=self.seed * 1000 + b) if p.seed is None
                   else dataclasses.replace(p, seed=p.seed + b) if shared else p
                   for b, p in enumerate(params)]
-        from .tree import _budgets
+        from .build import request_budgets
 
-        self._budgets = _budgets(self.budget, len(prompts))  # validated before any prefill
+        self.request_budgets = request_budgets(self.budget, len(prompts))  # validated before any prefill
         gens = make_generators(params, device="cpu")
         self.requests, self.steps, self.num_steps = [], [], 0
         self.stage_totals = dict.fromkeys(STAGES, 0.0)
@@ -255,7 +256,7 @@ class LiveSession:
         prefix = torch.tensor([r.prefix_len for r in active], dtype=torch.int64)
         context = DraftContext([r.request for r in active], anchors, prefix.clone(), [r.committed_ids for r in active])
         draft_logits = self.drafter.draft_logits(context)
-        budgets = [self._budgets[r.request] for r in active]
+        budgets = [self.request_budgets[r.request] for r in active]
         ids, lps = draft_topk_from_logits(draft_logits.float(), k=min(max(budgets + [1]), draft_logits.shape[-1]))
         ids, lps = ids.cpu(), lps.cpu()  # host read 1 of 2: the tree build runs on the host
         clock.mark("draft")
@@ -278,7 +279,7 @@ class LiveSession:
             out = verify_sampled(vi, probs, coins, final, threshold_single=self.threshold_single,
                                  threshold_acc=self.threshold_acc)
         else:
-            from .verify_backends import verify_tree
+            from .verify import verify_tree
 
             host = logits if self.verify_backend in ("triton", "auto") else logits.cpu()
             out = verify_tree(vi, host, params, coins, final, backend=self.verify_backend,

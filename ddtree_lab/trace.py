@@ -64,7 +64,7 @@ from typing import Sequence
 import torch
 
 from .container import TraceFormatError, read_container, write_container
-from .retrieve import DDTreeVerifyInput, tree_attention_mask
+from .buffers import DDTreeVerifyInput, tree_attention_mask
 from .sampling import SamplingParams
 from .verify import BonusDraw, Decision, VerifyOutput, is_lossy, verify_sampled
 
@@ -584,7 +584,7 @@ def compare_outputs(recorded: VerifyOutput, replayed: VerifyOutput, tolerance: t
         tolerance: ``None``: every field bit for bit. ``(atol, rtol)``: probabilities
             (``target_prob``, ``cumulative_mass``, the bonus's ``residual_mass`` and
             ``token_prob``) agree when ``|a - b| <= atol + rtol |a|`` (Triton steps:
-            :data:`ddtree_lab.verify_backends.PROB_ATOL` / ``PROB_RTOL``); indices, tokens,
+            :data:`ddtree_lab.verify.PROB_ATOL` / ``PROB_RTOL``); indices, tokens,
             coins and verdicts stay exact.
         decisions: compare the decision logs and bonus draws (False for an output that has
             none, e.g. one read back from an engine's kernel).
@@ -876,7 +876,7 @@ def _replay_rows(step: StepTrace, vocab: int) -> torch.Tensor:
 def _tolerance(step: StepTrace):
     if not step.backend.startswith("triton"):
         return None
-    from .verify_backends import PROB_ATOL, PROB_RTOL
+    from .verify import PROB_ATOL, PROB_RTOL
 
     return (PROB_ATOL, PROB_RTOL)
 
@@ -897,7 +897,7 @@ def replay_differences(step: StepTrace, vocab_size: int | None = None) -> tuple[
     vocab = vocab_size or max(tops) + 1
     if max(tops) >= vocab:
         raise ValueError(f"{where}: token id {max(tops)} is outside the vocabulary of {vocab}")
-    from .retrieve import find_retrieve_problem
+    from .buffers import find_retrieve_problem
 
     vi, rows = step.verify_input(), _replay_rows(step, vocab)
     problem = find_retrieve_problem(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes,

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from ddtree_lab import analysis, load_trace
-from ddtree_lab.retrieve import compile_retrieve
+from ddtree_lab.buffers import compile_retrieve
 from ddtree_lab.sampling import SamplingParams
-from ddtree_lab.tree import DDTreeBuildResult
+from ddtree_lab.build import DDTreeBuildResult
 from ddtree_lab.verify import draw_coins, make_generators, verify_sampled
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "traces"

@@ -21,7 +21,7 @@ import pytest  # noqa: E402
 
 import ddtree_lab as dl  # noqa: E402
 from ddtree_lab import SamplingParams as SP  # noqa: E402
-from ddtree_lab.verify_backends import verify_tree, verify_tree_greedy  # noqa: E402
+from ddtree_lab.verify import verify_tree, verify_tree_greedy  # noqa: E402
 
 try:
     import triton  # noqa: F401

@@ -100,7 +100,7 @@ def test_the_other_order_is_available_on_request_and_plain_sampling_uses_the_sam
     assert (other > 0).tolist() == [True, True, False, False]
     assert other.tolist() == pytest.approx([4 / 7, 3 / 7, 0, 0])
     # the lazy backend's row function is the reference's in both orders
-    from ddtree_lab.verify_backends import lazy_row_probs
+    from ddtree_lab.verify import lazy_row_probs
     for order in dl.sampling.ORDERS:
         p = SP(0.9, top_k=3, top_p=0.6, order=order)
         row = torch.randn(50, generator=torch.Generator().manual_seed(1))

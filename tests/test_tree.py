@@ -6,6 +6,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import ddtree_lab as dl
+import ddtree_lab.build  # noqa: F401  (dl.build: the builder module, patched below)
 from oracles import brute_force_tree, tree_as_tuples
 
 
@@ -224,7 +225,7 @@ def test_batched_equals_heap_at_engine_shapes(seed, spine, min_prob):
 @pytest.mark.parametrize("margins", [(-4.0, 0.0, math.inf), (math.inf,), (9.0, math.inf)])
 def test_every_floor_pass_gives_the_same_tree(monkeypatch, margins):
     # Guesses far too high (retried), the capped exhaustive pass alone, and a loose guess.
-    monkeypatch.setattr(dl.tree, "_MARGINS", margins)
+    monkeypatch.setattr(dl.build, "_MARGINS", margins)
     for seed in range(4):
         ids, lp, budgets = _engine_case(seed, bs=4)
         anchor = torch.zeros(4, dtype=torch.int64)
@@ -238,7 +239,7 @@ def test_tree_order_is_exact_for_near_ties():
     # order must still be exact: descending value, equal values by index.
     logw = np.array([-3.0, np.nextafter(-3.0, 0), -3.0, np.nextafter(-3.0, -np.inf), -0.5, -1e6, np.nextafter(-0.5, -1)])
     req = np.array([0, 0, 0, 0, 1, 1, 1])
-    order, _ = dl.tree._tree_order(logw, req, 2)
+    order, _ = dl.build._tree_order(logw, req, 2)
     assert order.tolist() == np.lexsort((np.arange(7), -logw, req)).tolist() == [1, 0, 2, 3, 4, 6, 5]
 
 
@@ -246,7 +247,7 @@ def test_tree_order_is_exact_for_near_ties():
 def test_all_equal_drafts_stay_small_and_exact(monkeypatch, margins):
     # Every prefix of a depth ties (uniform top-8 at 15 depths: 8^15 prefixes); the per-depth
     # cap must break ties in rank-tuple order instead of keeping them all.
-    monkeypatch.setattr(dl.tree, "_MARGINS", margins)
+    monkeypatch.setattr(dl.build, "_MARGINS", margins)
     lp = torch.full((2, 15, 8), math.log(1 / 8))
     ids = torch.arange(8).expand(2, 15, 8).contiguous()
     anchor = torch.zeros(2, dtype=torch.int64)

@@ -285,14 +285,14 @@ def _walk_case(seed, bs=3, vocab=12):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_events_of_the_log_are_the_walk_and_the_walk_is_the_output(seed):
-    from ddtree_lab.verify import _SampledRule, walk
+    from ddtree_lab.verify import SampledRule, walk
 
     tree, vi, logits, probs, coins, final = _walk_case(seed)
     out = dl.verify_sampled(vi, probs, coins, final)
     greedy = dl.verify_greedy(vi, logits)
     for b in range(vi.batch_size):
         n = int(vi.num_nodes[b])
-        rule = _SampledRule(b, vi.node_token_ids[b].tolist(), lambda i, b=b: probs[b, i], coins[b].tolist(),
+        rule = SampledRule(b, vi.node_token_ids[b].tolist(), lambda i, b=b: probs[b, i], coins[b].tolist(),
                             float(final[b]), 1.0, 1.0)
         live = list(walk(b, n, vi.retrieve_next_token[b].tolist(), vi.retrieve_next_sibling[b].tolist(), rule))
         assert live == out.events(b) == dl.events_of(out.decisions[b], out.bonus[b])

@@ -23,7 +23,7 @@ pytest.importorskip("triton")
 
 import ddtree_lab as dl  # noqa: E402
 from ddtree_lab import SamplingParams as SP  # noqa: E402
-from ddtree_lab.verify_backends import PROB_ATOL, PROB_RTOL, select_backend, verify_tree, verify_tree_greedy  # noqa: E402
+from ddtree_lab.verify import PROB_ATOL, PROB_RTOL, select_backend, verify_tree, verify_tree_greedy  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BELOW_ONE = torch.tensor(1.0).nextafter(torch.tensor(0.0)).item()
@@ -132,7 +132,7 @@ def test_sampled_kernel_equals_reference_on_random_trees(dtype, seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_sampled_kernel_without_the_survivor_gather(dtype, seed, monkeypatch):
     # every step as a pass over the full row (the path of top-k rows with many survivors)
-    from ddtree_lab import verify_backends
+    from ddtree_lab.verify import triton as verify_backends
 
     monkeypatch.setattr(verify_backends, "COMPACT_CAP", 0)
     vi, logits, params, coins, final = _random_case(50 + seed, bs=4, vocab=(96, 256, 400)[seed], depth=3, k=3,
@@ -318,7 +318,7 @@ def test_torch_lazy_backend_is_bit_identical_to_the_reference():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_lazy_row_probs_is_bit_identical_to_target_probs(seed):
-    from ddtree_lab.verify_backends import lazy_row_probs
+    from ddtree_lab.verify import lazy_row_probs
 
     g = torch.Generator().manual_seed(seed)
     for dtype in DTYPES:
@@ -451,7 +451,7 @@ def test_a_node_listed_as_its_own_next_sibling_is_refused_by_every_backend():
     # unvalidated, the kernel re-reads node 1 and its mass piles up until the coin falls under it:
     # a wrong accept that validation now stops before launch
     raw = {}
-    launch, raw = dl.verify_backends.sampled_launcher(bad, _on(logits), [SP(1.0)], torch.full((1, 3), 0.5),
+    launch, raw = dl.verify.sampled_launcher(bad, _on(logits), [SP(1.0)], torch.full((1, 3), 0.5),
                                                       torch.zeros(1))
     launch()
     p1 = torch.softmax(logits[0, 0], -1)[1].item()  # node 1's p; 2 * p1 > 0.5 > p1

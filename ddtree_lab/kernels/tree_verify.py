@@ -60,7 +60,7 @@ tolerance). Tokens and indices therefore agree bit for bit except when a coin li
 that tolerance of a decision boundary (``u`` vs ``S_k``, ``coin * mass`` vs a CDF step) or a
 top-p / min-p cut lands within it -- events of probability ~1e-6 per decision.
 
-Outputs are compact per-request arrays; :mod:`ddtree_lab.verify_backends` expands them into
+Outputs are compact per-request arrays; :mod:`ddtree_lab.verify` expands them into
 a :class:`ddtree_lab.VerifyOutput` with the decision log.
 
 Error codes written per request (the walk stops, the launcher raises): 1 NaN in a walked

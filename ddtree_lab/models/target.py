@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from ..retrieve import DDTreeVerifyInput
+from ..buffers import DDTreeVerifyInput
 
 __all__ = ["TargetModel", "TreeForward", "BatchCache", "load_default_target", "default_target_gguf", "cache_dir"]
 

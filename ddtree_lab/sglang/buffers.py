@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from .._checks import check_shape, check_tensor
-from ..retrieve import DDTreeVerifyInput, decode_retrieve, find_retrieve_problems, tree_attention_mask
+from ..buffers import DDTreeVerifyInput, decode_retrieve, find_retrieve_problems, tree_attention_mask
 from ..verify import VerifyOutput
 
 __all__ = [
@@ -358,7 +358,7 @@ def find_sglang_buffer_problems(buffers: SGLangVerifyBuffers, num_nodes: torch.T
 
     Checked: the mask has SGLang's size (and, bit-packed, dtype) for its mode; per request, every
     ``FULL_MASK`` prefix column is True; the links form a tree
-    (:func:`ddtree_lab.retrieve.find_retrieve_problems`, ``retrive_index`` included: every
+    (:func:`ddtree_lab.buffers.find_retrieve_problems`, ``retrive_index`` included: every
     broken link, not only the first); each mask row that misses an ancestor or sees a
     non-ancestor (one line per row, naming the columns); each position that is not
     ``seq_lens + depth``. A request whose links are broken gets those lines only (its mask and

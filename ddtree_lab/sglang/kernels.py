@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from ..retrieve import DDTreeVerifyInput
+from ..buffers import DDTreeVerifyInput
 from ..verify import VerifyOutput, verify_greedy, verify_sampled
 from .buffers import SGLangVerifyBuffers, TreeMaskMode, eagle_tree_inputs, verify_output_from_sglang
 
@@ -322,14 +322,14 @@ def lab_verifiers() -> dict[str, tuple[Callable, Callable]]:
     threshold_single=, threshold_acc=)``.
 
     Always ``"reference"`` (:func:`verify_greedy`, :func:`verify_sampled`) and
-    ``"torch-lazy"``; ``"triton"`` where :func:`ddtree_lab.verify_backends.select_backend`
+    ``"torch-lazy"``; ``"triton"`` where :func:`ddtree_lab.verify.select_backend`
     says the kernels can run (CUDA, or imported under ``TRITON_INTERPRET=1``). The lazy and
     Triton backends verify from logits, so their ``sampled`` adapter passes ``log(probs)``
     with temperature 1 (no top-k / top-p): the kernel recomputes the same distribution up to
     float32 rounding of the softmax. The differential tests are parametrised over this dict.
     """
     from ..sampling import SamplingParams
-    from ..verify_backends import select_backend, verify_tree, verify_tree_greedy
+    from ..verify import select_backend, verify_tree, verify_tree_greedy
 
     def adapters(backend: str) -> tuple[Callable, Callable]:
         def greedy(vi, logits):

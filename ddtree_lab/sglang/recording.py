@@ -35,7 +35,7 @@ from typing import Sequence
 
 import torch
 
-from ..retrieve import DDTreeVerifyInput, find_retrieve_problems
+from ..buffers import DDTreeVerifyInput, find_retrieve_problems
 from ..verify import VerifyOutput
 from .buffers import verify_input_from_retrieve, verify_output_from_sglang
 
@@ -262,7 +262,7 @@ def recording_problems(recording: Recording) -> list[str]:
     """Every broken recorded row (the doctor's check of a recording), one line each:
     ``"step k (call c), row r (request id): ..."``.
 
-    Checked per row: the links form a tree (:func:`ddtree_lab.retrieve.find_retrieve_problems`:
+    Checked per row: the links form a tree (:func:`ddtree_lab.buffers.find_retrieve_problems`:
     every broken link, ``retrive_index`` included; SGLang's sibling walks have no hop bound, so
     a cyclic chain named here hangs its kernel); sampled rows' coins lie in [0, 1); SGLang's
     outputs are consistent with the buffers

@@ -2,11 +2,11 @@
 
 **One input path for every backend.** A sampled row is replayed from the target rows the
 kernel read: every backend (reference, torch-lazy, Triton) gets their logarithms at
-temperature 1 through :func:`ddtree_lab.verify_backends.verify_tree`, so all verify the same
+temperature 1 through :func:`ddtree_lab.verify.verify_tree`, so all verify the same
 distribution (the recorded row renormalised; exact arithmetic's reading of a float32 row that
 sums to ``1 - 2**-24``) and differ only in their implementation. Greedy rows are replayed with
 one-hot logits at SGLang's ``target_predict`` through
-:func:`~ddtree_lab.verify_backends.verify_tree_greedy`. (The reference used to read the rows
+:func:`~ddtree_lab.verify.verify_tree_greedy`. (The reference used to read the rows
 as given and the other backends their renormalised logarithms: on a row whose drafted token
 holds a float32 mass of ``1 - 2**-24`` and a coin equal to it, the reference rejected and the
 others accepted, then reached a row the kernel never read.)
@@ -36,7 +36,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ..retrieve import DDTreeVerifyInput
+from ..buffers import DDTreeVerifyInput
 from ..sampling import SamplingParams, target_probs
 from ..verify import Decision, VerifyOutput, verify_sampled
 from .recording import Recording, is_one_hot_chain, load_recording, step_parts
@@ -211,7 +211,7 @@ def replay_step(step: dict, row: int, backend: str = "reference", step_index: in
         ValueError: the recorded inputs are invalid for the lab's verifiers (bad buffers,
             coins outside [0, 1), ...), naming the request and node.
     """
-    from ..verify_backends import verify_tree, verify_tree_greedy
+    from ..verify import verify_tree, verify_tree_greedy
 
     parts = step_parts(step, row)
     vi, sgl, kind = parts["verify_input"], parts["sglang_output"], parts["kind"]
@@ -318,7 +318,7 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
     empty, ``node_logws`` NaN, ``ranks`` -1, target rows the kernel never read zero. Rows not replayable, or whose lab
     walk reaches a row that was not recorded, are listed in ``metadata["skipped_rows"]``.
     """
-    from ..retrieve import decode_retrieve
+    from ..buffers import decode_retrieve
     from ..trace import RunTrace, make_step_trace
 
     requests: dict[str, dict] = {}

@@ -40,8 +40,8 @@ def make_step(draft_token_ids: torch.Tensor, draft_logprobs: torch.Tensor, ancho
     Raises:
         ValueError: from the pipeline stages (bad shapes, coins outside [0, 1), ...).
     """
-    from ..retrieve import compile_retrieve
-    from ..tree import build_tree
+    from ..buffers import compile_retrieve
+    from ..build import build_tree
 
     tree = build_tree(draft_token_ids[None], draft_logprobs[None], torch.tensor([anchor]), budget)
     vi = compile_retrieve(tree, torch.tensor([prefix_len]))
@@ -160,7 +160,7 @@ def random_step(budget: int = 256, vocab: int = 512, depth: int = 15, seed: int 
     Gaussian logits) and token texts ``tok<id>``: the render benchmark's 256-node tree."""
     g = torch.Generator().manual_seed(seed)
     draft = torch.randn(1, depth, vocab, generator=g) * 3.0
-    from ..tree import draft_topk_from_logits
+    from ..draft import draft_topk_from_logits
 
     ids, lps = draft_topk_from_logits(draft, k=top_k or min(budget, vocab))
     table = torch.randn(4096, vocab, generator=g) * 3.0

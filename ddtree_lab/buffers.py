@@ -1,4 +1,6 @@
-"""Retrieve encoding: the flat tree buffers a serving engine verifies from.
+"""Buffers stage: tree -> DDTreeVerifyInput (SGLang's retrieve encoding), and the buffers' validator.
+
+Retrieve encoding: the flat tree buffers a serving engine verifies from.
 
 The layout is SGLang's ``retrive_*`` layout (sgl-project/sglang,
 ``srt/speculative/eagle_utils.py`` / ``sgl-kernel`` ``verify_tree_greedy`` and
@@ -24,7 +26,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ._checks import check_shape, check_tensor
-from .tree import DDTreeBuildResult
+from .build import DDTreeBuildResult
 
 __all__ = [
     "DDTreeVerifyInput",

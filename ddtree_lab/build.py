@@ -1,4 +1,6 @@
-"""DDTree draft-tree construction (Ringel & Romano, arXiv 2604.12989, Algorithm 1).
+"""Build stage: draft top-k -> the best-first draft tree (DDTreeBuildResult).
+
+DDTree draft-tree construction (Ringel & Romano, arXiv 2604.12989, Algorithm 1).
 
 A block drafter gives, for each of the next ``L-1`` positions, an independent distribution
 over the vocabulary. The probability of a draft prefix is the product of its tokens'
@@ -44,16 +46,13 @@ import numpy as np
 import torch
 
 from ._checks import check_shape, check_tensor
+from .draft import check_draft_topk
 
 __all__ = [
     "DDTreeBuildResult",
     "build_tree",
     "build_tree_reference",
-    "draft_topk_from_logits",
-    "check_draft_topk",
 ]
-
-_NORMALISATION_SLACK = 1e-3  # top-k mass may exceed 1 by this much (float32 log-softmax)
 
 
 @dataclass(frozen=True)
@@ -102,173 +101,17 @@ class DDTreeBuildResult:
         )
 
 
-def check_draft_topk(draft_token_ids: torch.Tensor, draft_logprobs: torch.Tensor) -> None:
-    """Validate a batch of draft top-k rows; raise ValueError naming request and depth.
-
-    Args:
-        draft_token_ids: ``[bs, L-1, K]`` int64, token ids, distinct within a row, >= 0.
-        draft_logprobs: ``[bs, L-1, K]`` float32, sorted descending along K, no NaN or
-            ``+inf``, mass of each row at most ``1 + 1e-3`` (normalised over the vocabulary).
-            The first column must be finite (every depth has a best token).
-    """
-    check_tensor("draft_token_ids", draft_token_ids, dtype=torch.int64, ndim=3)
-    check_tensor("draft_logprobs", draft_logprobs, dtype=torch.float32, ndim=3)
-    check_shape("draft_logprobs", draft_logprobs, tuple(draft_token_ids.shape))
-    bs, depth, k = draft_token_ids.shape
-    if depth < 1 or k < 1:
-        raise ValueError(f"draft top-k must have at least one depth and one column, got shape {(bs, depth, k)}")
-
-    # numpy on the host: these arrays are small, and torch's threaded kernels stall on a busy CPU.
-    lp = draft_logprobs.detach().cpu().numpy()
-    ids = draft_token_ids.detach().cpu().numpy()
-
-    def fail(what: str, bad: np.ndarray) -> None:  # bad: [bs, L-1] or [bs, L-1, k] bool
-        if bad.any():  # cheap on the whole array; locate only on failure
-            b, d = np.argwhere(bad.reshape(bs, depth, -1).any(-1))[0]
-            raise ValueError(f"draft top-k, request {b}, depth {d + 1}: {what}")
-
-    fail("draft_logprobs has NaN", np.isnan(lp))
-    fail("draft_logprobs has +inf", np.isposinf(lp))
-    fail("draft_logprobs > 0 (log-probabilities must be <= 0)", lp > 0)
-    fail("the best draft log-prob is -inf (the row has no token)", np.isneginf(lp[..., 0]))
-    fail("draft_logprobs not sorted in descending order", lp[..., 1:] > lp[..., :-1])
-    fail("negative token id", ids < 0)
-    srt = np.sort(ids, axis=-1)
-    fail("a token id appears twice in the row", srt[..., 1:] == srt[..., :-1])
-    mass = np.exp(lp.astype(np.float64)).sum(-1)
-    fail(
-        f"top-k probability mass exceeds 1 (+{_NORMALISATION_SLACK}): log-probs must be normalised over the vocabulary",
-        mass > 1.0 + _NORMALISATION_SLACK,
-    )
-
-
-def draft_topk_from_logits(
-    draft_logits: torch.Tensor, k: int | None = None, budget: int | None = None, *, block_bytes: int = 1 << 23
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Turn raw draft logits into the draft top-k form that :func:`build_tree` takes.
-
-    No sort over the vocabulary. Rows are processed in blocks of about ``block_bytes`` (so
-    each block is read from memory once and stays in cache): per row, the maximum ``m`` and
-    the chunk maxima give a threshold ``t`` with at least ``K`` logits at or above it (the
-    ``K``-th largest of at least ``K`` chunk maxima); the normaliser
-    ``ls = log sum exp(x - m)`` is summed once (as ``exp2``); the candidates ``x >= t - eps``
-    (``eps`` a few float32 ulps, so that no logit left out can round to the ``K``-th
-    log-prob) are sorted stably by log-prob, descending, in ascending token-id order. Only
-    degenerate rows (more than a quarter of the vocabulary at the threshold, e.g. all logits
-    equal) fall back to a sort of the row, and vocabularies of 2^18 tokens or more to the
-    stable sort of every row.
-
-    Args:
-        draft_logits: ``[bs, L-1, V]`` floating, the drafter's logits for positions 1..L-1.
-        k: columns to keep; default ``min(budget, V)`` -- by DDTree's Lemma 1 a larger K
-            cannot change a tree of budget ``budget`` (a node of rank >= B has B better
-            siblings, so it is never among the B best prefixes).
-        budget: used for the default ``k``; one of ``k`` or ``budget`` is required.
-        block_bytes: working-set size of one block of rows (a tuning knob, no effect on
-            the result).
-
-    Returns:
-        ``(draft_token_ids [bs, L-1, K] int64, draft_logprobs [bs, L-1, K] float32)``, on
-        the device of ``draft_logits``, each row sorted by descending log-prob
-        ``(x - m) - ls`` (float32; equal to ``torch.log_softmax`` within float32 rounding);
-        equal log-probs are ordered by ascending token id.
-
-    Raises:
-        ValueError: bad shape, NaN / ``+inf`` logits or a row of only ``-inf`` (naming
-            request and depth), ``budget`` or ``k`` out of range (naming the argument given).
-    """
-    check_tensor("draft_logits", draft_logits, dtype=(torch.float32, torch.float16, torch.bfloat16, torch.float64), ndim=3)
-    vocab = draft_logits.shape[-1]
-    if k is None:
-        if budget is None:
-            raise ValueError("draft_topk_from_logits needs k or budget")
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-            raise ValueError(f"budget must be an int >= 1 (K = min(budget, V={vocab})), got {budget!r}")
-        k = min(int(budget), vocab)
-    elif isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab:
-        raise ValueError(f"k must be an int in [1, V={vocab}], got {k!r}")
-    bs, depth = draft_logits.shape[:2]
-    rows = draft_logits.reshape(bs * depth, vocab)
-    ids_out = torch.empty(bs * depth, k, dtype=torch.int64, device=rows.device)
-    lp_out = torch.empty(bs * depth, k, dtype=torch.float32, device=rows.device)
-    if rows.shape[0] == 0:
-        return ids_out.view(bs, depth, k), lp_out.view(bs, depth, k)
-    if vocab >= 1 << 18:  # beyond the sort key's column bits: the plain stable sort
-        for r0 in range(0, rows.shape[0], 64):
-            blk = rows[r0 : r0 + 64].float()
-            _check_row_max(blk.amax(-1), r0, depth)
-            val, idx = torch.sort(torch.log_softmax(blk, -1), dim=-1, descending=True, stable=True)
-            lp_out[r0 : r0 + 64], ids_out[r0 : r0 + 64] = val[:, :k], idx[:, :k]
-        return ids_out.view(bs, depth, k), lp_out.view(bs, depth, k)
-    chunk = max(1, vocab // (16 * k))  # >= 16K chunks where V allows: a tight threshold
-    nch = vocab // chunk
-    body = nch * chunk
-    per = max(1, min(rows.shape[0], block_bytes // (4 * vocab)))
-    buf = torch.empty(per, vocab, dtype=torch.float32, device=rows.device)  # exp2 scratch
-    log2e = 1.4426950408889634
-    for r0 in range(0, rows.shape[0], per):
-        blk = rows[r0 : r0 + per].float()
-        n = blk.shape[0]
-        # strided chunks: chunk c holds columns c, c + nch, c + 2*nch, ... (a vectorised max)
-        chunks = blk[:, :body].view(n, chunk, nch)
-        cmax = chunks.amax(1)  # [n, nch]
-        m = cmax.amax(-1, keepdim=True)
-        if body < vocab:
-            m = torch.maximum(m, blk[:, body:].amax(-1, keepdim=True))
-        _check_row_max(m[:, 0], r0, depth)  # NaN and +inf propagate through max; all -inf stays -inf
-        t = cmax.topk(k, -1, sorted=False).values.amin(-1, keepdim=True) if nch > k else cmax.amin(-1, keepdim=True)
-        tmp = torch.sub(blk, m, out=buf[:n])  # exact 0 at the maximum: ls >= 0, log-probs <= 0
-        ls = tmp.mul_(log2e).exp2_().sum(-1, keepdim=True).log_()
-        thr = t - ((t - m).abs() + ls.abs() + 1.0) * 2.0**-20  # 8 ulps of the log-probs' scale below t
-        # candidates: the elements >= thr of the chunks whose maximum reaches thr, and of the tail
-        cr, cc = (cmax >= thr).nonzero(as_tuple=True)
-        pr, pj = (chunks[cr, :, cc] >= thr[cr]).nonzero(as_tuple=True)
-        rr, col = cr[pr], pj * nch + cc[pr]
-        if body < vocab:
-            tr, tj = (blk[:, body:] >= thr).nonzero(as_tuple=True)
-            rr, col = torch.cat([rr, tr]), torch.cat([col, tj + body])
-        count = torch.bincount(rr, minlength=n)
-        big = count > max(k, vocab // 4)
-        if bool(big.any()):  # degenerate rows (e.g. all logits equal): sort them whole
-            for i in big.nonzero()[:, 0].tolist():
-                val, idx = torch.sort((blk[i] - m[i]) - ls[i], descending=True, stable=True)
-                lp_out[r0 + i], ids_out[r0 + i] = val[:k], idx[:k]
-            ok = ~big[rr]
-            rr, col = rr[ok], col[ok]
-            count = count.masked_fill(big, 0)
-        vals = (blk[rr, col] - m[rr, 0]) - ls[rr, 0] + 0.0  # + 0.0: no -0.0
-        # one sort on (row asc, log-prob desc, token id asc): an int64 key from the float bits
-        o = torch.sort(_order_key(rr, vals, col)).indices
-        starts = torch.cumsum(count, 0) - count
-        live = (~big).nonzero()[:, 0]
-        take = o[(starts[live, None] + torch.arange(k, device=blk.device)).reshape(-1)]
-        lp_out[r0 + live] = vals[take].view(-1, k)
-        ids_out[r0 + live] = col[take].view(-1, k)
-    return ids_out.view(bs, depth, k), lp_out.view(bs, depth, k)
-
-
-def _order_key(rows: torch.Tensor, vals: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """int64 keys ordering by row ascending, ``vals`` (float32, no NaN) descending, column
-    ascending: ``row << 50 | desc(vals) << 18 | col`` (rows < 2^13, columns < 2^18)."""
-    u = vals.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    asc = torch.where(u >= 0x80000000, 0xFFFFFFFF - u, u | 0x80000000)  # float order as uint32
-    return (rows << 50) | ((0xFFFFFFFF - asc) << 18) | cols
-
-
-def _check_row_max(m: torch.Tensor, r0: int, depth: int) -> None:
-    """Raise for the first row (flat index ``r0 + i``) whose maximum is NaN, +inf or -inf."""
-    bad = torch.isnan(m) | torch.isinf(m)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0, 0])
-        what = "NaN" if torch.isnan(m[i]) else "+inf" if m[i] > 0 else "every entry -inf"
-        row = r0 + i
-        raise ValueError(f"draft_logits, request {row // depth}, depth {row % depth + 1}: {what}")
-
-
 MAX_BUDGET = 1 << 16  # far above engine budgets (DDTree: 256-512); guards against runaway inputs
 
 
-def _budgets(budget: int | torch.Tensor | list[int], bs: int) -> list[int]:
+def request_budgets(budget: int | torch.Tensor | list[int], bs: int) -> list[int]:
+    """Per-request budgets B: one int for all ``bs`` requests, or one per request (list or
+    ``[bs]`` int tensor), each in ``[1, MAX_BUDGET]``.
+
+    Raises:
+        ValueError / TypeError: a budget that is not an integer, out of range, or a list of
+            the wrong length (the message names the request).
+    """
     import operator
 
     def as_int(v, where: str) -> int:
@@ -300,7 +143,7 @@ def _prepare(draft_token_ids, draft_logprobs, anchor_token_ids, budget, max_dept
     bs, depth_all, _ = draft_token_ids.shape
     check_tensor("anchor_token_ids", anchor_token_ids, dtype=torch.int64, ndim=1)
     check_shape("anchor_token_ids", anchor_token_ids, (bs,))
-    budgets = _budgets(budget, bs)
+    budgets = request_budgets(budget, bs)
     if max_depth is None:
         max_depth = depth_all
     if isinstance(max_depth, bool) or not isinstance(max_depth, int) or not 0 <= max_depth <= depth_all:
