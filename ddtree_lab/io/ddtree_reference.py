@@ -372,14 +372,12 @@ def parse_reference_object(obj, request: int = 0, strict: bool = True) -> tuple[
             if strict:
                 raise
             problems.append(e)
-        # the next round starts after this one's tau, known even for a damaged round when recorded
+            # the next round starts after this one's tau: from acceptance_lengths unless that is what is wrong
+            if start is not None:
+                start = start + lengths[r] if lengths is not None and e.field != "acceptance_lengths" else None
+            continue
         if start is not None:
-            if lengths is not None:
-                start += lengths[r]
-            elif rounds and rounds[-1].round == r:
-                start += rounds[-1].tau
-            else:
-                start = None  # a damaged round without acceptance_lengths: later offsets are unknown
+            start += rounds[-1].tau
     known = {"round_trees", "acceptance_lengths", "stage_times", "round_timestamps", "output_ids",
              *_RESULT_SCALARS, *_RESULT_FLOATS}
     meta = {k: v for k, v in obj.items() if k not in known and _is_plain(v)}
@@ -409,7 +407,7 @@ def _results_of(doc, path: str) -> tuple[list[tuple[dict, dict]], dict]:
     if not isinstance(doc, dict):
         raise ReferenceTraceError(f"{path}: top level is {type(doc).__name__}, expected a result dict, a list of them, "
                                   "or benchmark.py's {'responses': [...]}")
-    if "round_trees" in doc:
+    if "round_trees" in doc or "acceptance_lengths" in doc:  # one result (without trees: parse says why)
         return [(doc, {})], {}
     if "responses" in doc:
         responses = doc["responses"]
