@@ -279,3 +279,13 @@ def test_serving_beside_lab():
     assert len(fig.data) == 3 and list(fig.data[2].x) == [1, 2]
     with pytest.raises(ValueError, match="lab side"):
         rs.serving_vs_lab(serving, {})
+
+
+def test_sniff_source():
+    from ddtree_lab.io.source_runs import sniff_source
+
+    for name in ("fork_traces.json", "generate_result.jsonl", "generate_result.pt"):
+        assert sniff_source(REF / name) == "ddtree reference", name
+    for p in sorted(ENG.iterdir()):
+        assert sniff_source(p) == "engine summary", p.name
+    assert sniff_source(ROOT / "fixtures" / "sglang_cpu_recording.json") is None

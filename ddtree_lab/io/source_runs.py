@@ -12,13 +12,16 @@ filled in; the two tensor fields a tree must have and the reference does not rec
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from .acceptance import AcceptanceSummaries, read_acceptance_summaries
 from .ddtree_reference import ReferenceRequest, ReferenceRound, ReferenceTraces, read_reference_traces
 
 __all__ = ["REFERENCE_CANNOT", "SUMMARY_CANNOT", "reference_round_step", "reference_run", "summary_run",
-           "load_reference_run", "load_summary_run"]
+           "load_reference_run", "load_summary_run", "sniff_source"]
 
 #: Lab features a run from each source cannot feed, and why (shown by the run summary view).
 REFERENCE_CANNOT = {
@@ -172,3 +175,48 @@ def load_reference_run(path, strict: bool = False):
 def load_summary_run(path, engine: str | None = None):
     """:func:`summary_run` of :func:`~ddtree_lab.io.acceptance.read_acceptance_summaries`."""
     return summary_run(read_acceptance_summaries(path, engine=engine))
+
+
+def _kind_of(obj) -> str | None:
+    if isinstance(obj, list):
+        return _kind_of(obj[0]) if obj else None
+    if not isinstance(obj, dict):
+        return None
+    if "round_trees" in obj or "responses" in obj:
+        return "ddtree reference"
+    if isinstance(obj.get("name"), str) and obj["name"].startswith("vllm:"):
+        return "engine summary"
+    keys = set(obj)
+    if keys & {"metrics", "spec_decode_metrics", "num_spec_steps", "meta_info", "spec_verify_ct"}:
+        return "engine summary"
+    choices = obj.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict) and "meta_info" in choices[0]:
+        return "engine summary"
+    return None
+
+
+def sniff_source(path) -> str | None:
+    """Which of the two sources a file holds, from its name and first record, without
+    validating it: ``"ddtree reference"``, ``"engine summary"`` or None (neither; e.g. a lab
+    container). ``.pt`` / ``.pth`` files are taken as reference traces (the lab writes none);
+    ``.prom`` as vLLM ``/metrics`` text. Reads JSON only (a JSONL file: its first line)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix in (".pt", ".pth"):
+        return "ddtree reference"
+    if suffix == ".prom":
+        return "engine summary"
+    if suffix not in (".json", ".jsonl", ".txt") or not path.is_file():
+        return None
+    try:
+        with path.open() as f:
+            if suffix == ".json":
+                return _kind_of(json.load(f))
+            for line in f:
+                if line.strip():
+                    return _kind_of(json.loads(line))
+            return None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        if suffix == ".txt" and "vllm:spec_decode_" in path.read_text(errors="replace"):
+            return "engine summary"
+        return None
