@@ -79,7 +79,9 @@ class RequestAcceptance:
     Attributes:
         engine: ``"vllm"`` or ``"sglang"``. level: ``"per request"`` or ``"engine aggregate"``.
         request: index in the file. request_id: the engine's id (None when absent).
-        num_spec_tokens: k, the most draft tokens a step proposes (None when not reported).
+        num_spec_tokens: k, draft tokens proposed per step (vLLM: ``num_spec_tokens``; SGLang:
+            ``speculative_num_draft_tokens - 1``, derived as proposed / steps, which for a tree
+            is its node count, not its depth; an engine aggregate: the per-position length).
         num_steps: verify steps. num_accepted_draft_tokens / num_draft_tokens: totals, bonus
             excluded.
         accept_histogram: index j = steps that accepted exactly j draft tokens.

@@ -47,6 +47,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 __all__ = ["STAGE_NAMES", "ReferenceTraceError", "ReferenceRound", "ReferenceRequest", "ReferenceTraces",
            "read_reference_traces", "parse_reference_object", "sibling_ranks_of"]
 
@@ -179,16 +181,12 @@ def sibling_ranks_of(parents: tuple[int, ...] | list[int]) -> tuple[int, ...]:
 
 def _int_list(value, req, rnd, name, shape_hint: str) -> list[int]:
     """A list of Python ints (or a 1-D integer tensor); anything else names the field."""
-    try:
-        import torch
-        if isinstance(value, torch.Tensor):
-            if value.dtype.is_floating_point or value.dtype == torch.bool or value.dtype.is_complex:
-                raise ReferenceTraceError(f"dtype {value.dtype}, expected an integer tensor", req, rnd, name)
-            if value.dim() != 1:
-                raise ReferenceTraceError(f"shape {list(value.shape)}, expected {shape_hint}", req, rnd, name)
-            return [int(v) for v in value.tolist()]
-    except ImportError:  # torch is a dependency of the lab; only JSON needs no tensor check
-        pass
+    if isinstance(value, torch.Tensor):
+        if value.dtype.is_floating_point or value.dtype == torch.bool or value.dtype.is_complex:
+            raise ReferenceTraceError(f"dtype {value.dtype}, expected an integer tensor", req, rnd, name)
+        if value.dim() != 1:
+            raise ReferenceTraceError(f"shape {list(value.shape)}, expected {shape_hint}", req, rnd, name)
+        return [int(v) for v in value.tolist()]
     if not isinstance(value, list):
         raise ReferenceTraceError(f"expected a list of ints ({shape_hint}), got {type(value).__name__}", req, rnd, name)
     for k, v in enumerate(value):
@@ -268,16 +266,12 @@ def _opt_int(obj: dict, key: str, req: int) -> int | None:
 
 
 def _output_ids(value, req: int) -> list[int]:
-    try:
-        import torch
-        if isinstance(value, torch.Tensor):
-            if value.dtype.is_floating_point or value.dtype == torch.bool:
-                raise ReferenceTraceError(f"dtype {value.dtype}, expected int64", req, None, "output_ids")
-            if value.dim() != 2 or value.shape[0] != 1:
-                raise ReferenceTraceError(f"shape {list(value.shape)}, expected [1, T]", req, None, "output_ids")
-            return [int(v) for v in value[0].tolist()]
-    except ImportError:
-        pass
+    if isinstance(value, torch.Tensor):
+        if value.dtype.is_floating_point or value.dtype == torch.bool:
+            raise ReferenceTraceError(f"dtype {value.dtype}, expected int64", req, None, "output_ids")
+        if value.dim() != 2 or value.shape[0] != 1:
+            raise ReferenceTraceError(f"shape {list(value.shape)}, expected [1, T]", req, None, "output_ids")
+        return [int(v) for v in value[0].tolist()]
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], list):
         value = value[0]  # [1, T] written with .tolist()
     return _int_list(value, req, None, "output_ids", "[1, T]")
@@ -434,8 +428,6 @@ def _results_of(doc, path: str) -> tuple[list[tuple[dict, dict]], dict]:
 
 def _torch_doc(path: Path):
     import pickle
-
-    import torch
 
     try:
         return torch.load(str(path), map_location="cpu", weights_only=True)
