@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +21,8 @@ import torch
 
 import ddtree_lab as dl
 from ddtree_lab import views
-from ddtree_lab.views.examples import random_step
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from step_examples import random_step  # noqa: E402  (test support: hand-made steps)
 
 ROOT = Path(__file__).resolve().parent.parent
 COLUMN = 1100

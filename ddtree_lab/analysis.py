@@ -1,4 +1,4 @@
-"""Analyses of recorded steps: pure functions of :class:`ddtree_lab.trace.StepTrace` records.
+"""Analyses of recorded steps: pure functions of :class:`ddtree_lab.step.Step` records.
 
 Two kinds:
 
@@ -634,7 +634,7 @@ class TunerData:
 
     @classmethod
     def from_run(cls, run, steps: Sequence | None = None) -> "TunerData":
-        """Pack a :class:`ddtree_lab.trace.RunTrace` (all its steps, or ``steps``); the vocabulary
+        """Pack a :class:`ddtree_lab.step.Run` (all its steps, or ``steps``); the vocabulary
         size comes from the run metadata (``vocab_size``, or the target's)."""
         vocab = run.metadata.get("vocab_size") or run.metadata.get("target", {}).get("vocab_size")
         if vocab is None:

@@ -4,7 +4,7 @@ A bundle directory holds
 
 * ``bundle.safetensors``: the step (tree, buffers, draft top-k, parameters, coins, recorded
   output and decision log, timings) in the trace container (every tensor and the JSON
-  document checksummed, :func:`ddtree_lab.container.read_container`), the token texts of the
+  document checksummed, :func:`ddtree_lab.io.container.read_container`), the token texts of the
   tokens involved, and where it came from;
 * ``tree.svg``: the step's diagram (:func:`ddtree_lab.views.step_svg`);
 * ``README.md``: what it is and how to replay it (``ddtree-lab replay DIR``).
@@ -41,10 +41,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .container import read_container, write_container
-from .trace import (TraceFormatError, Difference, RunTrace, StepTrace, compare_outputs,
-                    replay_differences, step_from_json, step_tensors, check_step_tensors,
-                    _step_json)
+from .io.container import read_container, write_container
+from .io.lab_trace import TraceFormatError, step_from_json, step_tensors, check_step_tensors, step_json
+from .replay import Difference, compare_outputs, replay_differences
+from .step import RunTrace, StepTrace, TargetRows
 from .verify import VerifyOutput
 
 __all__ = ["Bundle", "BundleReplay", "make_bundle", "save_bundle", "load_bundle", "replay_bundle", "CHUNK"]
@@ -201,8 +201,9 @@ def make_bundle(run: RunTrace, step: int | StepTrace, request: int | None = None
     if s.child_probs is None or s.final_row_prefix is None:
         raise ValueError(f"step {step}, request {request}: recorded at level {s.level!r}: no verify rows to bundle")
     c, base, tail = _reduce(s)
-    keep = dataclasses.replace(s, top_token_ids=None, top_probs=None, row_logit_ids=None, row_logits=None,
-                               final_row_prefix=None, level="light", timings=dict(s.timings), extra=dict(s.extra))
+    kept_rows = TargetRows(kind="bundle", child_probs=s.child_probs, final_mass=s.final_mass,
+                           row_logsumexp=s.row_logsumexp, node_logits=s.node_logits)
+    keep = dataclasses.replace(s, rows=kept_rows, level="light", timings=dict(s.timings), extra=dict(s.extra))
     wanted = s.token_ids() | set(s.draft_token_ids.flatten().tolist())
     if s.top_token_ids is not None:
         for i in s.accepted_path:
@@ -302,7 +303,7 @@ def save_bundle(bundle: Bundle, directory: str | Path) -> Path:
     tensors["0.final_row_tail"] = bundle.final_row_tail.detach().to("cpu", torch.float32).contiguous()
     doc = {"format": FORMAT, "version": VERSION, "metadata": bundle.metadata,
            "token_texts": {str(k): v for k, v in bundle.token_texts.items()},
-           "steps": [_step_json(s)],
+           "steps": [step_json(s)],
            "final_row": {"start": int(bundle.final_row_start), "base": float(bundle.final_row_base)}}
     write_container(directory / "bundle.safetensors", doc, tensors)
     (directory / "tree.svg").write_text(bundle.svg, encoding="utf-8")
@@ -331,6 +332,8 @@ def load_bundle(directory: str | Path) -> Bundle:
         check_step_tensors(f"{path}: step 0", js, t, int(vocab) if isinstance(vocab, int) else None, 2,
                            exempt=("final_row_prefix",))
         step = step_from_json(js, t, f"{path}: step 0")
+        step.rows.kind = "bundle"
+        step.source = "bundle"
         texts = {int(k): str(v) for k, v in (doc.get("token_texts") or {}).items()}
     except TraceFormatError:
         raise
@@ -348,7 +351,7 @@ def load_bundle(directory: str | Path) -> Bundle:
 
 def replay_bundle(bundle: Bundle | str | Path, backend: str = "reference") -> BundleReplay:
     """Re-verify a bundle's step with the reference verifier and compare it with the recorded
-    output, decision by decision (:func:`ddtree_lab.trace.compare_outputs`).
+    output, decision by decision (:func:`ddtree_lab.replay.compare_outputs`).
 
     A bundle stores target probabilities (what the verifier read), not logits, so only the
     ``"reference"`` backend replays it.
@@ -363,6 +366,21 @@ def replay_bundle(bundle: Bundle | str | Path, backend: str = "reference") -> Bu
                          f"verifier only, not {backend!r}")
     if not isinstance(bundle, Bundle):
         bundle = load_bundle(bundle)
-    step = dataclasses.replace(bundle.step, final_row_prefix=bundle.final_row_prefix())
-    out, diffs = replay_differences(step, bundle.vocab_size)
+    out, diffs = replay_differences(bundle_step(bundle), bundle.vocab_size)
     return BundleReplay(out, diffs)
+
+
+def bundle_step(bundle: Bundle) -> StepTrace:
+    """The bundle's step with its bonus row rebuilt from the reduction (rows kind ``"bundle"``):
+    what :func:`ddtree_lab.replay` and the views read."""
+    rows = dataclasses.replace(bundle.step.rows, final_row_prefix=bundle.final_row_prefix())
+    return dataclasses.replace(bundle.step, rows=rows, source="bundle")
+
+
+def bundle_run(bundle: Bundle) -> RunTrace:
+    """A bundle as a :class:`~ddtree_lab.step.Run` of its one step (:func:`ddtree_lab.io.load`)."""
+    meta = dict(bundle.metadata)
+    meta.setdefault("source", "bundle")
+    meta["bundle_source"] = bundle.metadata.get("source")
+    meta["source"] = "bundle"
+    return RunTrace(metadata=meta, steps=[bundle_step(bundle)], token_texts=dict(bundle.token_texts))

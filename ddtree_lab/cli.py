@@ -38,7 +38,7 @@ class CLIError(Exception):
 
 
 def _load_trace(path: str):
-    from .trace import load_trace
+    from .io.lab_trace import load_trace
 
     p = Path(path)
     if p.is_dir():
@@ -646,7 +646,7 @@ def cmd_record(args) -> int:
 
     from .sampling import SamplingParams
     from .session import LiveSession
-    from .trace import save_trace
+    from .io.lab_trace import save_trace
 
     out = Path(args.out)
     _check_out_file(args.out)

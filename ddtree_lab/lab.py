@@ -1,6 +1,6 @@
 """Notebook helpers: the calls the notebooks in ``labs/`` make (no logic lives in cells).
 
-Everything here reads :class:`ddtree_lab.trace.RunTrace` records; only
+Everything here reads :class:`ddtree_lab.step.Run` records; only
 :func:`load_default` touches models.
 """
 
@@ -10,7 +10,7 @@ import html
 from os import PathLike
 from pathlib import Path
 
-from .trace import RunTrace
+from .step import RunTrace
 from .views import committed_html, decisions_table_html, step_svg, step_view, to_text
 
 __all__ = ["DEFAULT_DRAFTER", "drafter_exists", "load_default", "load_drafter", "show_step", "show_steps", "show_text", "step_browser",
@@ -171,7 +171,7 @@ def fixture_trace(name: str = "smollm2_t08_b32") -> RunTrace:
     """
     from pathlib import Path
 
-    from .trace import load_trace
+    from .io.lab_trace import load_trace
 
     folder = Path(__file__).resolve().parent.parent / "fixtures" / "traces"
     path = folder / f"{name}.ddtrace.safetensors"

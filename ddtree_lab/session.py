@@ -24,7 +24,7 @@ One step for the batch of active requests (Ringel & Romano, arXiv 2604.12989, §
 Recording levels (``record=``): ``full`` (everything a :class:`StepTrace` holds, every node's
 target row and its top-64 raw logits), ``light`` (buffers, draft top-k, decisions and only the
 rows the verifier read: ``child_probs`` of the visited nodes' children, NaN elsewhere, no
-top-M rows: those fields are None, see :func:`ddtree_lab.trace.make_step_trace`), ``off``
+top-M rows: those fields are None, see :func:`ddtree_lab.record.make_step_trace`), ``off``
 (outputs only: no StepTrace; the tokens, ``last_timings`` and ``stage_totals``).
 """
 
@@ -40,7 +40,8 @@ import torch
 from .models.drafter import DraftContext, Drafter
 from .buffers import compile_retrieve
 from .sampling import SamplingParams, normalize_params, target_probs
-from .trace import TOP_M_LOGITS, RunTrace, StepTrace, make_step_trace
+from .record import TOP_M_LOGITS, make_step_trace
+from .step import RunTrace, StepTrace
 from .build import build_tree
 from .draft import draft_topk_from_logits
 from .verify import VerifyOutput, draw_coins, make_generators, residual_draw, verify_sampled
@@ -115,7 +116,7 @@ class LiveSession:
             seed given for the whole batch seeds request ``b`` with ``params.seed + b``, so
             requests never share coins.
         max_depth, top1_spine, min_prob: passed to :func:`ddtree_lab.build_tree`.
-        top_m: tokens kept per target row for display (see :mod:`ddtree_lab.trace`).
+        top_m: tokens kept per target row for display (see :mod:`ddtree_lab.record`).
         verify_backend: ``"reference"`` (:func:`ddtree_lab.verify_sampled` on
             :func:`ddtree_lab.target_probs`), ``"torch-lazy"``, ``"triton"`` or ``"auto"``
             (:func:`ddtree_lab.verify_tree` on the raw logits); default

@@ -2,7 +2,7 @@
 
 SmolLM2-135M-Instruct (fp32, CPU) with the shipped ridge drafter, block size 16, budget 32,
 three prompts, 64 new tokens each: one greedy run and one temperature-0.8 run, recorded at
-level "full" in trace format v2 (top-64 raw logits per row; see ddtree_lab.trace). Each file is
+level "full" in trace format v2 (top-64 raw logits per row; see ddtree_lab.io.lab_trace). Each file is
 replayed after writing, and its size per 64 generated tokens printed (goal: <= 5 MB).
 
     python scripts/record_traces.py [--out fixtures/traces]

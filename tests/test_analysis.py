@@ -157,7 +157,7 @@ def test_looks_greedy_flags_a_sampled_request_verified_greedily(greedy_run, samp
             ids = s.top_token_ids[int(s.parents[i])].tolist()
             tok = int(s.node_token_ids[i])
             child[i] = s.top_probs[int(s.parents[i]), ids.index(tok)] if tok in ids else 0.0
-        faulty.append(dataclasses.replace(s, params=SamplingParams(temperature=1.0), child_probs=child))
+        faulty.append(s.replace(params=SamplingParams(temperature=1.0), child_probs=child))
     flags = analysis.looks_greedy(faulty)
     assert all(f.flagged for f in flags), [f.message for f in flags]
     assert all(f.argmax_tokens == f.tokens and f.log10_p < -3 for f in flags)

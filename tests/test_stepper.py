@@ -6,7 +6,7 @@ import pytest
 
 import ddtree_lab as dl
 from ddtree_lab import views
-from ddtree_lab.views.examples import golden_cases
+from step_examples import golden_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors"

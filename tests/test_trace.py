@@ -11,8 +11,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import ddtree_lab as dl
-from ddtree_lab.container import write_container
-from ddtree_lab.trace import LEVELS, STAGES, Difference, compare_outputs, make_step_trace, replay_differences
+from ddtree_lab.io.container import write_container
+from ddtree_lab.record import make_step_trace
+from ddtree_lab.replay import Difference, compare_outputs, replay_differences
+from ddtree_lab.step import LEVELS, STAGES
 
 TRACES = Path(__file__).resolve().parent.parent / "fixtures" / "traces"
 GREEDY = TRACES / "smollm2_greedy_b32.ddtrace.safetensors"
@@ -172,7 +174,7 @@ def test_make_step_trace_light_and_off(params, tmp_path):
         light = _make(b, "light", data, params, with_probs=False)
         off = _make(b, "off", data, params)
         assert light.level == "light" and set(light.missing()) == {"top_token_ids", "top_probs", *V2_FIELDS}
-        assert off.missing() == [k for k in dl.trace._TENSOR_FIELDS if k not in ("accept_index", "emitted_tokens")]
+        assert off.missing() == [k for k in __import__("ddtree_lab.io.lab_trace", fromlist=["x"]).TENSOR_FIELDS if k not in ("accept_index", "emitted_tokens")]
         # light keeps exactly the rows the walk read: children of visited nodes
         visited = set(full.accepted_path)
         for i in range(1, full.num_nodes):
@@ -364,7 +366,7 @@ def test_levels_and_stages_are_named_once():
 
 
 def test_top_logits_order_equals_a_stable_sort_with_and_without_ties():
-    from ddtree_lab.trace import _top_logits
+    from ddtree_lab.record import _top_logits
 
     g = torch.Generator().manual_seed(0)
     for trial in range(200):

@@ -226,7 +226,7 @@ def test_tuner_data_refuses_v1_steps():
 
 @pytest.fixture(scope="module")
 def small_run():
-    from ddtree_lab.trace import RunTrace
+    from ddtree_lab.step import RunTrace
 
     g = torch.Generator().manual_seed(5)
     steps = []

@@ -17,7 +17,7 @@ import torch
 
 import ddtree_lab as dl
 from ddtree_lab import views
-from ddtree_lab.views.examples import GOLDEN_TEXTS, golden_cases, random_step
+from step_examples import GOLDEN_TEXTS, golden_cases, random_step
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
@@ -259,7 +259,6 @@ def test_children_table_sums_up_the_children_not_judged_past_the_limit():
 def test_light_and_off_steps():
     """A light step (rows of the visited nodes only) draws with unknown numbers shown as '?'; an
     off step (outputs only) is refused with a message naming its level."""
-    import dataclasses
 
     step, texts = CASES["collapsed"]
     visited = {0} | {d.node for d in step.decisions}
@@ -267,12 +266,12 @@ def test_light_and_off_steps():
     for i in range(1, step.num_nodes):
         if int(step.parents[i]) not in visited:
             probs[i] = float("nan")
-    light = dataclasses.replace(step, child_probs=probs, top_token_ids=None, top_probs=None, level="light")
+    light = step.replace(child_probs=probs, top_token_ids=None, top_probs=None, level="light")
     view = views.step_view(light, texts)
     hidden_parent = next(i for i in range(1, step.num_nodes) if int(step.parents[i]) not in visited)
     assert view.nodes[hidden_parent].target_p is None and view.expected_accept is None
     assert "p=?" in views.to_dot(view) and views.to_text(view)
     assert views.step_view(light, texts, collapse_unvisited=True).hidden > 0
-    off = dataclasses.replace(step, node_token_ids=None, child_probs=None, level="off")
+    off = step.replace(node_token_ids=None, child_probs=None, level="off")
     with pytest.raises(ValueError, match="level 'off'"):
         views.step_view(off, texts)

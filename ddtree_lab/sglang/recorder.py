@@ -422,7 +422,7 @@ class SGLangRecorder:
         return Recording(meta, list(self.steps))
 
     def to_trace(self, metadata: dict | None = None):
-        """The recorded steps as a lab :class:`ddtree_lab.trace.RunTrace`
+        """The recorded steps as a lab :class:`ddtree_lab.step.Run`
         (:func:`ddtree_lab.sglang.replay.recording_to_trace`)."""
         from .replay import recording_to_trace
 

@@ -108,11 +108,11 @@ class ReplayResult:
 
 def output_differences(sglang: VerifyOutput, lab: VerifyOutput, compare_bonus: bool = True) -> list[str]:
     """SGLang's output against the lab's, one line per differing field
-    (:func:`ddtree_lab.trace.compare_outputs`, the lab's one comparator, without decision logs:
+    (:func:`ddtree_lab.replay.compare_outputs`, the lab's one comparator, without decision logs:
     SGLang's kernels keep none), e.g. ``"accept_index: recorded [0] != replayed [0, 1]"``
     (recorded: SGLang; replayed: the lab). ``compare_bonus=False`` keeps only the accepted path
     and its length (the lab's bonus is not known)."""
-    from ..trace import compare_outputs
+    from ..replay import compare_outputs
 
     lines = []
     for d in compare_outputs(sglang, lab, decisions=False):
@@ -301,10 +301,10 @@ def _params(sampling: dict, kind: str) -> SamplingParams:
 
 
 def recording_to_trace(recording: Recording, top_m: int = 16):
-    """An SGLang recording as a lab :class:`ddtree_lab.trace.RunTrace` that the views, the
+    """An SGLang recording as a lab :class:`ddtree_lab.step.Run` that the views, the
     command line and :func:`ddtree_lab.replay` read.
 
-    One :class:`~ddtree_lab.trace.StepTrace` per recorded row whose lab replay the recording
+    One :class:`~ddtree_lab.step.Step` per recorded row whose lab replay the recording
     determines: ``step`` is the verify call's index in the recording, ``request`` the index of
     its request in ``metadata["requests"]`` (one entry per SGLang request id: the parameters,
     the prompt text and token ids where the recorder saw SGLang's ``Req`` (else None), and as
@@ -313,13 +313,14 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
     (greedy rows: one-hot rows at SGLang's ``target_predict`` and coins 0, as a lab greedy
     session verifies; sampled rows: the recorded rows renormalised, as :func:`replay_step`).
     SGLang's own output, the replay verdict and any difference are in ``step.extra``. Built by
-    :func:`ddtree_lab.trace.make_step_trace` (level ``full``, from probabilities: SGLang hands
+    :func:`ddtree_lab.record.make_step_trace` (level ``full``, from probabilities: SGLang hands
     its kernels no logits). What SGLang does not record is marked, not invented: draft top-k
     empty, ``node_logws`` NaN, ``ranks`` -1, target rows the kernel never read zero. Rows not replayable, or whose lab
     walk reaches a row that was not recorded, are listed in ``metadata["skipped_rows"]``.
     """
     from ..buffers import decode_retrieve
-    from ..trace import RunTrace, make_step_trace
+    from ..record import make_step_trace
+    from ..step import RunTrace
 
     requests: dict[str, dict] = {}
     prompts = recording.metadata.get("prompts") or {}
@@ -380,6 +381,6 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
 def convert(path: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Convert the recording at ``path`` into a lab trace file ``out`` (:func:`recording_to_trace`,
     :func:`ddtree_lab.save_trace`); returns the written path."""
-    from ..trace import save_trace
+    from ..io.lab_trace import save_trace
 
     return save_trace(recording_to_trace(load_recording(path)), out)

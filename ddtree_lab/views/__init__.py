@@ -1,6 +1,6 @@
 """Views of recorded steps: one view model, rendered many ways.
 
-A :class:`ddtree_lab.trace.StepTrace` is lowered once to a :class:`StepView`
+A :class:`ddtree_lab.step.Step` is lowered once to a :class:`StepView`
 (:mod:`ddtree_lab.views.model`: nodes, labelled probabilities, decision rows, the bonus draw,
 the walk events and a decision cursor, ``to_dict()``); everything else renders that:
 

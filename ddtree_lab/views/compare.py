@@ -1,6 +1,6 @@
 """Greedy against temperature sampling: figures over the steps of one (mixed-parameter) batch.
 
-Every figure reads :class:`ddtree_lab.trace.StepTrace` records only (live or loaded) and
+Every figure reads :class:`ddtree_lab.step.Step` records only (live or loaded) and
 groups them by *setting*, the request's sampling parameters as text
 (:func:`ddtree_lab.analysis.setting_label`). The numbers come from :mod:`ddtree_lab.analysis`:
 
@@ -26,7 +26,7 @@ import statistics
 from typing import Sequence
 
 from .. import analysis
-from ..trace import RunTrace
+from ..step import RunTrace
 
 __all__ = ["settings_of", "tau_figure", "tau_distribution_figure", "calibration_figure", "acceptance_figure",
            "sibling_rank_figure", "throughput_figure", "sibling_quality_figure", "trees_html", "looks_greedy_html",

@@ -155,7 +155,7 @@ def render_svg(dot_source: str) -> str:
 
 
 def step_svg(step, texts=None, collapse_unvisited: bool = False, **options) -> str:
-    """A step's tree as an SVG string: ``step`` is a :class:`ddtree_lab.trace.StepTrace`
+    """A step's tree as an SVG string: ``step`` is a :class:`ddtree_lab.step.Step`
     (lowered with :func:`ddtree_lab.views.step_view` and ``texts``, ``collapse_unvisited``
     and the collapse ``options``) or an already lowered :class:`StepView`.
 

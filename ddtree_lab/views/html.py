@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from ..trace import RunTrace
+from ..step import RunTrace
 from .model import LOSSY_COLOR, StepView, token_label
 from .model import number_label as _num
 

@@ -2,7 +2,7 @@
 
 Every rendering (DOT/SVG picture, text tree, decision tables as text and HTML, the verify
 stepper widget, plots through :meth:`StepView.to_dict`) reads a :class:`StepView`; none reads
-a :class:`ddtree_lab.trace.StepTrace` directly. Lower once, render many ways.
+a :class:`ddtree_lab.step.Step` directly. Lower once, render many ways.
 
 **One meaning per number** (docs/DESIGN.md, "Words"):
 
@@ -43,7 +43,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from ..trace import RunTrace, StepTrace
+from ..step import RunTrace, StepTrace
 
 __all__ = ["NodeView", "DecisionRow", "BonusView", "Cursor", "StepView", "WalkEvent", "step_view", "token_label",
            "lossy_mark", "walk_events", "STATUSES"]

@@ -13,7 +13,7 @@ steps show the argmax comparison instead of coins.
 What-if: a coin slider for the current node re-runs the pure verifier on the step with that
 coin (:func:`what_if`) and shows what would have been accepted. Live: given ``more`` (a
 callable the notebook builds around a :class:`ddtree_lab.LiveSession` that returns the
-updated :class:`ddtree_lab.trace.RunTrace`), a button runs one more step and shows it. The
+updated :class:`ddtree_lab.step.Run`), a button runs one more step and shows it. The
 stepper itself never touches a model.
 
 All state lives in :class:`VerifyStepper` (plain attributes and methods: ``next()``,
@@ -27,7 +27,7 @@ import html
 from dataclasses import dataclass
 from typing import Callable
 
-from ..trace import RunTrace, StepTrace
+from ..step import RunTrace, StepTrace
 from .dot import step_svg
 from .html import bonus_html, children_html, decisions_table_html, mass_bar_svg
 from .model import StepView, step_view, token_label

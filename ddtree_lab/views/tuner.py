@@ -25,7 +25,7 @@ from typing import Callable
 from .. import analysis
 from ..analysis import TunerData, TunerResult
 from ..sampling import SamplingParams
-from ..trace import RunTrace
+from ..step import RunTrace
 
 __all__ = ["TunerState", "Tuner", "expected_tau_text", "params_from_controls", "reach_tree_dot", "bars_svg"]
 

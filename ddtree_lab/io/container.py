@@ -1,4 +1,4 @@
-"""The checksummed file container shared by traces, bundles and SGLang recordings.
+"""The checksummed file container of trace files and bundles (one safetensors file + one JSON document).
 
 One safetensors file whose metadata key ``"ddtree_lab"`` holds one JSON document; the document
 records a SHA-256, dtype and shape for every tensor and a SHA-256 of itself, so a corrupted or
@@ -65,9 +65,14 @@ def write_container(path: str | Path, doc: dict, tensors: dict[str, torch.Tensor
     return path
 
 
-def read_container(path: str | Path, fmt: str, versions: Sequence[int], what: str = "trace") -> tuple[dict, dict]:
+def read_container(path: str | Path, fmt: str, versions: Sequence[int], what: str = "trace",
+                   damaged: dict | None = None) -> tuple[dict, dict]:
     """Read a file written by :func:`write_container`: ``(doc, tensors)``, every checksum,
     dtype and shape checked against the document before a tensor is returned.
+
+    ``damaged``: a dict to collect tensor-level problems in (missing, wrong dtype / shape, or
+    a failing checksum: ``{key: message}``, the tensor left out) instead of raising, so a
+    reader can keep every undamaged step. The document itself must be intact either way.
 
     Raises:
         FileNotFoundError: no such file.
@@ -117,17 +122,26 @@ def read_container(path: str | Path, fmt: str, versions: Sequence[int], what: st
         if extra:
             raise TraceFormatError(f"{path}: {_field_of(sorted(extra)[0])}: tensor not listed in the document")
         tensors = {}
+
+        def fail(key: str, message: str) -> None:
+            if damaged is None:
+                raise TraceFormatError(message)
+            damaged[key] = message
+
         for key, info in declared.items():
             if key not in keys:
-                raise TraceFormatError(f"{path}: {_field_of(key)}: tensor is missing")
+                fail(key, f"{path}: {_field_of(key)}: tensor is missing")
+                continue
             sl = f.get_slice(key)
             dtype, shape = str(sl.get_dtype()).lower(), list(sl.get_shape())
             want_dtype = {"int64": "i64", "float32": "f32", "float64": "f64"}.get(info.get("dtype"))
             if want_dtype is None or dtype != want_dtype or shape != info.get("shape"):
-                raise TraceFormatError(f"{path}: {_field_of(key)}: tensor is {dtype} {shape}, the document says "
-                                       f"{info.get('dtype')} {info.get('shape')}")
+                fail(key, f"{path}: {_field_of(key)}: tensor is {dtype} {shape}, the document says "
+                          f"{info.get('dtype')} {info.get('shape')}")
+                continue
             t = f.get_tensor(key)
             if tensor_sha256(t) != info.get("sha256"):
-                raise TraceFormatError(f"{path}: {_field_of(key)}: checksum mismatch: the file is corrupted")
+                fail(key, f"{path}: {_field_of(key)}: checksum mismatch: the file is corrupted")
+                continue
             tensors[key] = t
     return doc, tensors

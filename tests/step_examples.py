@@ -1,8 +1,8 @@
-"""Hand-made steps without a model: the golden view cases, the render benchmark and demos.
+"""Test support: hand-made Steps whose right answer a reader can check on paper (golden views, stepper).
 
 :func:`make_step` runs the library's own pipeline (``build_tree`` -> ``compile_retrieve`` ->
 ``target_probs`` -> ``verify_sampled`` -> ``row_records``) on a drafter top-k and target rows
-the caller gives, and returns the :class:`ddtree_lab.trace.StepTrace` a live session would
+the caller gives, and returns the :class:`ddtree_lab.step.Step` a live session would
 have recorded (it replays bit for bit). :func:`golden_cases` are the small trees the view
 golden files are made of; :func:`random_step` is a big random one.
 """
@@ -13,9 +13,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..sampling import SamplingParams, target_probs
-from ..trace import RunTrace, StepTrace, row_records
-from ..verify import draw_coins, make_generators, verify_sampled
+from ddtree_lab.sampling import SamplingParams, target_probs
+from ddtree_lab.record import row_records
+from ddtree_lab.step import RunTrace, StepTrace
+from ddtree_lab.verify import draw_coins, make_generators, verify_sampled
 
 __all__ = ["make_step", "golden_cases", "random_step"]
 
@@ -40,8 +41,8 @@ def make_step(draft_token_ids: torch.Tensor, draft_logprobs: torch.Tensor, ancho
     Raises:
         ValueError: from the pipeline stages (bad shapes, coins outside [0, 1), ...).
     """
-    from ..buffers import compile_retrieve
-    from ..build import build_tree
+    from ddtree_lab.buffers import compile_retrieve
+    from ddtree_lab.build import build_tree
 
     tree = build_tree(draft_token_ids[None], draft_logprobs[None], torch.tensor([anchor]), budget)
     vi = compile_retrieve(tree, torch.tensor([prefix_len]))
@@ -69,7 +70,7 @@ def make_step(draft_token_ids: torch.Tensor, draft_logprobs: torch.Tensor, ancho
     out = verify_sampled(vi, probs, drawn, final)
     bonus = out.bonus[0]
     records = row_records(parents, tokens, probs[0, :n], display, bonus, top_m)
-    return StepTrace(
+    return StepTrace.from_fields(
         step=step, request=request, request_id=str(request), prefix_len=prefix_len,
         draft_token_ids=draft_token_ids.clone(), draft_logprobs=draft_logprobs.clone(), node_token_ids=tokens.clone(),
         parents=parents.clone(), depths=tree.depths[0, :n].clone(), ranks=tree.ranks[0, :n].clone(),
@@ -160,7 +161,7 @@ def random_step(budget: int = 256, vocab: int = 512, depth: int = 15, seed: int 
     Gaussian logits) and token texts ``tok<id>``: the render benchmark's 256-node tree."""
     g = torch.Generator().manual_seed(seed)
     draft = torch.randn(1, depth, vocab, generator=g) * 3.0
-    from ..draft import draft_topk_from_logits
+    from ddtree_lab.draft import draft_topk_from_logits
 
     ids, lps = draft_topk_from_logits(draft, k=top_k or min(budget, vocab))
     table = torch.randn(4096, vocab, generator=g) * 3.0

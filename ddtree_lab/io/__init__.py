@@ -1,0 +1,157 @@
+"""One way in: ``load(path) -> Run`` for every source the lab reads, one adapter per source.
+
+Sources (:data:`SOURCES`, told apart by their content, never by running anything from them):
+
+* ``"lab trace"`` -- a ``.ddtrace.safetensors`` file (format v1 / v2, :mod:`.lab_trace`);
+* ``"bundle"`` -- a bug-report bundle directory or its ``bundle.safetensors``
+  (:mod:`ddtree_lab.bundle`): one step whose bonus row is the bundle's exact reduction;
+* ``"sglang recording"`` -- ``NAME.json`` + ``NAME.safetensors`` written by the SGLang recorder,
+  converted step by step (:func:`ddtree_lab.sglang.recording_to_trace`);
+* ``"ddtree reference"`` -- the DDTree reference's tree traces (:mod:`.ddtree_reference`);
+* ``"engine summary"`` -- an engine's per-request acceptance summary (:mod:`.acceptance`).
+
+A damaged step of a lab trace is named in ``Run.problems`` and left out; the other steps load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..step import Run
+from .container import TraceFormatError
+from .lab_trace import load_trace, save_trace
+
+__all__ = ["load", "source_of", "SOURCES", "save_trace", "load_trace", "TraceFormatError"]
+
+SOURCES = ("lab trace", "bundle", "sglang recording", "ddtree reference", "engine summary")
+
+
+def _safetensors_meta(p: Path) -> dict | None:
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(p), framework="pt") as f:
+            return f.metadata() or {}
+    except Exception:  # not a safetensors file (safetensors raises its own error types)
+        return None
+
+
+def _json_format(p: Path) -> str | None:
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return doc.get("format") if isinstance(doc, dict) else None
+
+
+def source_of(path: str | Path) -> str:
+    """Which of :data:`SOURCES` ``path`` is, read from its content (JSON headers and
+    safetensors metadata only).
+
+    Raises:
+        FileNotFoundError: nothing at ``path`` (nor ``path.json``).
+        TraceFormatError: a file none of the sources reads (the message says what it looks like).
+    """
+    from ..sglang.recording import FORMAT as RECORDING_FORMAT
+
+    p = Path(path)
+    if p.is_dir():
+        if (p / "bundle.safetensors").is_file():
+            return "bundle"
+        if any(p.glob("*.json")) or any(p.glob("*.jsonl")):
+            return _source_of_json_dir(p)
+        raise TraceFormatError(f"{p}: a directory with no bundle.safetensors: not a bundle")
+    if not p.exists():
+        if Path(str(p) + ".json").is_file() and _json_format(Path(str(p) + ".json")) == RECORDING_FORMAT:
+            return "sglang recording"
+        raise FileNotFoundError(f"{p}: no such file")
+    if p.suffix in (".json", ".jsonl"):
+        fmt = _json_format(p) if p.suffix == ".json" else None
+        if fmt == RECORDING_FORMAT:
+            return "sglang recording"
+        return _source_of_json(p)
+    meta = _safetensors_meta(p)
+    if meta is None:
+        if p.suffix in (".pt", ".pth"):
+            return "ddtree reference"
+        raise TraceFormatError(f"{p}: not a safetensors or JSON file: not a trace, bundle, recording or summary")
+    text = meta.get("ddtree_lab")
+    if text is not None:
+        try:
+            fmt = json.loads(text).get("format")
+        except (ValueError, AttributeError):
+            fmt = None  # a damaged document: the lab trace reader names the problem
+        return "bundle" if fmt == "ddtree-lab-bundle" else "lab trace"
+    beside = p.with_suffix(".json")
+    if beside.is_file() and _json_format(beside) == RECORDING_FORMAT:
+        return "sglang recording"
+    if "ddtree_reference" in meta:
+        return "ddtree reference"
+    raise TraceFormatError(f"{p}: safetensors without ddtree_lab metadata"
+                           f"{'' if not beside.exists() else f' and {beside.name} is not an SGLang recording'}: "
+                           "not a trace, bundle or recording (drafter weights?)")
+
+
+def _source_of_json(p: Path) -> str:
+    try:
+        from .acceptance import looks_like_summary
+    except ImportError:  # pragma: no cover - the adapter ships with the package
+        looks_like_summary = None
+    try:
+        from .ddtree_reference import looks_like_reference
+    except ImportError:  # pragma: no cover
+        looks_like_reference = None
+    if looks_like_reference is not None and looks_like_reference(p):
+        return "ddtree reference"
+    if looks_like_summary is not None and looks_like_summary(p):
+        return "engine summary"
+    raise TraceFormatError(f"{p}: JSON that is neither an SGLang recording, DDTree reference tree traces nor an "
+                           "engine acceptance summary")
+
+
+def _source_of_json_dir(p: Path) -> str:
+    raise TraceFormatError(f"{p}: a directory: give the file itself (a bundle directory holds bundle.safetensors)")
+
+
+def load(path: str | Path) -> Run:
+    """Open any source (:data:`SOURCES`) as a :class:`~ddtree_lab.step.Run`.
+
+    Args:
+        path: a trace file, a bundle directory (or its ``bundle.safetensors``), an SGLang
+            recording (``NAME``, ``NAME.json`` or ``NAME.safetensors``), DDTree reference tree
+            traces, or an engine's acceptance summary.
+
+    Returns:
+        the Run; ``run.metadata["source"]`` names the source, each step's ``source`` too, and
+        ``run.problems`` lists damaged steps that were left out.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        TraceFormatError: not a source the lab reads, or a file too damaged to name any step.
+    """
+    kind = source_of(path)
+    if kind == "lab trace":
+        run = load_trace(path, keep_going=True)
+    elif kind == "bundle":
+        from ..bundle import bundle_run, load_bundle
+
+        run = bundle_run(load_bundle(Path(path).parent if Path(path).is_file() else path))
+    elif kind == "sglang recording":
+        from ..sglang.recording import load_recording
+        from ..sglang.replay import recording_to_trace
+
+        run = recording_to_trace(load_recording(path))
+        for s in run.steps:
+            s.source = "sglang recording"
+    elif kind == "ddtree reference":
+        from .ddtree_reference import load_reference_run
+
+        run = load_reference_run(path)
+    else:
+        from .acceptance import load_summary_run
+
+        run = load_summary_run(path)
+    run.metadata.setdefault("source", kind)
+    run.metadata.setdefault("path", str(path))
+    return run
