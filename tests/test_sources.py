@@ -281,11 +281,18 @@ def test_serving_beside_lab():
         rs.serving_vs_lab(serving, {})
 
 
-def test_sniff_source():
-    from ddtree_lab.io.source_runs import sniff_source
+
+def test_sources_told_apart():
+    from ddtree_lab.io import source_of
+    from ddtree_lab.io.acceptance import looks_like_summary
+    from ddtree_lab.io.ddtree_reference import looks_like_reference
 
     for name in ("fork_traces.json", "generate_result.jsonl", "generate_result.pt"):
-        assert sniff_source(REF / name) == "ddtree reference", name
+        assert looks_like_reference(REF / name) and not looks_like_summary(REF / name), name
+        assert source_of(REF / name) == "ddtree reference"
     for p in sorted(ENG.iterdir()):
-        assert sniff_source(p) == "engine summary", p.name
-    assert sniff_source(ROOT / "fixtures" / "sglang_cpu_recording.json") is None
+        assert looks_like_summary(p) and not looks_like_reference(p), p.name
+        if p.suffix != ".prom":
+            assert source_of(p) == "engine summary", p.name
+    rec = ROOT / "fixtures" / "sglang_cpu_recording.json"
+    assert not looks_like_reference(rec) and not looks_like_summary(rec)

@@ -41,14 +41,16 @@ Every record keeps only what its source holds: absent fields are None and named 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["AcceptanceSummaryError", "RequestAcceptance", "AcceptanceSummaries", "parse_vllm_request",
-           "parse_sglang_request", "parse_vllm_metrics", "parse_prometheus_text", "read_acceptance_summaries"]
+from .json_records import first_json_record, read_json_document
+
+__all__ = ["SUMMARY_CANNOT", "AcceptanceSummaryError", "RequestAcceptance", "AcceptanceSummaries",
+           "parse_vllm_request", "parse_sglang_request", "parse_vllm_metrics", "parse_prometheus_text",
+           "read_acceptance_summaries", "looks_like_summary", "summary_run", "load_summary_run"]
 
 _VLLM_PREFIX = "vllm:spec_decode_"
 _SGLANG_ALIASES = {  # our field -> SGLang meta_info keys, oldest first
@@ -482,17 +484,14 @@ def read_acceptance_summaries(path: str | Path, engine: str | None = None) -> Ac
         raise FileNotFoundError(f"{path}: no such file")
     if engine not in (None, "vllm", "sglang"):
         raise ValueError(f"engine must be 'vllm', 'sglang' or None, got {engine!r}")
-    text = path.read_text()
     if path.suffix.lower() in (".prom", ".txt"):
-        return AcceptanceSummaries(str(path), "vllm", parse_prometheus_text(text), {"level": "engine aggregate"})
+        return AcceptanceSummaries(str(path), "vllm", parse_prometheus_text(path.read_text()),
+                                   {"level": "engine aggregate"})
     try:
-        if path.suffix.lower() == ".jsonl":
-            docs = [json.loads(line) for line in text.splitlines() if line.strip()]
-        else:
-            doc = json.loads(text)
-            docs = doc if isinstance(doc, list) else [doc]
-    except json.JSONDecodeError as e:
-        raise AcceptanceSummaryError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+        doc = read_json_document(path)
+    except ValueError as e:
+        raise AcceptanceSummaryError(str(e)) from None
+    docs = doc if isinstance(doc, list) else [doc]
     if not docs:
         raise AcceptanceSummaryError(f"{path}: no records")
     if all(isinstance(d, dict) and isinstance(d.get("name"), str) and d["name"].startswith("vllm:") for d in docs):
@@ -509,3 +508,71 @@ def read_acceptance_summaries(path: str | Path, engine: str | None = None) -> Ac
             raise AcceptanceSummaryError(f"a {other} record in a {engine} file", i)
         records.append(parse(d, i))
     return AcceptanceSummaries(str(path), engine, records, {"level": "per request"})
+
+
+def looks_like_summary(path: str | Path) -> bool:
+    """Whether ``path`` looks like an engine acceptance summary (a ``.prom`` file, or JSON /
+    JSONL whose first record is a vLLM response / output / metric or an SGLang response or
+    ``meta_info``); a quick look for telling sources apart, not a validation."""
+    path = Path(path)
+    if path.suffix.lower() == ".prom":
+        return path.is_file()
+    rec = first_json_record(path)
+    if isinstance(rec, dict) and isinstance(rec.get("name"), str):
+        return rec["name"].startswith(_VLLM_PREFIX)
+    return _engine_of(rec) is not None
+
+
+# -- as a lab Run ---------------------------------------------------------------------------
+
+#: Lab features a run from engine summaries cannot feed, and why (shown by the run summary).
+SUMMARY_CANNOT = {
+    "tree views (trees, accepted paths)": "no trees",
+    "acceptance by sibling rank": "no trees",
+    "verify replay, audit, what-if": "no trees, target rows, coins or sampling parameters",
+    "acceptance by depth from trees": "only per-position counts (accepted at position i), not offered/accepted per node",
+    "stage times": "the engines' summaries carry no stage timings",
+}
+
+
+def summary_run(summaries: AcceptanceSummaries):
+    """A :class:`~ddtree_lab.step.Run`: one Step per verify step holding only its accept length
+    (``stored_accept_length``; no tree, output, parameters, coins or rows; ``source``
+    ``"engine summary"``), for requests with ``per_step_accepted`` only -- a histogram has no
+    step order, so its request gives no Steps. Every request's counts are in
+    ``metadata["requests"]`` (``tau_mean`` = 1 + accepted / steps, the histogram, the engine's
+    own accept length and its definition, ``missing``), with ``missing`` and ``cannot``."""
+    from ..step import Run, Step
+
+    steps, requests = [], []
+    for rec in summaries.requests:
+        rid = rec.request_id if rec.request_id is not None else str(rec.request)
+        for k, a in enumerate(rec.per_step_accepted or []):
+            steps.append(Step(step=k, request=rec.request, request_id=rid, prefix_len=None, params=None, output=None,
+                              stored_accept_length=a, level="off", source="engine summary", backend=rec.engine,
+                              extra={"engine": rec.engine,
+                                     "drafted": None if rec.per_step_drafted is None else rec.per_step_drafted[k],
+                                     "missing": ["tree", "output", "params", "coins", "rows", "timings"]}))
+        requests.append({"request_id": rid, "engine": rec.engine, "level": rec.level, "num_steps": rec.num_steps,
+                         "num_spec_tokens": rec.num_spec_tokens,
+                         "num_accepted_draft_tokens": rec.num_accepted_draft_tokens,
+                         "num_draft_tokens": rec.num_draft_tokens, "accept_histogram": rec.accept_histogram,
+                         "accepted_per_position": rec.accepted_per_position, "tau_mean": rec.tau_mean(),
+                         "reported_accept_length": rec.reported_accept_length,
+                         "reported_accept_length_definition": rec.reported_accept_length_definition,
+                         "completion_tokens": rec.completion_tokens, "generated_token_ids": None,
+                         "has_steps": rec.per_step_accepted is not None, "source_fields": dict(rec.source_fields),
+                         "missing": list(rec.missing)})
+    meta = {**summaries.metadata, "source": "engine summary", "engine": summaries.engine, "path": summaries.path,
+            "requests": requests, "cannot": dict(SUMMARY_CANNOT),
+            "missing": ["trees", "target rows", "sampling parameters", "coins", "stage times"]}
+    return Run(metadata=meta, steps=steps, token_texts={}, problems=[])
+
+
+def load_summary_run(path: str | Path, engine: str | None = None):
+    """:func:`summary_run` of :func:`read_acceptance_summaries`.
+
+    Raises:
+        FileNotFoundError, ValueError, AcceptanceSummaryError: as :func:`read_acceptance_summaries`.
+    """
+    return summary_run(read_acceptance_summaries(path, engine=engine))

@@ -41,7 +41,6 @@ Every bad field raises :class:`ReferenceTraceError` naming the request, the roun
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -49,8 +48,11 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["STAGE_NAMES", "ReferenceTraceError", "ReferenceRound", "ReferenceRequest", "ReferenceTraces",
-           "read_reference_traces", "parse_reference_object", "sibling_ranks_of"]
+from .json_records import first_json_record, read_json_document
+
+__all__ = ["STAGE_NAMES", "REFERENCE_CANNOT", "ReferenceTraceError", "ReferenceRound", "ReferenceRequest",
+           "ReferenceTraces", "read_reference_traces", "parse_reference_object", "sibling_ranks_of",
+           "looks_like_reference", "reference_round_step", "reference_run", "load_reference_run"]
 
 #: ``ddtree.py``'s ``DDTREE_STAGE_ORDER + DDTREE_TREE_BUILD_STAGE_ORDER``.
 STAGE_NAMES = ("draft", "tree_build", "tree_compile", "verify", "commit",
@@ -127,10 +129,6 @@ class ReferenceRound:
     def num_nodes(self) -> int:
         """Tree rows, root included (``1 + n``)."""
         return len(self.parents)
-
-    def depth(self, index: int) -> int:
-        """Depth of tree-local node ``index`` (root 0)."""
-        return 0 if index == 0 else self.node_depths[index - 1]
 
 
 @dataclass
@@ -461,23 +459,14 @@ def read_reference_traces(path: str | Path, strict: bool = True) -> ReferenceTra
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    suffix = path.suffix.lower()
-    if suffix in (".pt", ".pth", ".bin"):
+    if path.suffix.lower() in (".pt", ".pth", ".bin"):
         container, doc = "torch", _torch_doc(path)
-    elif suffix == ".jsonl":
-        container, doc = "jsonl", []
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    doc.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ReferenceTraceError(f"{path}: line {lineno} is not JSON ({e.msg})") from None
     else:
-        container = "json"
+        container = "jsonl" if path.suffix.lower() == ".jsonl" else "json"
         try:
-            doc = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ReferenceTraceError(f"{path}: not JSON ({e}); .pt files are read with torch.load(weights_only=True)") from None
+            doc = read_json_document(path)
+        except ValueError as e:
+            raise ReferenceTraceError(f"{e}; .pt files are read with torch.load(weights_only=True)") from None
     results, run_meta = _results_of(doc, str(path))
     requests, problems = [], []
     for i, (result, meta) in enumerate(results):
@@ -491,4 +480,118 @@ def read_reference_traces(path: str | Path, strict: bool = True) -> ReferenceTra
         req.meta.update(meta)
         requests.append(req)
         problems.extend(probs)
-    return ReferenceTraces(str(path), container, requests, {"source": "ddtree-reference", **run_meta}, problems)
+    return ReferenceTraces(str(path), container, requests, {"source": "ddtree reference", **run_meta}, problems)
+
+
+def looks_like_reference(path: str | Path) -> bool:
+    """Whether ``path`` looks like reference tree traces (a ``.pt``/``.pth`` file, or JSON /
+    JSONL whose first record has ``round_trees`` or is the benchmark's ``responses`` layout);
+    a quick look for telling sources apart, not a validation."""
+    path = Path(path)
+    if path.suffix.lower() in (".pt", ".pth"):
+        return path.is_file()
+    rec = first_json_record(path)
+    return isinstance(rec, dict) and ("round_trees" in rec or isinstance(rec.get("responses"), list))
+
+
+# -- as a lab Run ---------------------------------------------------------------------------
+
+#: Lab features a run from reference traces cannot feed, and why (shown by the run summary).
+REFERENCE_CANNOT = {
+    "verify replay": "no target rows (child probabilities, bonus row) and no coins",
+    "audit (exact laws, statistical tests)": "no target rows and no sampling parameters",
+    "what-if / tuner re-analysis": "no target rows or top-M raw logits",
+    "drafter calibration (expected vs drafter estimate)": "no draft top-k or node log-weights",
+    "buffer checks (retrieve_next_token / retrieve_next_sibling)": "no verify buffers recorded "
+                                                                  "(they could be derived from the tree)",
+    "decision log / coin view": "the reference records no per-sibling decisions or coins",
+}
+
+
+def reference_round_step(req: ReferenceRequest, rnd: ReferenceRound, request_id: str):
+    """One round as a :class:`~ddtree_lab.step.Step` with a tree and an output only (no draft
+    top-k, buffers, parameters, coins or target rows; ``source`` ``"ddtree reference"``).
+
+    ``tree`` (batch of one, ``N = n + 1``): root token from ``output_ids`` (else -1), parents,
+    depths, ``ranks`` = sibling ranks (the drafter ranks, for the reference's heap),
+    ``node_logws`` NaN (not recorded). ``output``: ``accept_index`` = ``accepted_indices``,
+    ``accept_length`` = τ - 1, the bonus from ``output_ids`` (else -1; ``support_exhausted``
+    False, the reference always emits one). ``timings``: ``{"round": seconds}`` when known.
+    Every stand-in value is named in ``step.extra["missing"]``.
+    """
+    from ..build import DDTreeBuildResult
+    from ..step import Step
+    from ..verify import VerifyOutput
+
+    n1, width = rnd.num_nodes, max(rnd.node_depths, default=0) + 1
+    root = -1 if rnd.root_token is None else rnd.root_token
+    bonus = -1 if rnd.bonus_token is None else rnd.bonus_token
+    tree = DDTreeBuildResult(node_token_ids=torch.tensor([[root, *rnd.node_token_ids]]),
+                             parents=torch.tensor([rnd.parents]), depths=torch.tensor([[0, *rnd.node_depths]]),
+                             ranks=torch.tensor([rnd.sibling_ranks]),
+                             node_logws=torch.full((1, n1), float("nan"), dtype=torch.float32),
+                             num_nodes=torch.tensor([n1]))
+    path = list(rnd.accepted_indices)
+    index = torch.full((1, width), -1, dtype=torch.int64)
+    index[0, :len(path)] = torch.tensor(path)
+    emitted = torch.full((1, width), -1, dtype=torch.int64)
+    emitted[0, :len(path)] = torch.tensor([rnd.node_token_ids[i - 1] for i in path[1:]] + [bonus])
+    output = VerifyOutput(accept_index=index, accept_length=torch.tensor([rnd.accept_length]), emitted_tokens=emitted,
+                          bonus_token=torch.tensor([bonus]), support_exhausted=torch.tensor([False]),
+                          backend="ddtree reference")
+    missing = ["draft top-k", "verify buffers", "sampling parameters", "coins", "target rows", "decision log",
+               "node_logws (NaN)"]
+    missing += [name for name, absent in (("root token (-1)", rnd.root_token is None),
+                                          ("bonus token (-1)", rnd.bonus_token is None),
+                                          ("prefix_len", rnd.prefix_len is None),
+                                          ("round time", rnd.round_seconds is None)) if absent]
+    return Step(step=rnd.round, request=req.request, request_id=request_id, prefix_len=rnd.prefix_len, params=None,
+                output=output, tree=tree, timings={} if rnd.round_seconds is None else {"round": rnd.round_seconds},
+                backend="ddtree reference", source="ddtree reference",
+                extra={"missing": missing, "tau": rnd.tau,
+                       "ranks": "sibling rank (the reference heap's children are in draft-rank order)"})
+
+
+def _request_id(req: ReferenceRequest) -> str:
+    if "method" in req.meta:
+        return f"{req.meta.get('response', req.request)}:{req.meta['method']}"
+    if "dataset" in req.meta:
+        return f"{req.meta['dataset']}:{req.meta.get('sample', req.request)}"
+    return str(req.request)
+
+
+def reference_run(traces: ReferenceTraces):
+    """A :class:`~ddtree_lab.step.Run` of every round of every request (:func:`reference_round_step`).
+
+    ``metadata``: ``source``, ``path``, ``container``, the file's run fields (``block_size``,
+    ``args``), ``requests`` (per request: ``request_id``, ``stage_times`` (seconds over the
+    request), ``acceptance_lengths``, ``num_input_tokens``, ``generated_token_ids`` (None
+    without ``output_ids``), ``missing``), ``missing`` and ``cannot`` (:data:`REFERENCE_CANNOT`).
+    ``problems``: the damaged rounds and requests (read with ``strict=False``).
+    """
+    from ..step import Run
+
+    steps, requests = [], []
+    for req in traces.requests:
+        rid = _request_id(req)
+        steps.extend(reference_round_step(req, rnd, rid) for rnd in req.rounds)
+        generated = None if req.output_ids is None or req.num_input_tokens is None else \
+            req.output_ids[req.num_input_tokens:]
+        requests.append({**req.meta, "request_id": rid, "stage_times": req.stage_times,
+                         "acceptance_lengths": req.acceptance_lengths, "num_input_tokens": req.num_input_tokens,
+                         "generated_token_ids": generated, "time_to_first_token": req.time_to_first_token,
+                         "time_per_output_token": req.time_per_output_token, "missing": list(req.missing)})
+    meta = {**traces.metadata, "source": "ddtree reference", "path": traces.path, "container": traces.container,
+            "requests": requests, "cannot": dict(REFERENCE_CANNOT),
+            "missing": ["target rows", "sampling parameters", "coins", "draft top-k", "verify buffers"]}
+    return Run(metadata=meta, steps=steps, token_texts={}, problems=[str(p) for p in traces.problems])
+
+
+def load_reference_run(path: str | Path, strict: bool = False):
+    """:func:`reference_run` of :func:`read_reference_traces` (``strict=False``: a damaged round
+    is named in ``run.problems`` and left out, the others load).
+
+    Raises:
+        FileNotFoundError, ReferenceTraceError: as :func:`read_reference_traces`.
+    """
+    return reference_run(read_reference_traces(path, strict=strict))

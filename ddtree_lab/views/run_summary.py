@@ -14,7 +14,7 @@ cannot feed. τ is always accepted draft tokens + 1 (the bonus).
 * :func:`serving_vs_lab` / :func:`serving_vs_lab_figure` -- a serving run's τ distribution
   beside a lab run's, per lab setting, for the greedy-vs-sampling comparison.
 
-Inputs: a :class:`~ddtree_lab.step.Run` (from ``ddtree_lab.io.source_runs`` or any lab
+Inputs: a :class:`~ddtree_lab.step.Run` (``ddtree_lab.io.load`` of either source, or any lab
 trace), or the readers' own records (``ReferenceTraces``, ``AcceptanceSummaries``).
 """
 
@@ -23,9 +23,8 @@ from __future__ import annotations
 import html
 from typing import Sequence
 
-from ..io.acceptance import AcceptanceSummaries
-from ..io.ddtree_reference import STAGE_NAMES, ReferenceTraces, sibling_ranks_of
-from ..io.source_runs import REFERENCE_CANNOT, SUMMARY_CANNOT
+from ..io.acceptance import SUMMARY_CANNOT, AcceptanceSummaries
+from ..io.ddtree_reference import REFERENCE_CANNOT, STAGE_NAMES, ReferenceTraces, sibling_ranks_of
 
 __all__ = ["reference_stats", "summary_stats", "missing_report", "run_summary_text", "run_summary_html",
            "serving_vs_lab", "serving_vs_lab_figure"]
