@@ -296,3 +296,18 @@ def test_sources_told_apart():
             assert source_of(p) == "engine summary", p.name
     rec = ROOT / "fixtures" / "sglang_cpu_recording.json"
     assert not looks_like_reference(rec) and not looks_like_summary(rec)
+
+
+def test_round_tree_text_marks_the_accepted_path():
+    want = ref_script.make_requests()["generate_result.jsonl"][0]["round_trees"][3]
+    traces = read_reference_traces(REF / "generate_result.jsonl")
+    text = rs.round_tree_text(traces, step=3, request=0)
+    marked = [int(line.split("[")[1].split("]")[0]) for line in text.splitlines() if "✓" in line and "[" in line
+              and "accepted)" not in line]
+    assert marked == want["accepted_indices"][1:]
+    assert len([ln for ln in text.splitlines() if "─" in ln]) == len(want["tree"]["node_token_ids"])
+    dot = rs.round_tree_dot(traces, step=3, request=0)
+    assert dot.count("fillcolor") == len(want["accepted_indices"]) and dot.count("->") == len(want["tree"]["parents"]) - 1
+    assert "root (not recorded)" in rs.round_tree_text(read_reference_traces(REF / "fork_traces.json"), 0, 0)
+    with pytest.raises(KeyError, match="no round 9"):
+        rs.round_tree_text(traces, step=9, request=0)

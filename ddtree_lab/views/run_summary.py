@@ -13,6 +13,9 @@ cannot feed. τ is always accepted draft tokens + 1 (the bonus).
 * :func:`run_summary_text` / :func:`run_summary_html` -- both, plus the missing list.
 * :func:`serving_vs_lab` / :func:`serving_vs_lab_figure` -- a serving run's τ distribution
   beside a lab run's, per lab setting, for the greedy-vs-sampling comparison.
+* :func:`round_tree_text` / :func:`round_tree_dot` -- one round's tree and accepted path
+  (token, depth, sibling rank), for steps that have a tree but no target rows (the stepper's
+  view model needs rows and a decision log).
 
 Inputs: a :class:`~ddtree_lab.step.Run` (``ddtree_lab.io.load`` of either source, or any lab
 trace), or the readers' own records (``ReferenceTraces``, ``AcceptanceSummaries``).
@@ -27,7 +30,7 @@ from ..io.acceptance import SUMMARY_CANNOT, AcceptanceSummaries
 from ..io.ddtree_reference import REFERENCE_CANNOT, STAGE_NAMES, ReferenceTraces, sibling_ranks_of
 
 __all__ = ["reference_stats", "summary_stats", "missing_report", "run_summary_text", "run_summary_html",
-           "serving_vs_lab", "serving_vs_lab_figure"]
+           "serving_vs_lab", "serving_vs_lab_figure", "round_tree_text", "round_tree_dot"]
 
 TAU_DEFINITION = "τ = accepted draft tokens + 1 (the bonus token)"
 
@@ -385,3 +388,79 @@ def serving_vs_lab_figure(data: dict, title: str = "τ per verify step: serving 
                       template="plotly_white", height=360, margin={"t": 50, "b": 50})
     fig.update_xaxes(dtick=1)
     return fig
+
+
+def _one_round(source, step: int, request: int) -> dict:
+    rounds, _ = _rounds(source)
+    for r in rounds:
+        if r["step"] == step and r["request"] == request:
+            if isinstance(source, ReferenceTraces):
+                rnd = next(q for q in source.requests if q.request == request).rounds
+                got = next(x for x in rnd if x.round == step)
+                r["tokens"] = [got.root_token if got.root_token is not None else -1, *got.node_token_ids]
+            else:
+                r["tokens"] = [int(t) for t in source.find_step(step, request).node_token_ids.tolist()]
+            return r
+    have = sorted({(r["request"], r["step"]) for r in rounds})
+    raise KeyError(f"no round {step} of request {request} with a tree (have {len(have)}: "
+                   f"{have[:6]}{' ...' if len(have) > 6 else ''})")
+
+
+def _token(tok: int, texts) -> str:
+    if tok < 0:
+        return "(not recorded)"
+    return f"{tok} {texts[tok]!r}" if texts and tok in texts else str(tok)
+
+
+def round_tree_text(source, step: int = 0, request: int = 0, texts: dict[int, str] | None = None) -> str:
+    """One round's tree as indented text: each node's index, token, depth ``d`` and sibling
+    rank ``r``; accepted nodes marked ``✓``.
+
+    Raises:
+        KeyError: no such round with a tree (the message lists some that exist).
+    """
+    r = _one_round(source, step, request)
+    parents, tokens, path = r["parents"], r["tokens"], set(r["path"])
+    sib = sibling_ranks_of(parents)
+    children: dict[int, list[int]] = {}
+    for i in range(1, len(parents)):
+        children.setdefault(parents[i], []).append(i)
+    lines = [f"round {step}, request {r['request_id']}: {len(parents) - 1} draft nodes, τ = {len(r['path'])} "
+             f"(✓ accepted)", f"[0] root {_token(tokens[0], texts)}"]
+
+    def walk(node: int, prefix: str) -> None:
+        kids = children.get(node, [])
+        for k, c in enumerate(kids):
+            last = k == len(kids) - 1
+            mark = "✓ " if c in path else ""
+            lines.append(f"{prefix}{'└─' if last else '├─'} {mark}[{c}] {_token(tokens[c], texts)}  "
+                         f"d{r['depths'][c]} r{sib[c]}")
+            walk(c, prefix + ("   " if last else "│  "))
+
+    walk(0, "")
+    return "\n".join(lines)
+
+
+def round_tree_dot(source, step: int = 0, request: int = 0, texts: dict[int, str] | None = None) -> str:
+    """One round's tree as Graphviz DOT (accepted path filled green, edges labelled with the
+    sibling rank); render with :func:`ddtree_lab.views.render_svg`.
+
+    Raises:
+        KeyError: no such round with a tree.
+    """
+    r = _one_round(source, step, request)
+    parents, tokens, path = r["parents"], r["tokens"], set(r["path"])
+    sib = sibling_ranks_of(parents)
+
+    def label(i: int) -> str:
+        return _token(tokens[i], texts).replace("\\", "\\\\").replace('"', '\\"')
+
+    out = ["digraph round {", "  rankdir=LR; node [shape=box, fontname=monospace, fontsize=10];"]
+    for i in range(len(parents)):
+        style = ', style=filled, fillcolor="#c8e6c9"' if i in path else ""
+        out.append(f'  n{i} [label="[{i}] {label(i)}\\nd{r["depths"][i]}"{style}];')
+    for i in range(1, len(parents)):
+        bold = ", penwidth=2" if i in path else ""
+        out.append(f'  n{parents[i]} -> n{i} [label="r{sib[i]}"{bold}];')
+    out.append("}")
+    return "\n".join(out)
