@@ -84,3 +84,13 @@ def test_summary_run_steps_only_with_per_step_counts():
     # a reference run beside a serving summary: both from Runs
     data = rs.serving_vs_lab(run, load(REF / "generate_result.jsonl"))
     assert data["series"][1]["steps"] == 9
+
+
+def test_reference_stats_agree_with_the_lab_analysis_on_a_lab_trace():
+    from ddtree_lab import analysis
+
+    run = load(ROOT / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors")
+    st = rs.reference_stats(run)
+    lab = analysis.acceptance_by_depth(run.steps)
+    assert st["by_depth"]["offered"] == lab["offered"] and st["by_depth"]["accepted"] == lab["accepted"]
+    assert st["tau"] == [analysis.tau(s) for s in run.steps]

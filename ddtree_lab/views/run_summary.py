@@ -39,7 +39,8 @@ def _rounds(source) -> tuple[list[dict], list[dict]]:
     """``[{request, request_id, step, parents, depths, path}]`` and per-request info."""
     if isinstance(source, ReferenceTraces):
         rounds = [{"request": q.request, "request_id": str(q.request), "step": r.round, "parents": list(r.parents),
-                   "depths": [0, *r.node_depths], "path": list(r.accepted_indices), "seconds": r.round_seconds}
+                   "depths": [0, *r.node_depths], "path": list(r.accepted_indices), "tau": r.tau,
+                   "seconds": r.round_seconds}
                   for q in source.requests for r in q.rounds]
         info = [{"request_id": str(q.request), "stage_times": q.stage_times, "missing": q.missing} for q in source.requests]
         return rounds, info
@@ -49,7 +50,8 @@ def _rounds(source) -> tuple[list[dict], list[dict]]:
             continue
         rounds.append({"request": s.request, "request_id": s.request_id, "step": s.step,
                        "parents": [int(p) for p in s.parents.tolist()], "depths": [int(d) for d in s.depths.tolist()],
-                       "path": list(s.accepted_path), "seconds": (s.timings or {}).get("round")})
+                       "path": list(s.accepted_path), "tau": int(s.output.tau()[0]),  # no bonus if support ran out
+                       "seconds": (s.timings or {}).get("round")})
     return rounds, list(source.metadata.get("requests") or [])
 
 
@@ -87,8 +89,8 @@ def reference_stats(source) -> dict:
                 totals[rank] = totals.get(rank, 0) + 1
             if node in has_child and d + 1 <= max_d:
                 offered[d + 1] += 1
-        taus.append(len(r["path"]))
-        by_req.setdefault(r["request_id"], []).append(len(r["path"]))
+        taus.append(r["tau"])
+        by_req.setdefault(r["request_id"], []).append(r["tau"])
     stage, n_stage = None, 0
     for q in info:
         st = q.get("stage_times")
@@ -425,7 +427,7 @@ def round_tree_text(source, step: int = 0, request: int = 0, texts: dict[int, st
     children: dict[int, list[int]] = {}
     for i in range(1, len(parents)):
         children.setdefault(parents[i], []).append(i)
-    lines = [f"round {step}, request {r['request_id']}: {len(parents) - 1} draft nodes, τ = {len(r['path'])} "
+    lines = [f"round {step}, request {r['request_id']}: {len(parents) - 1} draft nodes, τ = {r['tau']} "
              f"(✓ accepted)", f"[0] root {_token(tokens[0], texts)}"]
 
     def walk(node: int, prefix: str) -> None:
