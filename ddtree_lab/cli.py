@@ -233,7 +233,12 @@ def cmd_info(args) -> int:
     extras = {k: meta[k] for k in ("budget", "max_depth", "verifier", "source") if k in meta}
     if extras:
         print("run: " + ", ".join(f"{k} {v}" for k, v in extras.items()))
-    requests = {int(r["request"]): r for r in meta.get("requests", [])}
+    if run.steps and all(s.rows is None for s in run.steps) or not run.steps:
+        from .views.run_summary import run_summary_text
+
+        print(run_summary_text(run).rstrip())
+        return 0
+    requests = {int(r.get("request", i)): r for i, r in enumerate(meta.get("requests", []))}
     for req in sorted({s.request for s in run.steps} | set(requests)):
         steps = run.for_request(req)
         taus = [s.accept_length + (0 if s.output is not None and bool(s.output.support_exhausted[0]) else 1)
@@ -328,6 +333,10 @@ def _replay_trace(args) -> int:
 
     run = _load_trace(args.trace)
     steps = _select_steps(run, args.step, args.request, args.trace)
+    if not any(s.output is not None and s.buffers is not None and s.rows is not None for s in steps):
+        lacking = sorted({m for s in steps for m in s.missing_stages()})
+        raise CLIError(f"{args.trace}: nothing to replay: this {run.source} records no {', '.join(lacking)} "
+                       "(replay needs the buffers, the rows the verifier read and the coins)")
     differing, exact, tolerant = 0, 0, 0
     lossy = _lossy_note(steps)
     if lossy:
