@@ -38,15 +38,17 @@ class CLIError(Exception):
 
 
 def _load_trace(path: str):
-    from .io.lab_trace import load_trace
+    """Any source through :func:`ddtree_lab.io.load`; damaged steps are named on stderr and the
+    others kept."""
+    from .io import load
 
-    p = Path(path)
-    if p.is_dir():
-        raise CLIError(f"{path}: is a directory, not a trace file")
-    if _kind_of(path) == "recording":
-        raise CLIError(f"{path}: is an SGLang recording, not a lab trace: convert it first with "
-                       f"`ddtree-lab sglang convert {path} -o TRACE.ddtrace.safetensors`")
-    return load_trace(path)
+    try:
+        run = load(path)
+    except (FileNotFoundError, IsADirectoryError) as exc:
+        raise CLIError(str(exc)) from exc
+    for problem in run.problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    return run
 
 
 def _check_bundle_dir(path: str) -> None:
@@ -218,7 +220,12 @@ def cmd_info(args) -> int:
     drafter = meta.get("drafter", {})
     tname = target.get("name", "?") if isinstance(target, dict) else str(target)
     dname = drafter.get("name", "?") if isinstance(drafter, dict) else str(drafter)
-    print(f"trace {args.trace}: {len(run.steps)} records")
+    print(f"{run.source} {args.trace}: {_count(len(run.steps), 'record')}"
+          + (f", {_count(len(run.problems), 'damaged step record')} left out (named above)" if run.problems else ""))
+    lacking = sorted({m for s in run.steps for m in s.missing_stages()})
+    if lacking:
+        print(f"not recorded: {', '.join(lacking)} (the views show what there is; replay and audit need buffers, "
+              "rows and coins)")
     print(f"target: {tname}" + (f" ({target.get('dtype')}, {target.get('device')})" if isinstance(target, dict)
                                   and target.get("dtype") else ""))
     print(f"drafter: {dname}" + (f", block size {drafter.get('block_size')}" if isinstance(drafter, dict)
@@ -226,10 +233,16 @@ def cmd_info(args) -> int:
     extras = {k: meta[k] for k in ("budget", "max_depth", "verifier", "source") if k in meta}
     if extras:
         print("run: " + ", ".join(f"{k} {v}" for k, v in extras.items()))
-    requests = {int(r["request"]): r for r in meta.get("requests", [])}
+    if run.steps and all(s.rows is None for s in run.steps) or not run.steps:
+        from .views.run_summary import run_summary_text
+
+        print(run_summary_text(run).rstrip())
+        return 0
+    requests = {int(r.get("request", i)): r for i, r in enumerate(meta.get("requests", []))}
     for req in sorted({s.request for s in run.steps} | set(requests)):
         steps = run.for_request(req)
-        taus = [s.accept_length + (0 if bool(s.output.support_exhausted[0]) else 1) for s in steps]
+        taus = [s.accept_length + (0 if s.output is not None and bool(s.output.support_exhausted[0]) else 1)
+                for s in steps]
         r = requests.get(req, {})
         prompt = r.get("prompt")
         p = steps[0].params if steps else None
@@ -316,43 +329,38 @@ def _print_differences(where: str, diffs) -> None:
 
 
 def _replay_trace(args) -> int:
-    from . import trace as tr
+    from .replay import replay_differences
 
-    if args.backend != "reference":
-        raise CLIError(f"{args.trace}: a trace stores probabilities, not logits: replay it with --backend reference, "
-                       f"or make a bundle (ddtree-lab bundle) to replay with {args.backend}")
     run = _load_trace(args.trace)
     steps = _select_steps(run, args.step, args.request, args.trace)
+    if not any(s.output is not None and s.buffers is not None and s.rows is not None for s in steps):
+        lacking = sorted({m for s in steps for m in s.missing_stages()})
+        raise CLIError(f"{args.trace}: nothing to replay: this {run.source} records no {', '.join(lacking)} "
+                       "(replay needs the buffers, the rows the verifier read and the coins)")
     differing, exact, tolerant = 0, 0, 0
     lossy = _lossy_note(steps)
     if lossy:
         print(f"{lossy}: replayed under the recorded thresholds (the emitted law is not the target's)")
-    with_diffs = getattr(tr, "replay_differences", None)
     for s in steps:
         where = f"step {s.step}, request {s.request}"
         try:
-            if with_diffs is not None:
-                _, diffs = with_diffs(s)
-                if diffs:
-                    differing += 1
-                    _print_differences(where, diffs)
-                    continue
-            else:
-                tr.replay(s)
-        except tr.ReplayMismatch as exc:
-            differing += 1
-            print(f"{where}: {exc}")
-            continue
-        except ValueError as exc:  # stored inputs the verifier rejects
+            _, diffs = replay_differences(s, run.vocab_size, args.backend)
+        except ValueError as exc:  # nothing to replay, another backend, or inputs the verifier rejects
+            if args.backend != "reference":
+                raise CLIError(str(exc)) from exc
             differing += 1
             print(f"{where}: the verifier refuses the stored inputs: {exc}")
             continue
-        if s.backend.startswith("triton"):
+        if diffs:
+            differing += 1
+            _print_differences(where, diffs)
+        elif s.backend.startswith("triton"):
             tolerant += 1
         else:
             exact += 1
-    if exact == len(steps):
-        print(f"{len(steps)} steps replayed bit for bit (reference verifier)")
+    bad = len(run.problems)
+    if exact == len(steps) and not bad:
+        print(f"{_count(len(steps), 'step')} replayed bit for bit (reference verifier)")
         return 0
     parts = []
     if exact:
@@ -361,31 +369,14 @@ def _replay_trace(args) -> int:
         parts.append(f"{tolerant} within the Triton kernel tolerance (recorded by the Triton backend)")
     if differing:
         parts.append(f"{differing} differ")
-    print(f"{len(steps)} steps replayed with the reference verifier: " + ", ".join(parts))
-    return EXIT_PROBLEM if differing else 0
+    if bad:
+        parts.append(f"{bad} damaged and not replayed (named above)")
+    print(f"{_count(len(steps), 'step')} replayed with the reference verifier: " + ", ".join(parts))
+    return EXIT_PROBLEM if differing or bad else 0
 
 
-def _replay_bundle(args) -> int:
-    bundle = _bundle_module()
-    _check_bundle_dir(args.trace)
-    b = bundle.load_bundle(args.trace)
-    _check_bundle_selection(b, args, args.trace)
-    if b.step.lossy:
-        from .views.model import lossy_mark
-
-        print(f"{args.trace}: {lossy_mark(b.step.thresholds)}: replayed under the recorded thresholds "
-              "(the emitted law is not the target's)")
-    result = bundle.replay_bundle(b, backend=args.backend)
-    diffs = getattr(result, "differences", result if isinstance(result, list) else [])
-    for d in diffs:
-        print(f"{args.trace}: {d}")
-    exactness = ("within the Triton kernel tolerance (recorded by the Triton backend)"
-                 if b.step.backend.startswith("triton") else "bit for bit")
-    if diffs:
-        print(f"{args.trace}: {len(diffs)} differences with {args.backend}")
-        return EXIT_PROBLEM
-    print(f"{args.trace}: replayed with {args.backend}, same as recorded ({exactness})")
-    return 0
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _replay_recording(path: str, backend: str, args=None) -> int:
@@ -406,10 +397,7 @@ def _replay_recording(path: str, backend: str, args=None) -> int:
 
 def cmd_replay(args) -> int:
     """Re-verify recorded steps; print each difference from the recorded output."""
-    kind = _kind_of(args.trace)
-    if kind == "bundle":
-        return _replay_bundle(args)
-    if kind == "recording":
+    if _kind_of(args.trace) == "recording":  # every backend reads a recording's own rows
         return _replay_recording(args.trace, args.backend, args)
     return _replay_trace(args)
 

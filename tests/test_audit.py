@@ -189,7 +189,7 @@ def test_recorded_rows_check(target, real):
     run, step, _ = real
     ok = doctor.check_recorded_rows(target, run, step, sample=3)
     assert ok.first_bad is None and len(ok.checked) == 3
-    broken = dataclasses.replace(step, child_probs=step.child_probs.clone())
+    broken = step.replace(child_probs=step.child_probs.clone())
     node = ok.checked[1]
     broken.child_probs[node] = broken.child_probs[node] * 0.5 + 0.01
     bad = doctor.check_recorded_rows(target, run, broken, nodes=ok.checked)

@@ -66,7 +66,7 @@ def source_of(path: str | Path) -> str:
         if Path(str(p) + ".json").is_file() and _json_format(Path(str(p) + ".json")) == RECORDING_FORMAT:
             return "sglang recording"
         raise FileNotFoundError(f"{p}: no such file")
-    if p.suffix in (".json", ".jsonl"):
+    if p.suffix in (".json", ".jsonl", ".prom", ".txt"):
         fmt = _json_format(p) if p.suffix == ".json" else None
         if fmt == RECORDING_FORMAT:
             return "sglang recording"
@@ -86,28 +86,19 @@ def source_of(path: str | Path) -> str:
     beside = p.with_suffix(".json")
     if beside.is_file() and _json_format(beside) == RECORDING_FORMAT:
         return "sglang recording"
-    if "ddtree_reference" in meta:
-        return "ddtree reference"
     raise TraceFormatError(f"{p}: safetensors without ddtree_lab metadata"
                            f"{'' if not beside.exists() else f' and {beside.name} is not an SGLang recording'}: "
                            "not a trace, bundle or recording (drafter weights?)")
 
 
 def _source_of_json(p: Path) -> str:
-    try:
-        from .acceptance import looks_like_summary
-    except ImportError:  # pragma: no cover - the adapter ships with the package
-        looks_like_summary = None
-    try:
-        from .ddtree_reference import looks_like_reference
-    except ImportError:  # pragma: no cover
-        looks_like_reference = None
-    if looks_like_reference is not None and looks_like_reference(p):
-        return "ddtree reference"
-    if looks_like_summary is not None and looks_like_summary(p):
-        return "engine summary"
-    raise TraceFormatError(f"{p}: JSON that is neither an SGLang recording, DDTree reference tree traces nor an "
-                           "engine acceptance summary")
+    from .source_runs import sniff_source
+
+    kind = sniff_source(p)
+    if kind is None:
+        raise TraceFormatError(f"{p}: JSON that is neither an SGLang recording, DDTree reference tree traces nor an "
+                               "engine acceptance summary")
+    return kind
 
 
 def _source_of_json_dir(p: Path) -> str:
@@ -145,11 +136,11 @@ def load(path: str | Path) -> Run:
         for s in run.steps:
             s.source = "sglang recording"
     elif kind == "ddtree reference":
-        from .ddtree_reference import load_reference_run
+        from .source_runs import load_reference_run
 
         run = load_reference_run(path)
     else:
-        from .acceptance import load_summary_run
+        from .source_runs import load_summary_run
 
         run = load_summary_run(path)
     run.metadata.setdefault("source", kind)

@@ -273,15 +273,17 @@ def load_trace(path: str | Path, keep_going: bool = False) -> Run:
             bad_steps.setdefault(int(k), message)
     steps, problems = [], []
     for k, js in enumerate(doc["steps"]):
+        named = (f"record {k} = step {js.get('step')}, request {js.get('request')}" if isinstance(js, dict)
+                 else f"record {k}")
         if k in bad_steps:
-            problems.append(f"{bad_steps[k]} (step record {k} left out)")
+            problems.append(f"{bad_steps[k]} ({named} left out)")
             continue
         try:
             steps.append(_read_step(path, k, js, by_step.get(k, {}), vocab, version))
         except TraceFormatError as exc:
             if not keep_going:
                 raise
-            problems.append(f"{exc} (step record {k} left out)")
+            problems.append(f"{exc} ({named} left out)")
     try:
         texts = {int(k): str(v) for k, v in doc.get("token_texts", {}).items()}
     except (AttributeError, TypeError, ValueError) as exc:
