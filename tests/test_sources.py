@@ -292,10 +292,10 @@ def test_sources_told_apart():
         assert source_of(REF / name) == "ddtree reference"
     for p in sorted(ENG.iterdir()):
         assert looks_like_summary(p) and not looks_like_reference(p), p.name
-        if p.suffix != ".prom":
-            assert source_of(p) == "engine summary", p.name
+        assert source_of(p) == "engine summary", p.name
     rec = ROOT / "fixtures" / "sglang_cpu_recording.json"
     assert not looks_like_reference(rec) and not looks_like_summary(rec)
+    assert source_of(rec) == "sglang recording"
 
 
 def test_round_tree_text_marks_the_accepted_path():
