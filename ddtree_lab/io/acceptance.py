@@ -46,6 +46,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..step import Run, Step
 from .json_records import first_json_record, read_json_document
 
 __all__ = ["SUMMARY_CANNOT", "AcceptanceSummaryError", "RequestAcceptance", "AcceptanceSummaries",
@@ -542,8 +543,6 @@ def summary_run(summaries: AcceptanceSummaries):
     step order, so its request gives no Steps. Every request's counts are in
     ``metadata["requests"]`` (``tau_mean`` = 1 + accepted / steps, the histogram, the engine's
     own accept length and its definition, ``missing``), with ``missing`` and ``cannot``."""
-    from ..step import Run, Step
-
     steps, requests = [], []
     for rec in summaries.requests:
         rid = rec.request_id if rec.request_id is not None else str(rec.request)

@@ -48,6 +48,9 @@ from pathlib import Path
 
 import torch
 
+from ..build import DDTreeBuildResult
+from ..step import Run, Step
+from ..verify import VerifyOutput
 from .json_records import first_json_record, read_json_document
 
 __all__ = ["STAGE_NAMES", "REFERENCE_CANNOT", "ReferenceTraceError", "ReferenceRound", "ReferenceRequest",
@@ -519,10 +522,6 @@ def reference_round_step(req: ReferenceRequest, rnd: ReferenceRound, request_id:
     False, the reference always emits one). ``timings``: ``{"round": seconds}`` when known.
     Every stand-in value is named in ``step.extra["missing"]``.
     """
-    from ..build import DDTreeBuildResult
-    from ..step import Step
-    from ..verify import VerifyOutput
-
     n1, width = rnd.num_nodes, max(rnd.node_depths, default=0) + 1
     root = -1 if rnd.root_token is None else rnd.root_token
     bonus = -1 if rnd.bonus_token is None else rnd.bonus_token
@@ -569,8 +568,6 @@ def reference_run(traces: ReferenceTraces):
     without ``output_ids``), ``missing``), ``missing`` and ``cannot`` (:data:`REFERENCE_CANNOT`).
     ``problems``: the damaged rounds and requests (read with ``strict=False``).
     """
-    from ..step import Run
-
     steps, requests = [], []
     for req in traces.requests:
         rid = _request_id(req)
