@@ -487,14 +487,15 @@ def cmd_audit(args) -> int:
             cases = [au.case_from_logits(step, logits, _params_override(args, step.params), run.token_texts)]
     verifier = args.verifier
     worst = 0
-    for case in cases:
+    for k, case in enumerate(cases):
         report = au.audit(case, verifier, draws=args.draws, seed=args.seed, alpha=args.alpha,
                           threshold_single=args.threshold_single, threshold_acc=args.threshold_acc,
                           validate=not args.no_validate)
         print(report.text(args.top))
         if args.plot:
-            path = args.plot if len(cases) == 1 else f"{Path(args.plot).with_suffix('')}-{len(cases)}.html"
-            _write(path, report.figure().to_html(include_plotlyjs="cdn"))
+            path = args.plot if len(cases) == 1 else f"{Path(args.plot).with_suffix('')}-{k}.html"
+            # plotly.js embedded (~4.6 MB): the page draws offline and attached to a bug report
+            _write(path, report.figure().to_html(include_plotlyjs=True))
             print(f"  plot -> {path}")
         if report.rejected or report.findings:
             worst = EXIT_PROBLEM

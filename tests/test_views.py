@@ -276,3 +276,30 @@ def test_light_and_off_steps():
     off = dataclasses.replace(step, node_token_ids=None, child_probs=None, level="off")
     with pytest.raises(ValueError, match="level 'off'"):
         views.step_view(off, texts)
+
+
+def test_audit_verdict_names_how_its_p_value_combines_the_tests():
+    """Issue 18.3: the verdict's p (Bonferroni over the three tests) is named where it is
+    printed, so "p = 1" under per-test p-values of 0.3-0.8 reads as what it is."""
+    from ddtree_lab import audit as au
+
+    report = au.audit(au.random_case(0, 5, 6), "reference", draws=500, seed=0)
+    line = next(x for x in report.text().splitlines() if "verdict:" in x)
+    smallest = min(report.law.p_value, report.first_token.p_value, report.depth.p_value)
+    assert "Bonferroni" in line and f"min(1, 3 x {smallest:.3g})" in line and f"p = {report.p_value:.3g}" in line
+    assert "Bonferroni" in report.figure().layout.title.text
+
+
+def test_audit_plot_embeds_plotly_js(tmp_path, capsys):
+    """Issue 18.12: ``audit --plot`` writes a page that needs no network (plotly.js inline);
+    several cases write one file each. The browser test draws it offline."""
+    from ddtree_lab.cli import main
+
+    plot = tmp_path / "audit.html"
+    main(["audit", "--random", "2", "--draws", "300", "--plot", str(plot)])
+    capsys.readouterr()
+    pages = sorted(tmp_path.glob("audit-*.html"))
+    assert [p.name for p in pages] == ["audit-0.html", "audit-1.html"]
+    text = pages[0].read_text()
+    assert re.search(r"<script[^>]+src=", text) is None  # no script fetched from a CDN
+    assert "Plotly.newPlot" in text and len(text) > 1_000_000  # the library itself is in the page
