@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
+from notebook_outputs import execute
 
 LABS = Path(__file__).resolve().parent.parent / "labs"
 
@@ -98,7 +98,7 @@ def main() -> None:
     args = ap.parse_args()
     nb = build()
     if not args.no_execute:
-        NotebookClient(nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(LABS)}}).execute()
+        execute(nb, LABS, timeout=1200)
     path = LABS / "05_audit.ipynb"
     nbformat.write(nb, path)
     print(f"wrote {path}")

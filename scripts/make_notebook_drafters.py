@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
+from notebook_outputs import execute
 
 LABS = Path(__file__).resolve().parent.parent / "labs"
 
@@ -64,7 +64,7 @@ def main() -> None:
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [nbformat.v4.new_markdown_cell(s) if k == "md" else nbformat.v4.new_code_cell(s) for k, s in CELLS]
     if not args.no_execute:
-        NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(LABS)}}).execute()
+        execute(nb, LABS, timeout=900)
     nbformat.write(nb, LABS / "07_drafters.ipynb")
     print("wrote labs/07_drafters.ipynb")
 

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
+from notebook_outputs import execute
 
 LABS = Path(__file__).resolve().parent.parent / "labs"
 
@@ -262,7 +262,7 @@ def main() -> None:
             continue
         nb = build(cells)
         if not args.no_execute:
-            NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(LABS)}}).execute()
+            execute(nb, LABS, timeout=900)
         nbformat.write(nb, LABS / name)
         print(f"wrote labs/{name}")
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
+from notebook_outputs import execute
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_notebooks import LABS, build  # noqa: E402
@@ -139,7 +139,7 @@ def main() -> None:
             continue
         nb = build(cells)
         if not args.no_execute:
-            NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(LABS)}}).execute()
+            execute(nb, LABS, timeout=900)
         nbformat.write(nb, LABS / name)
         print(f"wrote labs/{name}")
 
