@@ -303,3 +303,28 @@ def test_audit_plot_embeds_plotly_js(tmp_path, capsys):
     text = pages[0].read_text()
     assert re.search(r"<script[^>]+src=", text) is None  # no script fetched from a CDN
     assert "Plotly.newPlot" in text and len(text) > 1_000_000  # the library itself is in the page
+
+
+def test_greedy_vs_sampling_figures_are_readable():
+    """Issue 18.7: histograms side by side (no translucent overlay), every sibling group drawn
+    with "no data" where it is empty, hover boxes with whole names, trees at their own size in
+    a box that scrolls."""
+    from ddtree_lab.views import compare
+
+    run = dl.load_trace(TRACE)
+    steps = run.steps[:12]  # few steps: some sibling groups are empty
+    tau = compare.tau_distribution_figure(steps)
+    assert tau.layout.barmode == "group" and all(t.opacity is None for t in tau.data)
+    assert tau.layout.hoverlabel.namelength == -1
+    q = compare.sibling_quality_figure(steps)
+    rows = [r for r in dl.analysis.sibling_conditioned_quality(steps) if r["depth"] == "all" and r["total"]]
+    have = {r["after"] for r in rows}
+    for t in q.data:
+        assert list(t.x) == ["after root", "after rank 0", "after rank > 0"]
+        for x, text in zip(t.x, t.text):
+            assert (text == "no data") == (x.removeprefix("after ") not in have), (x, text)
+    if len(have) < 3:
+        assert "no data" in q.layout.annotations[0].text
+    html = compare.trees_html(run, step=2)
+    assert html.count('<svg style="max-width:none"') == html.count("<svg") > 1
+    assert "overflow-x:scroll" in html and "max-width:48%" not in html
