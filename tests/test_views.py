@@ -328,3 +328,30 @@ def test_greedy_vs_sampling_figures_are_readable():
     html = compare.trees_html(run, step=2)
     assert html.count('<svg style="max-width:none"') == html.count("<svg") > 1
     assert "overflow-x:scroll" in html and "max-width:48%" not in html
+
+
+def test_wide_fans_are_capped_and_views_open_on_an_informative_step():
+    """Issue 18.6: a first step's 32-child root draws 12 children and one note saying how many
+    rejected ones it holds; the step browser opens on the step that accepted most, not step 0."""
+    from ddtree_lab import lab
+
+    run = dl.load_trace(TRACE)
+    first = run.steps[0]
+    view = views.step_view(first, run, True, max_children=12)
+    root = view.nodes[0].children
+    assert len(root) == 13 and root[-1] < 0  # 12 children + the summary
+    summary = view.nodes[root[-1]]
+    rejected = sum(1 for d in first.decisions if d.parent == 0 and d.verdict == "reject")
+    shown = sum(1 for c in root[:-1] if view.nodes[c].status == "rejected")
+    assert f"({rejected - shown} rejected)" in summary.text
+    accepted = next(s for s in run.steps if s.accept_length >= 1)
+    capped = views.step_view(accepted, run, True, max_children=1)
+    assert all(i in capped.nodes for i in accepted.accepted_path)  # the accepted path always stays
+    with pytest.raises(ValueError, match="max_children"):
+        views.step_view(first, run, max_children=0)
+    best = views.informative_step(run)
+    assert best.accept_length == max(s.accept_length for s in run.steps) and best is not run.steps[0]
+    request = best.request
+    box = lab.step_browser(run, request)
+    assert run.for_request(request)[box.children[0].value] is views.informative_step(run, request)
+    assert "12 rejected" in lab.step_browser(run, 0, position=0).children[1].value

@@ -5,18 +5,23 @@ from __future__ import annotations
 __all__ = ["collapse_nodes"]
 
 
-def collapse_nodes(nodes: dict, unvisited: bool, max_depth, min_target_p, min_drafter_q, keep=None) -> int:
+def collapse_nodes(nodes: dict, unvisited: bool, max_depth, min_target_p, min_drafter_q, keep=None,
+                   max_children: int | None = None) -> int:
     """Hide nodes of a lowered step in place (:func:`ddtree_lab.views.step_view`'s collapse
     options); returns how many were hidden.
 
     ``nodes``: node index -> :class:`ddtree_lab.views.NodeView` (children lists in sibling
     order). Nodes whose status is not ``unvisited`` and the indices in ``keep`` (e.g. a
     what-if path) stay; a hidden node hides its subtree; each parent's hidden children become
-    one summary node (``status="collapsed"``, indices -2, -3, ...) counting every node it hides."""
+    one summary node (``status="collapsed"``, indices -2, -3, ...) counting every node it hides.
+    ``max_children``: draw at most this many children per parent (a wide fan): the accepted
+    child and the ``keep`` nodes always, then the first ones in sibling order; the others, even
+    visited and rejected ones, go into the summary, which says how many of them were rejected."""
     from .model import NodeView
 
     keep = set(keep or ())
-    if not (unvisited or max_depth is not None or min_target_p is not None or min_drafter_q is not None):
+    if not (unvisited or max_depth is not None or min_target_p is not None or min_drafter_q is not None
+            or max_children is not None):
         return 0
 
     def stays(node) -> bool:
@@ -46,8 +51,15 @@ def collapse_nodes(nodes: dict, unvisited: bool, max_depth, min_target_p, min_dr
         if node is None:
             continue
         hide = [c for c in node.children if not stays(nodes[c])]
+        if max_children is not None:
+            shown = [c for c in node.children if c not in hide]
+            must = [c for c in shown if nodes[c].status in ("accepted", "root") or c in keep]
+            room = max(max_children - len(must), 0)
+            extra = [c for c in shown if c not in must][room:]
+            hide = [c for c in node.children if c in hide or c in extra]
         if not hide:
             continue
+        rejected = sum(nodes[c].status == "rejected" for c in hide)
         best = nodes[hide[0]]
         probs = [nodes[c].target_p for c in hide if nodes[c].target_p is not None]
         count = 0
@@ -56,7 +68,8 @@ def collapse_nodes(nodes: dict, unvisited: bool, max_depth, min_target_p, min_dr
                 nodes.pop(j)
                 count += 1
         total += count
-        summary = NodeView(next_id, -1, f"+{count} hidden", "collapsed", best.depth, best.rank, best.logw,
+        text = f"+{count} hidden" + (f" ({rejected} rejected)" if rejected else "")
+        summary = NodeView(next_id, -1, text, "collapsed", best.depth, best.rank, best.logw,
                            parent=i, target_p=max(probs) if probs else None, hidden=count)
         summary.children = []
         node.children = [c for c in node.children if c not in hide] + [next_id]

@@ -29,8 +29,9 @@ walk stands on, the siblings it has judged there, the verdict text, and each nod
 so far. The stepper moves ``k``.
 
 **Collapse** (readable big trees): :func:`step_view` hides nodes by depth, by target p, by
-drafter q, or every unvisited node; the root, the accepted path and every visited sibling
-always stay. A parent's hidden children become one summary node that counts every hidden
+drafter q, or every unvisited node, and can cap a wide fan at ``max_children``; the root and
+the accepted path always stay (and every visited sibling unless the fan is capped). A parent's
+hidden children become one summary node that counts every hidden
 node below it.
 """
 
@@ -377,7 +378,8 @@ def _mode(step: StepTrace) -> str:
 
 def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None, collapse_unvisited: bool = False,
               *, max_depth: int | None = None, min_target_p: float | None = None,
-              min_drafter_q: float | None = None, cursor: int | None = None, keep=None) -> StepView:
+              min_drafter_q: float | None = None, cursor: int | None = None, keep=None,
+              max_children: int | None = None) -> StepView:
     """Lower a recorded step to its :class:`StepView`.
 
     Args:
@@ -389,9 +391,12 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
             is outside the stored top-M) or drafter q is below the value.
         cursor: set the decision cursor after this many walk events (see :meth:`StepView.at`).
         keep: node indices never hidden, with their ancestors (e.g. a what-if path).
+        max_children: draw at most this many children per parent (wide fans such as a first
+            step's 32 root children): the accepted child always, then the first in sibling
+            order; the rest, rejected ones included, become the summary node.
 
-    The root, the accepted path and every visited sibling are never hidden; a hidden node
-    hides its subtree; each parent's hidden children become one summary node counting all
+    The root and the accepted path are never hidden, nor (without ``max_children``) any
+    visited sibling; a hidden node hides its subtree; each parent's hidden children become one summary node counting all
     the nodes it hides.
 
     Raises:
@@ -400,6 +405,9 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
     """
     if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0):
         raise ValueError(f"max_depth must be None or an int >= 0, got {max_depth!r}")
+    if max_children is not None and (isinstance(max_children, bool) or not isinstance(max_children, int)
+                                     or max_children < 1):
+        raise ValueError(f"max_children must be None or an int >= 1, got {max_children!r}")
     for name, v in (("min_target_p", min_target_p), ("min_drafter_q", min_drafter_q)):
         if v is not None and not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
             raise ValueError(f"{name} must be None or a number in [0, 1], got {v!r}")
@@ -464,7 +472,7 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
                                 d.target_prob, None if greedy else d.cumulative_mass,
                                 None if greedy else d.coin, d.verdict))
     bonus = _bonus_view(step, lookup, greedy, p_known)
-    hidden = collapse_nodes(nodes, collapse_unvisited, max_depth, min_target_p, min_drafter_q, keep)
+    hidden = collapse_nodes(nodes, collapse_unvisited, max_depth, min_target_p, min_drafter_q, keep, max_children)
     mode = _mode(step)
     outcome = (f"accepted {step.accept_length} + bonus" if bonus.token >= 0
                else f"accepted {step.accept_length}, support exhausted (no bonus)")
