@@ -203,7 +203,11 @@ press **next ▶** (or drag the **decision** slider). At each decision you see
   final coin and the chosen token.
 
 **What-if**: move the *what-if u* slider to re-run the step's (pure) verifier with another
-coin at the current node; the line under the bar says what would have been accepted.
+coin at the current node. The slider stops once inside each child's segment `[S_k-1, S_k)`
+(a segment 0.0004 wide is one stop, like a wide one), once in the residual (reject every
+child) and at the recorded coin; the answer appears beside the slider and the what-if walk is
+drawn on the tree in **purple**. At a leaf no coin decides anything (the bonus is drawn with
+the final coin), so the slider is off there.
 
 The first part reads a recorded trace (`fixtures/traces/`, no model); the last part runs
 the embedded default target live for a few tokens and adds steps with a button."""),
