@@ -721,6 +721,15 @@ class AuditReport:
         return min(1.0, 3 * min(self.law.p_value, self.first_token.p_value, self.depth.p_value))
 
     @property
+    def p_value_text(self) -> str:
+        """The verdict's p-value with its combination named: ``"p = 1 (Bonferroni over the
+        outcome, first-token and depth tests: min(1, 3 x 0.317))"``."""
+        tests = (self.law, self.first_token, self.depth)
+        smallest = min(r.p_value for r in tests)
+        return (f"p = {self.p_value:.3g} (Bonferroni over the {', '.join(r.what for r in tests)} tests: "
+                f"min(1, 3 x {smallest:.3g}))")
+
+    @property
     def rejected(self) -> bool:
         """The verifier's empirical law differs from the exact one at level ``alpha``."""
         return self.p_value < self.alpha
@@ -750,7 +759,7 @@ class AuditReport:
         lines += [f"    {c.label}: {c.observed} / {c.expected:.1f}" for c in self.law.under(k) if c.residual < 0]
         for f in self.findings:
             lines.append(f"  finding: {f}")
-        lines.append(f"  verdict: {self.verdict} (p = {self.p_value:.3g})")
+        lines.append(f"  verdict: {self.verdict}; {self.p_value_text}")
         return "\n".join(lines)
 
     def figure(self, max_cells: int = 30):
@@ -764,7 +773,7 @@ class AuditReport:
             go.Bar(name="expected (exact law)", x=labels, y=[c.expected for c in cells]),
             go.Bar(name=f"observed ({self.verifier})", x=labels, y=[c.observed for c in cells]),
         ])
-        fig.update_layout(barmode="group", title=f"{self.case_name}: {self.verdict}, p = {self.p_value:.3g}",
+        fig.update_layout(barmode="group", title=f"{self.case_name}: {self.verdict}<br><sup>{self.p_value_text}</sup>",
                           xaxis_title=self.law.what, yaxis_title="count", height=420)
         return fig
 

@@ -209,7 +209,7 @@ def _lossy_note(steps) -> str:
     if not lossy:
         return ""
     marks = "; ".join(sorted({lossy_mark(s.thresholds) for s in lossy}))
-    return f"{marks} ({len(lossy)} of {len(steps)} steps)"
+    return f"{marks} ({len(lossy)} of {_count(len(steps), 'step')})"
 
 
 def cmd_info(args) -> int:
@@ -251,7 +251,7 @@ def cmd_info(args) -> int:
         mean = f"{sum(taus) / len(taus):.3f}" if taus else "-"
         rid = r.get("request_id", steps[0].request_id if steps else str(req))
         lossy = _lossy_note(steps)
-        print(f"request {req} (id {rid}): {len(steps)} steps, mean tau {mean}, "
+        print(f"request {req} (id {rid}): {_count(len(steps), 'step')}, mean tau {mean}, "
               + ", ".join(f"{k} {v}" for k, v in shown.items())
               + (f", finish {r['finish_reason']}" if r.get("finish_reason") else "")
               + (f", {lossy}" if lossy else ""))
@@ -375,10 +375,6 @@ def _replay_trace(args) -> int:
     return EXIT_PROBLEM if differing or bad else 0
 
 
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 def _replay_recording(path: str, backend: str, args=None) -> int:
     sg = _sglang()
     rec = sg.load_recording(path)
@@ -446,6 +442,16 @@ def cmd_audit(args) -> int:
     if args.plot:
         _check_out_file(args.plot)
         _check_suffix(args.plot, "html", (".html", ".htm"))
+    overrides = [k for k in ("temperature", "top_k", "top_p", "min_p") if getattr(args, k, None) is not None]
+    if overrides:  # before any trace or model is loaded
+        from .sampling import SamplingParams
+
+        if args.random is None and args.model is None:
+            raise CLIError("sampling overrides need --model (a trace stores final probabilities, not logits)")
+        try:
+            _params_override(args, SamplingParams(temperature=1.0))
+        except (ValueError, TypeError) as exc:
+            raise CLIError(f"sampling override: {str(exc).removeprefix('SamplingParams: ')}") from exc
     _threads(args.threads)
     cases = []
     if args.random is not None:
@@ -475,14 +481,15 @@ def cmd_audit(args) -> int:
             cases = [au.case_from_logits(step, logits, _params_override(args, step.params), run.token_texts)]
     verifier = args.verifier
     worst = 0
-    for case in cases:
+    for k, case in enumerate(cases):
         report = au.audit(case, verifier, draws=args.draws, seed=args.seed, alpha=args.alpha,
                           threshold_single=args.threshold_single, threshold_acc=args.threshold_acc,
                           validate=not args.no_validate)
         print(report.text(args.top))
         if args.plot:
-            path = args.plot if len(cases) == 1 else f"{Path(args.plot).with_suffix('')}-{len(cases)}.html"
-            _write(path, report.figure().to_html(include_plotlyjs="cdn"))
+            path = args.plot if len(cases) == 1 else f"{Path(args.plot).with_suffix('')}-{k}.html"
+            # plotly.js embedded (~4.6 MB): the page draws offline and attached to a bug report
+            _write(path, report.figure().to_html(include_plotlyjs=True))
             print(f"  plot -> {path}")
         if report.rejected or report.findings:
             worst = EXIT_PROBLEM
@@ -576,7 +583,7 @@ def cmd_doctor(args) -> int:
             print(f"step {step.step}, request {step.request}: {check.text()}")
             if check.first_bad is not None:
                 found += 1
-    print(f"{checked} {'rows' if kind == 'recording' else 'steps'} checked, {found} problems")
+    print(f"{_count(checked, 'row' if kind == 'recording' else 'step')} checked, {_count(found, 'problem')}")
     return EXIT_PROBLEM if found else 0
 
 
@@ -628,6 +635,23 @@ def _read_prompts(args) -> tuple[list[str], list[dict], list[str], list[str]]:
     return prompts, overrides, ids, origins
 
 
+#: record's wall time and peak memory, fitted to two runs of the embedded SmolLM2 (V = 49,152,
+#: level full, one request, 8 tokens, 2 shared CPU cores): B = 256: 57 s, 1.7 GB; B = 1024: 81 s,
+#: 3.2 GB. Seconds = a + b * B * tokens; GB = c + d * B (the target scores B + 1 rows of V logits).
+RECORD_COST_FIT = {"a": 46.0, "b": 0.0039, "c": 1.2, "d": 2.0 / 1024}
+WARN_BUDGET = 512  # engines' budgets reach 512 (DDTree: 256-512); above, record warns with the estimate
+
+
+def _record_cost(budget: int, tokens: int) -> str | None:
+    """A warning with the estimated time and memory of a record run above ``WARN_BUDGET``, or None."""
+    if budget <= WARN_BUDGET:
+        return None
+    f = RECORD_COST_FIT
+    seconds, gb = f["a"] + f["b"] * budget * tokens, f["c"] + f["d"] * budget
+    return (f"--budget {budget} is large: expect roughly {seconds:.0f} s and {gb:.1f} GB for {tokens} tokens on a "
+            "small CPU (fitted to B=256: 57 s, 1.7 GB and B=1024: 81 s, 3.2 GB for 8 tokens, 2 cores)")
+
+
 def cmd_record(args) -> int:
     """Run a live DDTree session over the prompts and write its trace."""
     import dataclasses
@@ -640,8 +664,10 @@ def cmd_record(args) -> int:
     _check_out_file(args.out)
     if args.max_new_tokens < 1:
         raise CLIError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
-    if args.budget < 1:
-        raise CLIError(f"--budget {args.budget}: must be >= 1 (draft nodes per tree)")
+    from .tree import MAX_BUDGET
+
+    if not 1 <= args.budget <= MAX_BUDGET:  # the one rule, checked before the model loads
+        raise CLIError(f"--budget {args.budget}: must be in [1, {MAX_BUDGET}] (draft nodes per tree)")
     if args.threads is not None and args.threads < 1:
         raise CLIError(f"--threads {args.threads}: must be >= 1")
     for name in ("threshold_single", "threshold_acc"):
@@ -673,7 +699,14 @@ def cmd_record(args) -> int:
         if why is not None:
             raise CLIError(f"{origins[b]}: request {b} ({ids[b]}): {why}")
         params.append(p)
+    cost = _record_cost(args.budget, len(prompts) * args.max_new_tokens)
+    if cost is not None:
+        print(f"ddtree-lab record: warning: {cost}", file=sys.stderr)
     threads = _threads(args.threads)
+    if args.quiet:  # transformers' "Loading weights" bar too
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     which = lab.DEFAULT_DRAFTER if args.drafter is None else args.drafter
     target = _load_model("default" if args.target is None else args.target)
     try:
@@ -700,7 +733,7 @@ def cmd_record(args) -> int:
     run = session.trace()
     run.metadata["threads"] = threads
     save_trace(run, out)
-    print(f"{len(run.steps)} records, {len(prompts)} requests -> {out}")
+    print(f"{_count(len(run.steps), 'record')}, {_count(len(prompts), 'request')} -> {out}")
     return 0
 
 
@@ -722,28 +755,38 @@ def cmd_sglang(args) -> int:
 
 
 def cmd_lab(args) -> int:
-    """Open JupyterLab on labs/ bound to 127.0.0.1 with a fresh random token (as scripts/lab.sh)."""
+    """Open JupyterLab on working copies of labs/ in .lab/ (ignored by git; labs/ stays as
+    committed), bound to 127.0.0.1 with a fresh random token, on the first free port from
+    --port on. `make lab` (scripts/lab.sh) runs this command."""
     import secrets
     import shutil
 
+    from . import labserver
+
     if not 1 <= args.port <= 65535:
         raise CLIError(f"--port {args.port}: must be in 1..65535")
-
-    labs = Path(__file__).resolve().parent.parent / "labs"
+    root = Path(__file__).resolve().parent.parent
+    labs, work = root / "labs", root / ".lab"
     if not labs.is_dir():
         raise CLIError(f"{labs}: no labs/ directory (run from a ddtree-lab checkout)")
-    jupyter = shutil.which("jupyter") or str(Path(sys.executable).parent / "jupyter")
+    beside = Path(sys.executable).parent / "jupyter"  # this environment's Jupyter first
+    jupyter = str(beside) if beside.exists() else shutil.which("jupyter") or str(beside)
     token = os.environ.get("DDTREE_LAB_TOKEN") or secrets.token_hex(24)
-    cmd = [jupyter, "lab", "--no-browser", "--ip=127.0.0.1", f"--port={args.port}",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={labs}"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-root")
-    print(f"[lab] open http://127.0.0.1:{args.port}/lab/tree/01_live_step.ipynb?token={token}")
+    port = labserver.free_port(args.port)
+    if port != args.port:
+        print(f"[lab] port {args.port} is in use (another lab?): using {port}")
+    cmd = labserver.jupyter_command(jupyter, port, token, work, as_root=hasattr(os, "geteuid") and os.geteuid() == 0)
     if args.dry_run:
+        print(f"[lab] would copy labs/*.ipynb to {work}/ and serve the copies")
+        print(f"[lab] open {labserver.lab_url(port, '<token>')}")
         print(" ".join(cmd).replace(token, "<token>"))
         return 0
     if not Path(jupyter).exists():
         raise CLIError("jupyter is not installed (pip install 'ddtree-lab[lab]')")
+    for line in labserver.working_copies(labs, work):
+        print(f"[lab] {line}")
+    print("[lab] working copies in .lab/ (git ignores them; labs/ stays as committed)")
+    print(f"[lab] open {labserver.lab_url(port, token)}", flush=True)
     os.execv(jupyter, cmd)
     return 0  # pragma: no cover
 
@@ -764,10 +807,21 @@ def _sampling_args(p, defaults: bool) -> None:
     p.add_argument("--min-p", type=float, default=None, help="off when not given")
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Help text as written, each option's default appended (except None / off flags)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.option_strings and action.default is not None and action.default is not False
+                and action.default != argparse.SUPPRESS and "%(default)" not in text):
+            text += " (default: %(default)s)"
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="ddtree-lab", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True, metavar="VERB")
+    ap = argparse.ArgumentParser(prog="ddtree-lab", description=__doc__, formatter_class=_Help)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="VERB",
+                            parser_class=lambda **kw: argparse.ArgumentParser(formatter_class=_Help, **kw))
 
     p = sub.add_parser("record", help="run a live session and write a trace", description=cmd_record.__doc__)
     p.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
@@ -779,7 +833,7 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_args(p, defaults=True)
     p.add_argument("--seed", type=int, default=0, help="coin seed (request b: seed * 1000 + b unless its own)")
     p.add_argument("--budget", type=int, default=32, help="draft nodes per tree (B)")
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per request")
     p.add_argument("--level", choices=["full", "light", "off"], default="full", help="recording level")
     p.add_argument("--backend", choices=["reference", "torch-lazy", "triton", "auto"], help="verify backend")
     p.add_argument("--threshold-single", type=float, default=1.0,
@@ -788,7 +842,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SGLang's threshold_acc (1: exact; any other value is recorded as lossy)")
     p.add_argument("--threads", type=int, help="torch threads (default: ddtree_lab.threads picks them for this machine)")
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bars (record's and the model loader's)")
     p.add_argument("-o", "--out", required=True, help="trace file to write")
     p.set_defaults(func=cmd_record)
 
@@ -812,7 +866,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("replay", help="re-verify and print every difference", description=cmd_replay.__doc__)
     p.add_argument("trace", metavar="TRACE|BUNDLE|RECORDING")
-    p.add_argument("--backend", choices=["reference", "torch-lazy", "triton"], default="reference")
+    p.add_argument("--backend", choices=["reference", "torch-lazy", "triton"], default="reference",
+                   help="verify backend that re-runs the steps")
     _step_args(p)
     p.set_defaults(func=cmd_replay)
 
@@ -828,10 +883,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verifier", default="reference",
                    help="reference, torch-lazy, triton, or a planted fault: " + ", ".join(PLANTED_FAULTS))
     p.add_argument("--draws", type=int, default=4000, help="coin sets drawn")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="coin seed")
     p.add_argument("--alpha", type=float, default=1e-3, help="significance level")
-    p.add_argument("--threshold-single", type=float, default=1.0)
-    p.add_argument("--threshold-acc", type=float, default=1.0)
+    p.add_argument("--threshold-single", type=float, default=1.0, help="SGLang's threshold_single (1: exact)")
+    p.add_argument("--threshold-acc", type=float, default=1.0, help="SGLang's threshold_acc (1: exact)")
     _sampling_args(p, defaults=False)
     p.add_argument("--no-validate", action="store_true",
                    help="let the built-in backends walk buffers they would refuse (to measure their law)")
@@ -845,7 +900,7 @@ def build_parser() -> argparse.ArgumentParser:
     _step_args(p)
     p.add_argument("--model", help="'default' or a model directory: compare recorded rows with causal forwards")
     p.add_argument("--sample", type=int, default=8, help="nodes compared with causal forwards")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled nodes")
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("sglang", help="SGLang recordings: hook-dir, replay, convert", description=cmd_sglang.__doc__)
@@ -853,17 +908,25 @@ def build_parser() -> argparse.ArgumentParser:
     ss.add_parser("hook-dir", help="print the directory to prepend to PYTHONPATH for the recording hook")
     q = ss.add_parser("replay", help="replay a recording with the lab's verifiers")
     q.add_argument("recording")
-    q.add_argument("--backend", choices=["reference", "torch-lazy", "triton"], default="reference")
+    q.add_argument("--backend", choices=["reference", "torch-lazy", "triton"], default="reference",
+                   help="verify backend that re-runs the rows")
     q = ss.add_parser("convert", help="convert a recording into a lab trace")
     q.add_argument("recording")
     q.add_argument("-o", "--out", required=True)
     p.set_defaults(func=cmd_sglang)
 
-    p = sub.add_parser("lab", help="open JupyterLab on labs/", description=cmd_lab.__doc__)
-    p.add_argument("--port", type=int, default=int(os.environ.get("DDTREE_LAB_PORT", "8888")))
+    p = sub.add_parser("lab", help="open JupyterLab on working copies of labs/ (as `make lab`)",
+                       description=cmd_lab.__doc__)
+    p.add_argument("--port", type=int, default=int(os.environ.get("DDTREE_LAB_PORT", "8888")),
+                   help="first port to try (DDTREE_LAB_PORT); the next free one is used if it is taken")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     p.set_defaults(func=cmd_lab)
     return ap
+
+
+def _count(n: int, word: str) -> str:
+    """``"1 step"``, ``"2 steps"``: a count with its noun in the right number."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _one_line(exc: BaseException) -> str:

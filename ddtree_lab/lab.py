@@ -23,18 +23,24 @@ def _display(obj) -> None:
 
 
 def show_step(run: RunTrace, step_index: int, collapse_unvisited: bool = True) -> None:
-    """Display one recorded step's tree (SVG) in a notebook (unvisited subtrees collapsed)."""
+    """Display one recorded step's tree (SVG) in a notebook (unvisited subtrees collapsed, at
+    most ``views.pick.WIDE_FAN`` children drawn per parent)."""
     from IPython.display import SVG
 
-    _display(SVG(step_svg(run.steps[step_index], run, collapse_unvisited)))
+    from .views.pick import WIDE_FAN
+
+    _display(SVG(step_svg(run.steps[step_index], run, collapse_unvisited, max_children=WIDE_FAN)))
 
 
 def show_steps(run: RunTrace, request: int = 0, limit: int | None = None, collapse_unvisited: bool = True) -> None:
-    """Display the trees of a request's steps, in order (the first ``limit`` when given)."""
+    """Display the trees of a request's steps, in order (the first ``limit`` when given; at
+    most ``views.pick.WIDE_FAN`` children drawn per parent)."""
     from IPython.display import SVG
 
+    from .views.pick import WIDE_FAN
+
     for s in run.for_request(request)[:limit]:
-        _display(SVG(step_svg(s, run, collapse_unvisited)))
+        _display(SVG(step_svg(s, run, collapse_unvisited, max_children=WIDE_FAN)))
 
 
 def show_text(run: RunTrace, request: int = 0) -> None:
@@ -44,20 +50,28 @@ def show_text(run: RunTrace, request: int = 0) -> None:
     _display(HTML(committed_html(run, request)))
 
 
-def step_browser(run: RunTrace, request: int = 0):
-    """An ipywidgets slider over a request's steps showing each tree and its decision log."""
+def step_browser(run: RunTrace, request: int = 0, position: int | None = None):
+    """An ipywidgets slider over a request's steps showing each tree (at most
+    ``views.pick.WIDE_FAN`` children per parent) and its decision log; it opens on
+    ``position`` (None: the request's most informative step, :func:`ddtree_lab.views.informative_step`)."""
     import ipywidgets as widgets
+
+    from .views.pick import WIDE_FAN, informative_step
 
     steps = run.for_request(request)
     if not steps:
         raise ValueError(f"request {request} has no recorded steps")
-    slider = widgets.IntSlider(value=0, min=0, max=len(steps) - 1, description="step", continuous_update=False)
+    if position is None:
+        position = steps.index(informative_step(run, request))
+    if not 0 <= position < len(steps):
+        raise ValueError(f"step position {position} is outside 0..{len(steps) - 1} (request {request})")
+    slider = widgets.IntSlider(value=position, min=0, max=len(steps) - 1, description="step", continuous_update=False)
     picture = widgets.HTML()
     log = widgets.HTML()
 
     def draw(change=None) -> None:
         s = steps[slider.value]
-        picture.value = step_svg(s, run, collapse_unvisited=True)
+        picture.value = step_svg(s, run, collapse_unvisited=True, max_children=WIDE_FAN)
         log.value = decisions_html(run, s)
 
     slider.observe(draw, names="value")

@@ -1,21 +1,10 @@
 #!/usr/bin/env bash
-# Opens the lab: JupyterLab on a working copy of labs/*.ipynb in .lab/ (ignored by git), so
-# running and saving the notebooks never touches the tracked files. A tracked notebook newer
-# than its working copy replaces it (the old copy is kept as NAME.ipynb.bak).
-# Bound to 127.0.0.1 with a fresh random token.
+# `make lab`: the same as `ddtree-lab lab` (ddtree_lab/labserver.py does the work): JupyterLab
+# on working copies of labs/*.ipynb in .lab/ (ignored by git, so running and saving the
+# notebooks never touches the tracked files; a tracked notebook newer than its copy replaces
+# it, the old copy kept as NAME.ipynb.bak), bound to 127.0.0.1 with a fresh random token, on
+# the first free port from $DDTREE_LAB_PORT (default 8888). The link printed is the one the
+# server binds. Extra arguments go to `ddtree-lab lab` (e.g. --port 9000, --dry-run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mkdir -p .lab
-for nb in labs/*.ipynb; do
-  copy=".lab/$(basename "$nb")"
-  if [[ -e "$copy" && "$nb" -nt "$copy" ]]; then cp -p "$copy" "$copy.bak"; fi
-  if [[ ! -e "$copy" || "$nb" -nt "$copy" ]]; then cp -p "$nb" "$copy"; touch "$copy"; fi
-done
-TOKEN=${DDTREE_LAB_TOKEN:-$(.venv/bin/python -c "import secrets; print(secrets.token_hex(24))")}
-PORT=${DDTREE_LAB_PORT:-8888}
-extra=()
-[[ $(id -u) == 0 ]] && extra+=(--allow-root)
-echo "[lab] working copies in .lab/ (git ignores them; labs/ stays as committed)"
-echo "[lab] open http://127.0.0.1:${PORT}/lab/tree/01_live_step.ipynb?token=${TOKEN}"
-exec .venv/bin/jupyter lab --no-browser --ip=127.0.0.1 --port="$PORT" \
-  --IdentityProvider.token="$TOKEN" --ServerApp.root_dir=.lab "${extra[@]}"
+exec .venv/bin/python -m ddtree_lab.cli lab "$@"

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
+from notebook_outputs import execute
 
 LABS = Path(__file__).resolve().parent.parent / "labs"
 
@@ -30,8 +30,9 @@ L = 16:
 
 The figure shows the accept length τ (accepted draft tokens + 1 per step) that
 `benchmarks/live_tau.py` measured on held-out prompts, for DDTree trees of budget B and for the
-chain (the drafter's argmax block, DFlash's own verification). Below it, one live greedy step of
-each drafter on the same prompt: compare the shapes of the trees."""),
+chain (the drafter's argmax block, DFlash's own verification). Below it, a live greedy run of
+each drafter on the same prompt and each one's step that accepted most (the first such step):
+compare how deep each tree's accepted path goes and how the drafter spread its budget."""),
     ("code", """import ddtree_lab as dl
 from ddtree_lab import lab
 from ddtree_lab.models import RidgeDrafter
@@ -44,15 +45,19 @@ print(dflash.name, "| held-out top-1 by position:", card["top1_by_position"][:6]
     ("md", "## τ against budget (measured by `benchmarks/live_tau.py`)"),
     ("code", """rows = load_tau_records("../benchmarks/live_tau.json")
 tau_budget_figure(rows)"""),
-    ("md", "## One live greedy step of each drafter (budget 32)"),
+    ("md", "## Each drafter live, greedy, budget 32: its step that accepted most"),
     ("code", """prompt = "Tell me something interesting about lighthouses."
 runs = {}
 for name, d in (("dflash", dflash), ("ridge", ridge)):
     runs[name] = dl.LiveSession(target, d, budget=32, sampling=dl.SamplingParams(temperature=0.0)).run(prompt, max_new_tokens=16)
     taus = [s.accept_length + 1 for s in runs[name].steps]
     print(f"{name:>6}: {len(taus)} steps, tau per step {taus}")"""),
-    ("code", "lab.show_step(runs['dflash'], 1)"),
-    ("code", "lab.show_step(runs['ridge'], 1)"),
+    ("code", """from ddtree_lab import views
+
+for name, run in runs.items():
+    best = views.informative_step(run)
+    print(f"{name}: step {best.step} accepted {best.accept_length} draft tokens (tau {best.accept_length + 1})")
+    lab.show_step(run, run.steps.index(best))"""),
 ]
 
 
@@ -64,7 +69,7 @@ def main() -> None:
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [nbformat.v4.new_markdown_cell(s) if k == "md" else nbformat.v4.new_code_cell(s) for k, s in CELLS]
     if not args.no_execute:
-        NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(LABS)}}).execute()
+        execute(nb, LABS, timeout=900)
     nbformat.write(nb, LABS / "07_drafters.ipynb")
     print("wrote labs/07_drafters.ipynb")
 

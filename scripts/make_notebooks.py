@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
+from notebook_outputs import execute
 
 LABS = Path(__file__).resolve().parent.parent / "labs"
 
@@ -34,10 +34,11 @@ residual). Hover a node for every number.
 
 Use: run all cells (a first run converts the GGUF weights once, about 40 s). Change the
 prompt, the budget `B` or the sampling parameters in the cells below and run again; the
-slider browses every step with its decision log (coin, cumulative mass, verdict). To walk
+slider browses every step with its decision log (coin, cumulative mass, verdict); it opens on
+the step where the walk accepted most. To walk
 one step decision by decision, open `02_verify_stepper.ipynb`."""),
     ("code", """import ddtree_lab as dl
-from ddtree_lab import lab
+from ddtree_lab import lab, views
 from IPython.display import HTML
 
 target, drafter = lab.load_default()
@@ -49,15 +50,21 @@ print(drafter.name, "| held-out top-1 by position:", held_out["top1_by_position"
 run_greedy = greedy.run("Explain why the sky is blue in two sentences.", max_new_tokens=24)
 HTML(lab.summary_html(run_greedy))"""),
     ("code", "lab.show_text(run_greedy)"),
-    ("md", "The first steps' trees (static pictures; the slider below browses all of them):"),
-    ("code", "lab.show_steps(run_greedy, limit=3)"),
+    ("md", """The step where the walk went deepest (a static picture; wide fans show their first 12
+children, the rest in one grey note), then a slider over every step, opening on that one. Step 0
+is a poor first look: its root fans out over every first-level draft."""),
+    ("code", """best = views.informative_step(run_greedy)
+print(f"step {best.step}: accepted {best.accept_length} draft tokens")
+lab.show_step(run_greedy, run_greedy.steps.index(best))"""),
     ("code", "lab.step_browser(run_greedy)"),
     ("md", "## Temperature 0.8"),
     ("code", """sampled = dl.LiveSession(target, drafter, budget=32, sampling=dl.SamplingParams(temperature=0.8, seed=7))
 run_sampled = sampled.run("Explain why the sky is blue in two sentences.", max_new_tokens=24)
 HTML(lab.summary_html(run_sampled))"""),
     ("code", "lab.show_text(run_sampled)"),
-    ("code", "lab.show_steps(run_sampled, limit=3)"),
+    ("code", """best = views.informative_step(run_sampled)
+print(f"step {best.step}: accepted {best.accept_length} draft tokens")
+lab.show_step(run_sampled, run_sampled.steps.index(best))"""),
     ("code", "lab.step_browser(run_sampled)"),
     ("md", """## The decision log as text, saved traces and replay
 
@@ -196,7 +203,11 @@ press **next ▶** (or drag the **decision** slider). At each decision you see
   final coin and the chosen token.
 
 **What-if**: move the *what-if u* slider to re-run the step's (pure) verifier with another
-coin at the current node; the line under the bar says what would have been accepted.
+coin at the current node. The slider stops once inside each child's segment `[S_k-1, S_k)`
+(a segment 0.0004 wide is one stop, like a wide one), once in the residual (reject every
+child) and at the recorded coin; the answer appears beside the slider and the what-if walk is
+drawn on the tree in **purple**. At a leaf no coin decides anything (the bonus is drawn with
+the final coin), so the slider is off there.
 
 The first part reads a recorded trace (`fixtures/traces/`, no model); the last part runs
 the embedded default target live for a few tokens and adds steps with a button."""),
@@ -262,7 +273,7 @@ def main() -> None:
             continue
         nb = build(cells)
         if not args.no_execute:
-            NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(LABS)}}).execute()
+            execute(nb, LABS, timeout=900)
         nbformat.write(nb, LABS / name)
         print(f"wrote labs/{name}")
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
+from notebook_outputs import execute
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_notebooks import LABS, build  # noqa: E402
@@ -69,7 +69,7 @@ quality tends to drop after a lower sibling is accepted."""),
     ("code", "compare.sibling_quality_figure(run)"),
     ("md", "## Tokens per second (from the recorded stage timings)"),
     ("code", "compare.throughput_figure(run)"),
-    ("md", "## The trees of one step, side by side"),
+    ("md", "## The trees of one step, one per request (each scrolls sideways when wide)"),
     ("code", "HTML(compare.trees_html(run, step=1))"),
     ("md", """## Does a sampled request look greedy?
 
@@ -87,7 +87,10 @@ Move the sliders: the tuner re-analyses every recorded step of a trace (format v
 chosen temperature, top-k, top-p, min-p and budget B' ≤ the recorded B, **without running a
 model**: per step and on average the exact expected τ under the target-only rule, the target
 mass the tree covers at each depth, and the selected step's tree with each node's target
-probability `p` and its reach probability (the chance the walk accepts it).
+probability `p` and its reach probability (the chance the walk accepts it). Pick the step as in
+the verify stepper: a **request**, then a **step** among that request's steps; the per-step
+chart marks it in red, separates the requests, and keeps its y axis fixed (the largest
+possible τ) so bars compare across settings.
 
 The trace stores each row's top-64 raw logits, every node's own logit and the row's
 log-sum-exp. Whatever depends only on the top 64 (every top-k ≤ 64, at any temperature, and
@@ -139,7 +142,7 @@ def main() -> None:
             continue
         nb = build(cells)
         if not args.no_execute:
-            NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(LABS)}}).execute()
+            execute(nb, LABS, timeout=900)
         nbformat.write(nb, LABS / name)
         print(f"wrote labs/{name}")
 

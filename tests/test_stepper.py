@@ -1,5 +1,6 @@
 """The verify stepper's state, driven without a browser: simulated clicks and slider moves."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -78,17 +79,86 @@ def test_what_if_coin_reruns_the_verifier():
     step, texts = CASES["sampled_residual"]  # u = 0.9 rejects all three root children (S = 0.1, 0.25, 0.3)
     stepper = views.VerifyStepper(_run_of("sampled_residual"))
     b = stepper.widget and stepper._widgets
-    assert abs(b["coin"].value - 0.9) < 1e-6
-    b["coin"].value = 0.2  # in ' a''s segment [0.1, 0.25)
+    assert b["coin"].value.startswith("recorded 0.9")
+    stepper.set_coin(0.2)  # in ' a''s segment [0.1, 0.25)
     w = stepper.what_if()
-    assert w.path[:2] == [0, 2] and not w.same_path and "what-if u=0.2" in b["details"].value
-    assert 'x2="' in b["details"].value and "u=0.2" in b["details"].value  # the bar draws the what-if coin
+    assert w.path[:2] == [0, 2] and not w.same_path and "what-if u=0.2" in b["whatif"].value
+    assert "u=0.2" in b["details"].value  # the bar draws the what-if coin
     assert views.what_if(step, 0, 0.05).path[:2] == [0, 1]
     assert views.what_if(step, 0, 0.95).same_path
     b["reset"].click()
-    assert stepper.what_if() is None and abs(b["coin"].value - 0.9) < 1e-6
+    assert stepper.what_if() is None and b["coin"].value.startswith("recorded 0.9")
     with pytest.raises(ValueError, match="not in"):
         views.what_if(step, 0, 1.0)
+
+
+def test_what_if_slider_snaps_to_segments_and_answers_beside_it_and_on_the_tree():
+    """Issue 18.5: every child's segment is one slider stop (also a 0.0004-wide one), the
+    answer is in the widget beside the slider, and the tree draws the what-if walk."""
+    stepper = views.VerifyStepper(_run_of("sampled_residual"))
+    b = stepper.widget and stepper._widgets
+    choices = stepper.coin_choices()
+    labels = [lab for lab, _ in choices]
+    assert labels[:3] == ["#1 0.05", "#2 0.175", "#5 0.275"] and labels[-2:] == ["reject all 0.65", "recorded 0.9"]
+    assert list(b["coin"].options) == labels
+    assert b["whatif"] in stepper._widgets["box"].children[0].children[2].children  # beside the slider
+    before = b["picture"].value
+    b["coin"].index = 1  # drag to the second stop: inside #2's segment
+    assert stepper.coin == pytest.approx(0.175) and stepper.what_if().path[:2] == [0, 2]
+    assert "0 → 2" in b["whatif"].value and "purple" in b["whatif"].value
+    assert b["picture"].value != before and "#6a1b9a" in b["picture"].value  # the what-if walk on the tree
+    run = dl.load_trace(TRACE)  # a recorded root: most of its 32 children have segments far below 0.001
+    st = views.VerifyStepper(run)
+    segs = views.html.segments(st.view, 0)
+    narrow = [(c, lo, hi) for c, lo, hi in segs if 0 < hi - lo < 5e-4]
+    assert narrow, "the fixture's first step has no narrow segment"
+    c, lo, hi = narrow[0]
+    stops = [u for _, u in st.coin_choices()]
+    assert any(lo <= u < hi for u in stops)
+    u = next(u for u in stops if lo <= u < hi)
+    assert views.what_if(st.trace, 0, u).path[1] == c
+
+
+def test_leaf_bonus_shows_the_final_coin_only_and_masses_never_above_1():
+    """Issue 18.2: at a leaf the bar and the what-if slider do not show the leaf's unused coin,
+    the verdict names the final coin, and a float32 row sum above 1 is not printed as a mass."""
+    stepper = views.VerifyStepper(_run_of("leaf_bonus"))
+    b = stepper.widget and stepper._widgets
+    stepper.last()
+    assert stepper.is_leaf and b["coin"].disabled and stepper.coin_choices() == []
+    step = stepper.trace
+    leaf_coin = float(step.coins[stepper.current_node])
+    final = float(step.final_coin)
+    assert leaf_coin != final
+    assert f"u={views.model.number_label(final)}" in stepper.verdict and "final coin" in stepper.verdict
+    assert "ddtree-massbar-leaf" in b["details"].value and "ddtree-coin" not in b["details"].value
+    shown = re.escape(f"u={views.model.number_label(leaf_coin)}") + r"(?![0-9])"
+    assert re.search(shown, b["details"].value + b["whatif"].value) is None
+    with pytest.raises(ValueError, match="leaf"):
+        stepper.set_coin(0.5)
+    mass = step.bonus.residual_mass
+    assert mass > 1.0  # the hand-made leaf row sums to 1 + 1.5e-08 in float32, as real rows do
+    everything = b["details"].value + b["table"].value + views.decisions_text(stepper.view) + stepper.verdict
+    for text in re.findall(r"mass ([0-9.]+)", everything):
+        assert float(text) <= 1.0, text
+    assert "float32 rounding" in views.decisions_text(stepper.view)
+    assert views.model.mass_label(0.25) == "0.25" and views.model.mass_label(1.0) == "1"
+
+
+def test_step_slider_is_rebuilt_for_a_new_request():
+    """Issue 18.9: after switching request the step slider's range is the new request's (a new
+    slider, so the browser's End key goes to its last step); the live button label fits."""
+    run = dl.load_trace(TRACE)
+    stepper = views.VerifyStepper(run)
+    b = stepper.widget and stepper._widgets
+    old = b["step"]
+    other = stepper.requests[1]
+    b["request"].value = other
+    assert b["step"] is not old and b["step"].max == len(run.for_request(other)) - 1
+    assert b["step"] in b["step_row"].children and old not in b["step_row"].children
+    b["step"].value = 2
+    assert stepper.position == 2 and stepper.request == other
+    assert b["more"].layout.width == "210px"
 
 
 def test_what_if_matches_the_verifier_on_recorded_steps():

@@ -262,10 +262,11 @@ def test_tuner_widget_state_follows_simulated_slider_moves(small_run):
     mid, half = (float(x) for x in t.expected_tau.value.split(" ± "))
     assert mid - half <= lo + 1e-3 and hi - 1e-3 <= mid + half
     t.budget.value = 3
-    assert "[3]" in t.tree.value and "[4]" not in t.tree.value
+    assert "#3 " in t.tree.value and "#4 " not in t.tree.value
     before = t.tree.value
     t.step.value = 4
     assert t.tree.value != before and "step 4" in t.tree.value
+    assert 'data-selected="4"' in t.per_step.value  # the chart follows the step slider alone (issue 18.1)
     assert not t.top_k.disabled and not t.top_p.disabled and not t.min_p.disabled
     t.temperature.value = 0.0
     assert t.expected_tau.value == tv.expected_tau_text(data, SamplingParams(temperature=0.0), 3)
@@ -363,3 +364,50 @@ def test_tuner_on_the_v2_fixture_trace():
     obs = t.state.data.observed.double()
     se = float((obs - (res.expected_lo + res.expected_hi) / 2).std()) / len(obs) ** 0.5
     assert abs(float(obs.mean()) - sum(res.mean_expected) / 2) < 4 * se
+
+
+def _two_request_run(small_run):
+    from ddtree_lab.trace import RunTrace
+
+    steps = []
+    for k, s in enumerate(small_run.steps):  # interleaved as a batch records them: r0 s0, r1 s0, r0 s1 ...
+        t = SimpleNamespace(**vars(s))
+        t.request, t.request_id, t.step = k % 2, f"r{k % 2}", k // 2
+        steps.append(t)
+    return RunTrace(metadata={"vocab_size": 300}, steps=steps, token_texts=small_run.token_texts)
+
+
+def test_tuner_step_controls_are_request_and_step_and_the_chart_follows(small_run):
+    """Issue 18.1: the step slider moves the per-step chart's selected bar, and it is the
+    stepper's request + step (a position in the request), not a record index."""
+    from ddtree_lab.views import tuner as tv
+
+    t = tv.Tuner(_two_request_run(small_run))
+    assert [o[0] for o in t.request.options] == ["request r0", "request r1"]
+    assert t.step.max == 2 and t.state.step == 0
+    t.step.value = 2  # request 0's third step: packed index 4
+    assert t.state.step == 4 and t.state.data.steps[4].step == 2
+    assert 'data-selected="4"' in t.per_step.value and "step 2 of request r0" in t.per_step.value
+    assert "step 2 · request r0" in t.tree.value
+    t.request.value = 1
+    assert t.step.value == 0 and t.state.step == 1 and 'data-selected="1"' in t.per_step.value
+    t.step.value = 1
+    assert t.state.step == 3 and "step 1 · request r1" in t.tree.value
+    with pytest.raises(ValueError, match="outside 0..2"):
+        t.state.select(1, 3)
+
+
+def test_tuner_chart_has_a_fixed_y_scale_request_labels_and_the_tree_style_of_the_views(small_run):
+    """Issue 18.8: the per-step chart's y axis does not jump between settings, requests are
+    labelled and separated, and the tree draws as the other views do (#i, grey edges)."""
+    from ddtree_lab.views import tuner as tv
+
+    t = tv.Tuner(_two_request_run(small_run))
+    top = f">{t.state.data.max_depth + 1:.3g}</text>"
+    assert top in t.per_step.value
+    t.temperature.value = 1.5
+    assert top in t.per_step.value
+    assert "req r0" in t.per_step.value and "req r1" in t.per_step.value
+    assert "#0 " in t.tree.value and "[0]" not in t.tree.value
+    dot = tv.reach_tree_dot(t.state.data, t.result, 0, t.run)
+    assert '[color="#bdbdbd"]' in dot and "#1 't" in dot and "fontsize=10" in dot

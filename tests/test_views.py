@@ -275,3 +275,82 @@ def test_light_and_off_steps():
     off = step.replace(node_token_ids=None, child_probs=None, level="off")
     with pytest.raises(ValueError, match="level 'off'"):
         views.step_view(off, texts)
+
+
+def test_audit_verdict_names_how_its_p_value_combines_the_tests():
+    """Issue 18.3: the verdict's p (Bonferroni over the three tests) is named where it is
+    printed, so "p = 1" under per-test p-values of 0.3-0.8 reads as what it is."""
+    from ddtree_lab import audit as au
+
+    report = au.audit(au.random_case(0, 5, 6), "reference", draws=500, seed=0)
+    line = next(x for x in report.text().splitlines() if "verdict:" in x)
+    smallest = min(report.law.p_value, report.first_token.p_value, report.depth.p_value)
+    assert "Bonferroni" in line and f"min(1, 3 x {smallest:.3g})" in line and f"p = {report.p_value:.3g}" in line
+    assert "Bonferroni" in report.figure().layout.title.text
+
+
+def test_audit_plot_embeds_plotly_js(tmp_path, capsys):
+    """Issue 18.12: ``audit --plot`` writes a page that needs no network (plotly.js inline);
+    several cases write one file each. The browser test draws it offline."""
+    from ddtree_lab.cli import main
+
+    plot = tmp_path / "audit.html"
+    main(["audit", "--random", "2", "--draws", "300", "--plot", str(plot)])
+    capsys.readouterr()
+    pages = sorted(tmp_path.glob("audit-*.html"))
+    assert [p.name for p in pages] == ["audit-0.html", "audit-1.html"]
+    text = pages[0].read_text()
+    assert re.search(r"<script[^>]+src=", text) is None  # no script fetched from a CDN
+    assert "Plotly.newPlot" in text and len(text) > 1_000_000  # the library itself is in the page
+
+
+def test_greedy_vs_sampling_figures_are_readable():
+    """Issue 18.7: histograms side by side (no translucent overlay), every sibling group drawn
+    with "no data" where it is empty, hover boxes with whole names, trees at their own size in
+    a box that scrolls."""
+    from ddtree_lab.views import compare
+
+    run = dl.load_trace(TRACE)
+    steps = run.steps[:12]  # few steps: some sibling groups are empty
+    tau = compare.tau_distribution_figure(steps)
+    assert tau.layout.barmode == "group" and all(t.opacity is None for t in tau.data)
+    assert tau.layout.hoverlabel.namelength == -1
+    q = compare.sibling_quality_figure(steps)
+    rows = [r for r in dl.analysis.sibling_conditioned_quality(steps) if r["depth"] == "all" and r["total"]]
+    have = {r["after"] for r in rows}
+    for t in q.data:
+        assert list(t.x) == ["after root", "after rank 0", "after rank > 0"]
+        for x, text in zip(t.x, t.text):
+            assert (text == "no data") == (x.removeprefix("after ") not in have), (x, text)
+    if len(have) < 3:
+        assert "no data" in q.layout.annotations[0].text
+    html = compare.trees_html(run, step=2)
+    assert html.count('<svg style="max-width:none"') == html.count("<svg") > 1
+    assert "overflow-x:scroll" in html and "max-width:48%" not in html
+
+
+def test_wide_fans_are_capped_and_views_open_on_an_informative_step():
+    """Issue 18.6: a first step's 32-child root draws 12 children and one note saying how many
+    rejected ones it holds; the step browser opens on the step that accepted most, not step 0."""
+    from ddtree_lab import lab
+
+    run = dl.load_trace(TRACE)
+    first = run.steps[0]
+    view = views.step_view(first, run, True, max_children=12)
+    root = view.nodes[0].children
+    assert len(root) == 13 and root[-1] < 0  # 12 children + the summary
+    summary = view.nodes[root[-1]]
+    rejected = sum(1 for d in first.decisions if d.parent == 0 and d.verdict == "reject")
+    shown = sum(1 for c in root[:-1] if view.nodes[c].status == "rejected")
+    assert f"({rejected - shown} rejected)" in summary.text
+    accepted = next(s for s in run.steps if s.accept_length >= 1)
+    capped = views.step_view(accepted, run, True, max_children=1)
+    assert all(i in capped.nodes for i in accepted.accepted_path)  # the accepted path always stays
+    with pytest.raises(ValueError, match="max_children"):
+        views.step_view(first, run, max_children=0)
+    best = views.informative_step(run)
+    assert best.accept_length == max(s.accept_length for s in run.steps) and best is not run.steps[0]
+    request = best.request
+    box = lab.step_browser(run, request)
+    assert run.for_request(request)[box.children[0].value] is views.informative_step(run, request)
+    assert "12 rejected" in lab.step_browser(run, 0, position=0).children[1].value

@@ -8,6 +8,7 @@ the walk events and a decision cursor, ``to_dict()``); everything else renders t
 * :mod:`ddtree_lab.views.text` -- :func:`to_text` (the tree), :func:`decisions_text`;
 * :mod:`ddtree_lab.views.html` -- :func:`decisions_table_html`, :func:`children_html`,
   :func:`mass_bar_svg`, :func:`bonus_html`, :func:`committed_html`;
+* :mod:`ddtree_lab.views.pick` -- :func:`informative_step`, the step a view opens on;
 * :mod:`ddtree_lab.views.stepper` -- the verify stepper widget (:class:`VerifyStepper`);
 * :mod:`ddtree_lab.views.compare` -- greedy against sampling: plotly figures over a batch's
   steps (tau, calibration, acceptance and sibling rank by depth, drafter quality, tokens/s);
@@ -34,12 +35,13 @@ from .model import StepView as StepView
 from .model import step_view as step_view
 from .model import token_label as token_label
 from .model import walk_events as walk_events
+from .pick import informative_step as informative_step
 from .text import decisions_text as decisions_text
 from .text import to_text as to_text
 
 __all__ = ["StepView", "NodeView", "DecisionRow", "BonusView", "Cursor", "step_view", "walk_events", "token_label",
            "to_dot", "step_svg", "render_svg", "svg_size", "to_text", "decisions_text", "decisions_table_html",
-           "children_html", "mass_bar_svg", "bonus_html", "committed_html"]
+           "children_html", "mass_bar_svg", "bonus_html", "committed_html", "informative_step"]
 from .stepper import VerifyStepper as VerifyStepper  # noqa: E402
 from .stepper import WhatIf as WhatIf  # noqa: E402
 from .stepper import what_if as what_if  # noqa: E402

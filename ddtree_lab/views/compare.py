@@ -32,6 +32,8 @@ __all__ = ["settings_of", "tau_figure", "tau_distribution_figure", "calibration_
            "sibling_rank_figure", "throughput_figure", "sibling_quality_figure", "trees_html", "looks_greedy_html",
            "summary_rows", "summary_html"]
 
+#: hover boxes show whole trace names (plotly cuts them at 15 characters by default).
+HOVER = {"namelength": -1, "align": "left"}
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
 
 
@@ -73,13 +75,14 @@ def tau_figure(run_or_steps):
         fig.add_trace(go.Scatter(x=[s.step for s in mine], y=[analysis.tau(s) for s in mine], mode="lines+markers",
                                  name=f"request {mine[0].request_id} · {label}",
                                  line={"color": _color(settings.index(label))}))
-    fig.update_layout(title="τ per step (accepted draft tokens + bonus)", xaxis_title="decoding step",
+    fig.update_layout(hoverlabel=HOVER, title="τ per step (accepted draft tokens + bonus)", xaxis_title="decoding step",
                       yaxis_title="τ", height=320, margin={"t": 40, "b": 40})
     return fig
 
 
 def tau_distribution_figure(run_or_steps):
-    """Histogram of tau per setting (overlaid, normalised to a fraction of steps)."""
+    """Histogram of tau per setting (bars side by side, each normalised to a fraction of its
+    setting's steps; not overlaid, so no colours mix)."""
     import plotly.graph_objects as go
 
     steps = _steps(run_or_steps)
@@ -87,8 +90,8 @@ def tau_distribution_figure(run_or_steps):
     for k, (label, mine) in enumerate(_by_setting(steps).items()):
         taus = [analysis.tau(s) for s in mine]
         fig.add_trace(go.Histogram(x=taus, name=f"{label} (mean {statistics.mean(taus):.2f})", histnorm="probability",
-                                   xbins={"size": 1}, opacity=0.6, marker_color=_color(k)))
-    fig.update_layout(barmode="overlay", title="distribution of τ per setting", xaxis_title="τ",
+                                   xbins={"size": 1}, marker_color=_color(k)))
+    fig.update_layout(hoverlabel=HOVER, barmode="group", bargap=0.15, title="distribution of τ per setting", xaxis_title="τ",
                       yaxis_title="fraction of steps", height=300, margin={"t": 40, "b": 40})
     return fig
 
@@ -110,7 +113,7 @@ def calibration_figure(run_or_steps):
                                  ("drafter estimate", "drafter", {"color": "#b3261e", "dash": "dash"})):
             fig.add_trace(go.Scatter(x=x, y=[r[key] for r in table], mode="lines+markers", name=name, line=style,
                                      legendgroup=name, showlegend=k == 0), row=k + 1, col=1)
-    fig.update_layout(title="accept length per step: observed, exact expected (target-only rule), drafter estimate",
+    fig.update_layout(hoverlabel=HOVER, title="accept length per step: observed, exact expected (target-only rule), drafter estimate",
                       height=260 * len(groups) + 60, margin={"t": 60, "b": 40})
     fig.update_xaxes(title_text="step / request", type="category")
     fig.update_yaxes(title_text="accepted draft tokens")
@@ -129,7 +132,7 @@ def acceptance_figure(run_or_steps):
                                  customdata=list(zip(a["accepted"], a["offered"])),
                                  hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]}<extra></extra>",
                                  line={"color": _color(k)}))
-    fig.update_layout(title="acceptance by depth (accepted / offered)", xaxis_title="depth",
+    fig.update_layout(hoverlabel=HOVER, title="acceptance by depth (accepted / offered)", xaxis_title="depth",
                       yaxis_title="acceptance rate", yaxis_range=[0, 1.05], height=300, margin={"t": 40, "b": 40})
     return fig
 
@@ -152,7 +155,7 @@ def sibling_rank_figure(run_or_steps, max_rank: int = 4):
             fig.add_trace(go.Bar(x=depths, y=counts, name=f"sibling {rank}{'+' if rank == max_rank else ''}",
                                  marker_color=shades[rank % len(shades)], legendgroup=str(rank), showlegend=k == 0),
                           row=1, col=k + 1)
-    fig.update_layout(barmode="stack", title="accepted sibling rank by depth", height=300, margin={"t": 60, "b": 40})
+    fig.update_layout(hoverlabel=HOVER, barmode="stack", title="accepted sibling rank by depth", height=300, margin={"t": 60, "b": 40})
     fig.update_xaxes(title_text="depth")
     fig.update_yaxes(title_text="accepted nodes", col=1)
     return fig
@@ -170,7 +173,7 @@ def throughput_figure(run_or_steps):
                            marker_color=[_color(settings.index(r["setting"])) for r in t["per_request"]],
                            text=[f"{r['tokens']} tok / {r['seconds']:.1f} s" for r in t["per_request"]]))
     batch = t["batch_tokens_per_s"]
-    fig.update_layout(title=f"tokens/s per request (batch: {batch:.2f} tokens/s)" if batch else "tokens/s",
+    fig.update_layout(hoverlabel=HOVER, title=f"tokens/s per request (batch: {batch:.2f} tokens/s)" if batch else "tokens/s",
                       yaxis_title="tokens / s", height=300, margin={"t": 40, "b": 40})
     return fig
 
@@ -183,18 +186,28 @@ def sibling_quality_figure(run_or_steps):
     steps = _steps(run_or_steps)
     rows = [r for r in analysis.sibling_conditioned_quality(steps) if r["depth"] == "all"]
     fig = go.Figure()
+    cats = ("root", "rank 0", "rank > 0")
+    empty = []
     for k, label in enumerate(settings_of(steps)):
-        mine = {r["after"]: r for r in rows if r["setting"] == label}
-        cats = [c for c in ("root", "rank 0", "rank > 0") if c in mine]
-        fig.add_trace(go.Bar(x=[f"after {c}" for c in cats], y=[mine[c]["rate"] for c in cats], name=label,
-                             text=[f"{mine[c]['hits']}/{mine[c]['total']}" for c in cats], marker_color=_color(k)))
-    fig.update_layout(barmode="group", title="drafter top-1 = the target's next token, by what was accepted before",
-                      yaxis_title="hit rate", yaxis_range=[0, 1.05], height=300, margin={"t": 40, "b": 40})
+        mine = {r["after"]: r for r in rows if r["setting"] == label and r["total"]}
+        fig.add_trace(go.Bar(x=[f"after {c}" for c in cats], y=[mine[c]["rate"] if c in mine else 0.0 for c in cats],
+                             name=label, marker_color=_color(k),
+                             text=[f"{mine[c]['hits']}/{mine[c]['total']}" if c in mine else "no data" for c in cats],
+                             textposition="outside"))
+        empty += [(c, label) for c in cats if c not in mine]
+    if empty:  # say which groups are empty instead of leaving a gap
+        fig.add_annotation(text="no data (no such accepted node): " + "; ".join(f"after {c} · {lab}" for c, lab in empty),
+                           xref="paper", yref="paper", x=0, y=-0.28, showarrow=False, font={"size": 11},
+                           align="left", xanchor="left")
+    fig.update_layout(hoverlabel=HOVER, barmode="group",
+                      title="drafter top-1 = the target's next token, by what was accepted before", yaxis_title="hit rate", yaxis_range=[0, 1.15], height=340, margin={"t": 40, "b": 80})
     return fig
 
 
 def trees_html(run: RunTrace, step: int, collapse_unvisited: bool = True) -> str:
-    """The trees of decoding step ``step`` of every request, side by side (scrollable).
+    """The trees of decoding step ``step`` of every request, one under another at their own
+    size (text as in every other tree picture), each in a box that scrolls sideways when the
+    tree is wider than the page.
 
     Raises:
         ValueError: no request has that step.
@@ -208,9 +221,11 @@ def trees_html(run: RunTrace, step: int, collapse_unvisited: bool = True) -> str
     cells = []
     for s in chosen:
         label = html.escape(f"request {s.request_id} · {analysis.setting_label(s.params)} · τ = {analysis.tau(s)}")
-        cells.append(f'<div style="flex:0 0 auto;max-width:48%;overflow:auto;border:1px solid #ddd;padding:4px">'
-                     f"<b>{label}</b>{step_svg(s, run, collapse_unvisited=collapse_unvisited)}</div>")
-    return f'<div class="ddtree-trees" style="display:flex;gap:8px;overflow-x:auto">{"".join(cells)}</div>'
+        svg = step_svg(s, run, collapse_unvisited=collapse_unvisited)
+        svg = svg.replace("<svg ", '<svg style="max-width:none" ', 1)  # never shrunk to fit: it scrolls
+        cells.append(f'<div style="overflow-x:scroll;border:1px solid #ddd;padding:4px;margin-bottom:8px">'
+                     f"<b>{label}</b><br>{svg}</div>")
+    return f'<div class="ddtree-trees">{"".join(cells)}</div>'
 
 
 def looks_greedy_html(run_or_steps, min_tokens: int = 16, alpha: float = 1e-3) -> str:

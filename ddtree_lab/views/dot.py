@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import re
 
-from .model import LOSSY_COLOR, NodeView, StepView, _fmt, step_view, token_label
+from .labels import LOSSY_COLOR, mass_label, token_label
+from .labels import number_label as _num
+from .model import NodeView, StepView, step_view
 
-__all__ = ["to_dot", "step_svg", "render_svg", "svg_size", "STATUS_STYLE"]
+__all__ = ["to_dot", "step_svg", "render_svg", "svg_size", "STATUS_STYLE", "WHAT_IF_COLOR"]
 
 STATUS_STYLE = {
     "root": {"color": "#1f4e79", "fillcolor": "#dbe9f6", "penwidth": "2"},
@@ -36,6 +38,9 @@ EDGE_STYLE = {
     "pending": 'color="#bdbdbd", style=dotted',
 }
 CURRENT_STYLE = {"color": "#e65100", "penwidth": "3.5"}
+#: the what-if walk (stepper): its nodes' border and its edges.
+WHAT_IF_COLOR = "#6a1b9a"
+WHAT_IF_STYLE = {"color": WHAT_IF_COLOR, "penwidth": "3"}
 FOCUS_STYLE = {"fillcolor": "#fff59d"}
 LEGEND = "#: node index · p: target p · q: drafter q · r: rank among the drafter's top-k"
 
@@ -77,23 +82,38 @@ def _tooltip(node: NodeView) -> str:
     if node.path_p is not None:
         parts.append(f"path p {_fmt(node.path_p)}")
     if node.order is not None:
-        parts.append(f"decision {node.order}" + (f", coin {_fmt(node.coin)}, S_k {_fmt(node.mass)}"
+        parts.append(f"decision {node.order}" + (f", coin {_fmt(node.coin)}, S_k {mass_label(node.mass, missing='?')}"
                                                  if node.coin is not None else ""))
     return " · ".join(parts)
+
+
+def _fmt(x) -> str:
+    return _num(x, missing="?")
 
 
 def _attrs(style: dict) -> str:
     return ", ".join(f'{k}="{v}"' for k, v in style.items())
 
 
-def to_dot(view: StepView) -> str:
+def to_dot(view: StepView, what_if: list[int] | None = None) -> str:
     """The DOT source of a step view (deterministic: golden tests compare it). A lossy step's
-    title ends with its ``LOSSY: ...`` mark and the graph label is red."""
+    title ends with its ``LOSSY: ...`` mark and the graph label is red.
+
+    ``what_if``: a what-if walk's path from the node whose coin changed (the stepper passes
+    :class:`ddtree_lab.views.WhatIf.path` from that node on): the nodes after the first get a
+    purple border, the path's edges are purple and bold. The nodes must be in the view (lower
+    it with ``keep=path``); a path node not in the view raises ``ValueError``."""
     cur = view.cursor
     red = f', fontcolor="{LOSSY_COLOR}"' if view.lossy else ""
+    legend = LEGEND + (" · purple: the what-if walk" if what_if else "")
+    on_path = set(what_if or ())
+    missing = sorted(on_path - set(view.nodes))
+    if missing:
+        raise ValueError(f"what-if path nodes {missing} are hidden in the view (lower it with keep=path)")
+    path_edges = set(zip(what_if or (), (what_if or ())[1:]))
     out = ["digraph step {",
            '  graph [rankdir=LR, ordering=out, nodesep=0.04, ranksep=0.22, fontname="Helvetica",',
-           f'         label="{_esc(view.title)}\\n{_esc(LEGEND)}", labelloc=t, labeljust=l, fontsize=11{red}];',
+           f'         label="{_esc(view.title)}\\n{_esc(legend)}", labelloc=t, labeljust=l, fontsize=11{red}];',
            '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10, margin="0.04,0.02", '
            'height=0.3];',
            "  edge [arrowsize=0.5];"]
@@ -104,6 +124,8 @@ def to_dot(view: StepView) -> str:
             style.setdefault("style", "rounded,filled")
         if cur is not None and i == cur.current and not cur.bonus_done:
             style.update(CURRENT_STYLE)
+        if i in on_path and i != what_if[0]:
+            style.update(WHAT_IF_STYLE)
         if cur is not None and i == cur.focus and i != 0:
             style.update(FOCUS_STYLE)
         label = "\\n".join(_esc(line) for line in _label_lines(node, status))
@@ -111,6 +133,8 @@ def to_dot(view: StepView) -> str:
     for i, node in view.nodes.items():
         for c in node.children:
             edge = EDGE_STYLE.get(view.status(c), 'color="#bdbdbd"')
+            if (i, c) in path_edges:
+                edge = f'color="{WHAT_IF_COLOR}", penwidth=3, style=bold'
             out.append(f"  {_dot_id(i)} -> {_dot_id(c)} [{edge}];")
     b = view.bonus
     if b is not None and (cur is None or cur.bonus_done):

@@ -11,9 +11,10 @@ import numpy as np
 
 from ..step import RunTrace
 from .model import LOSSY_COLOR, StepView, token_label
-from .model import number_label as _num
+from .labels import mass_label as _mass
+from .labels import number_label as _num
 
-__all__ = ["decisions_table_html", "children_html", "mass_bar_svg", "bonus_html", "committed_html"]
+__all__ = ["decisions_table_html", "children_html", "mass_bar_svg", "bonus_html", "committed_html", "segments"]
 
 _TABLE = 'style="border-collapse:collapse;font-family:monospace;font-size:12px"'
 _CELL = 'style="padding:1px 6px;border-bottom:1px solid #ddd;text-align:right"'
@@ -57,7 +58,7 @@ def decisions_table_html(view: StepView) -> str:
     rows, styles = [], []
     for d in view.decisions:
         common = [str(d.order), str(d.depth), str(d.parent), str(d.node), _tok(d.text), _p(d.target_p, d.target_p_upper)]
-        rows.append(common + (["yes" if d.verdict == "accept" else "no"] if greedy else [_num(d.mass), _num(d.coin)])
+        rows.append(common + (["yes" if d.verdict == "accept" else "no"] if greedy else [_mass(d.mass), _num(d.coin)])
                     + [d.verdict])
         styles.append(_STATUS_BG["accepted" if d.verdict == "accept" else "rejected"])
     warn = (f'<p class="ddtree-lossy" style="color:{LOSSY_COLOR};font-weight:bold">{html.escape(view.lossy_mark)} '
@@ -68,16 +69,16 @@ def decisions_table_html(view: StepView) -> str:
 def _bonus_sentence(view: StepView) -> str:
     b = view.bonus
     if b.token < 0:
-        return (f"no bonus: the residual at node {b.node} is empty (mass {_num(b.residual_mass)}, coin "
+        return (f"no bonus: the residual at node {b.node} is empty (mass {_mass(b.residual_mass)}, coin "
                 f"{_num(b.coin)}): support exhausted")
     if view.greedy:
         return f"bonus {_tok(b.text)}: the target's argmax at node {b.node} (target p {_p(b.target_p, b.target_p_upper)})"
     where = "the target row (a leaf)" if b.kind == "leaf" else "the residual (rejected siblings zeroed, renormalised)"
-    return (f"bonus {_tok(b.text)} drawn at node {b.node} from {where}: residual mass {_num(b.residual_mass)}, coin "
+    return (f"bonus {_tok(b.text)} drawn at node {b.node} from {where}: residual mass {_mass(b.residual_mass)}, coin "
             f"{_num(b.coin)}; target p {_p(b.target_p, b.target_p_upper)}, residual p {_num(b.residual_p)}")
 
 
-def _segments(view: StepView, node: int) -> list[tuple[int, float, float]]:
+def segments(view: StepView, node: int) -> list[tuple[int, float, float]]:
     """``(child, S_{k-1}, S_k)`` for the drawn children of ``node`` (float32 running sums, as
     the verifier accumulates them; sampled steps only)."""
     out, mass = [], 0.0
@@ -100,7 +101,7 @@ def children_html(view: StepView, limit: int = 12) -> str:
     cur = view.cursor
     node = 0 if cur is None else cur.current
     status_of = view.status
-    seg = {c: (lo, hi) for c, lo, hi in ([] if view.greedy else _segments(view, node))}
+    seg = {c: (lo, hi) for c, lo, hi in ([] if view.greedy else segments(view, node))}
     if view.greedy:
         head = ["node", "token", "target p", "= argmax?", "accept p", "path p", "status"]
     else:
@@ -121,7 +122,7 @@ def children_html(view: StepView, limit: int = 12) -> str:
             third = {"accepted": "yes", "rejected": "no"}.get(st, "?")
         else:
             lo, hi = seg[c]
-            third = f"[{_num(lo)}, {_num(hi)})"
+            third = f"[{_mass(lo)}, {_mass(hi)})"
         rows.append([f"#{c}", _tok(child.text), _p(child.target_p, child.target_p_upper), third,
                      _num(child.accept_p), _num(child.path_p), st])
         styles.append(_STATUS_BG.get(st, ""))
@@ -137,23 +138,30 @@ def children_html(view: StepView, limit: int = 12) -> str:
 def mass_bar_svg(view: StepView, width: int = 640, coin: float | None = None) -> str:
     """The cumulative-mass bar 0..1 of the current node's children (sampled steps): one
     segment per child in sibling order (coloured by status so far, labelled ``#index``), the
-    residual after them grey, and the coin ``u`` drawn as a line. ``coin`` overrides the
-    recorded coin (what-if). Greedy steps: an empty string."""
+    residual after them grey, and the current node's coin ``u`` drawn as a line. ``coin``
+    overrides the recorded coin (what-if). At a leaf (no children: its coin decides nothing)
+    a sentence naming the final coin the bonus uses instead. Greedy steps: an empty string."""
     if view.greedy:
         return ""
     cur = view.cursor
     node = 0 if cur is None else cur.current
+    if not view.nodes[node].children:  # a leaf: its recorded coin decides nothing, so it is not drawn
+        b = view.bonus
+        final = "" if b is None or b.coin is None else f" u={_num(b.coin)}"
+        return (f'<p class="ddtree-massbar-leaf" style="font-family:monospace;font-size:12px">node #{node} is a leaf: '
+                "no coin decides among children (its own coin is unused); the bonus is drawn from the target row "
+                f"with the final coin{final}.</p>")
     u = view.nodes[node].child_coin if coin is None else coin
     h, top = 34, 14
     colors = {"accepted": "#43a047", "rejected": "#e57373", "pending": "#b0bec5", "unvisited": "#cfd8dc"}
     parts = [f'<svg class="ddtree-massbar" xmlns="http://www.w3.org/2000/svg" width="{width + 20}" height="{h + 26}">',
              f'<rect x="10" y="{top}" width="{width}" height="{h}" fill="#eeeeee" stroke="#9e9e9e"/>']
-    for c, lo, hi in _segments(view, node):
+    for c, lo, hi in segments(view, node):
         x, w = 10 + lo * width, max((hi - lo) * width, 0.0)
         st = view.status(c)
         parts.append(f'<rect x="{x:.2f}" y="{top}" width="{w:.2f}" height="{h}" fill="{colors.get(st, "#cfd8dc")}" '
                      f'stroke="#ffffff" stroke-width="0.5"><title>#{c} {_tok(view.nodes[c].text)}: '
-                     f'[{_num(lo)}, {_num(hi)})</title></rect>')
+                     f'[{_mass(lo)}, {_mass(hi)})</title></rect>')
         if w >= 22:
             parts.append(f'<text x="{x + w / 2:.2f}" y="{top + h / 2 + 4}" font-size="10" text-anchor="middle" '
                          f'font-family="monospace">#{c}</text>')
@@ -164,8 +172,8 @@ def mass_bar_svg(view: StepView, width: int = 640, coin: float | None = None) ->
         x = 10 + u * width
         parts.append(f'<line class="ddtree-coin" x1="{x:.2f}" y1="4" x2="{x:.2f}" y2="{top + h + 4}" '
                      f'stroke="#e65100" stroke-width="2.5"/>')
-        parts.append(f'<text x="{min(max(x, 30), width - 10):.2f}" y="11" font-size="10" text-anchor="middle" '
-                     f'font-family="monospace" fill="#e65100">u={_num(u)}</text>')
+        parts.append(f'<text x="{min(max(x, 60), width - 40):.2f}" y="11" font-size="10" text-anchor="middle" '
+                     f'font-family="monospace" fill="#e65100">u={_num(u)} (node #{node}\'s coin)</text>')
     parts.append("</svg>")
     return "".join(parts)
 

@@ -29,49 +29,31 @@ walk stands on, the siblings it has judged there, the verdict text, and each nod
 so far. The stepper moves ``k``.
 
 **Collapse** (readable big trees): :func:`step_view` hides nodes by depth, by target p, by
-drafter q, or every unvisited node; the root, the accepted path and every visited sibling
-always stay. A parent's hidden children become one summary node that counts every hidden
+drafter q, or every unvisited node, and can cap a wide fan at ``max_children``; the root and
+the accepted path always stay (and every visited sibling unless the fan is capped). A parent's
+hidden children become one summary node that counts every hidden
 node below it.
 """
 
 from __future__ import annotations
 
 import math
-import unicodedata
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Mapping
 
 import torch
 
 from ..step import RunTrace, StepTrace
+from .collapse import collapse_nodes
+from .labels import LOSSY_COLOR, lossy_mark, mass_label, number_label, token_label
 
 __all__ = ["NodeView", "DecisionRow", "BonusView", "Cursor", "StepView", "WalkEvent", "step_view", "token_label",
-           "lossy_mark", "walk_events", "STATUSES"]
+           "lossy_mark", "walk_events", "STATUSES", "number_label", "mass_label",
+           "LOSSY_COLOR"]
 
 #: node statuses: root, accepted (on the accepted path), rejected (visited and rejected),
 #: unvisited (never reached), pending (cursor views: not judged yet), collapsed (a summary).
-#: the colour of a lossy step's mark (DOT label, HTML table header).
-LOSSY_COLOR = "#c00000"
-
 STATUSES = ("root", "accepted", "rejected", "unvisited", "pending", "collapsed", "bonus")
-
-_VISIBLE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
-
-
-def token_label(text: str) -> str:
-    """A token's text made visible and quoted: spaces '␣', newlines '⏎', tabs '⇥', carriage
-    returns '␍', other control characters as ``\\xNN`` / ``\\uNNNN`` (so a label never holds
-    an invisible or line-breaking character)."""
-    out = []
-    for ch in text:
-        if ch in _VISIBLE:
-            out.append(_VISIBLE[ch])
-        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return "'" + "".join(out) + "'"
-
 
 @dataclass
 class NodeView:
@@ -394,17 +376,10 @@ def _mode(step: StepTrace) -> str:
     return " ".join(parts)
 
 
-def lossy_mark(thresholds: tuple[float, float]) -> str:
-    """``"LOSSY: threshold_single=0.9, threshold_acc=0.5"``: the thresholds that break
-    exactness (``threshold_single < 1``, ``threshold_acc != 1``; :func:`ddtree_lab.verify.is_lossy`)."""
-    single, acc = thresholds
-    parts = ([f"threshold_single={single:g}"] if single < 1.0 else []) + ([f"threshold_acc={acc:g}"] if acc != 1.0 else [])
-    return "LOSSY: " + ", ".join(parts)
-
-
 def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None, collapse_unvisited: bool = False,
               *, max_depth: int | None = None, min_target_p: float | None = None,
-              min_drafter_q: float | None = None, cursor: int | None = None) -> StepView:
+              min_drafter_q: float | None = None, cursor: int | None = None, keep=None,
+              max_children: int | None = None) -> StepView:
     """Lower a recorded step to its :class:`StepView`.
 
     Args:
@@ -415,9 +390,13 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
         min_target_p, min_drafter_q: hide nodes whose target p (its upper bound when the token
             is outside the stored top-M) or drafter q is below the value.
         cursor: set the decision cursor after this many walk events (see :meth:`StepView.at`).
+        keep: node indices never hidden, with their ancestors (e.g. a what-if path).
+        max_children: draw at most this many children per parent (wide fans such as a first
+            step's 32 root children): the accepted child always, then the first in sibling
+            order; the rest, rejected ones included, become the summary node.
 
-    The root, the accepted path and every visited sibling are never hidden; a hidden node
-    hides its subtree; each parent's hidden children become one summary node counting all
+    The root and the accepted path are never hidden, nor (without ``max_children``) any
+    visited sibling; a hidden node hides its subtree; each parent's hidden children become one summary node counting all
     the nodes it hides.
 
     Raises:
@@ -426,6 +405,9 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
     """
     if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0):
         raise ValueError(f"max_depth must be None or an int >= 0, got {max_depth!r}")
+    if max_children is not None and (isinstance(max_children, bool) or not isinstance(max_children, int)
+                                     or max_children < 1):
+        raise ValueError(f"max_children must be None or an int >= 1, got {max_children!r}")
     for name, v in (("min_target_p", min_target_p), ("min_drafter_q", min_drafter_q)):
         if v is not None and not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
             raise ValueError(f"{name} must be None or a number in [0, 1], got {v!r}")
@@ -490,7 +472,7 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
                                 d.target_prob, None if greedy else d.cumulative_mass,
                                 None if greedy else d.coin, d.verdict))
     bonus = _bonus_view(step, lookup, greedy, p_known)
-    hidden = _collapse(nodes, collapse_unvisited, max_depth, min_target_p, min_drafter_q)
+    hidden = collapse_nodes(nodes, collapse_unvisited, max_depth, min_target_p, min_drafter_q, keep, max_children)
     mode = _mode(step)
     outcome = (f"accepted {step.accept_length} + bonus" if bonus.token >= 0
                else f"accepted {step.accept_length}, support exhausted (no bonus)")
@@ -530,57 +512,6 @@ def _bonus_view(step: StepTrace, lookup, greedy: bool, p_known: bool) -> BonusVi
                      None if greedy else b.residual_mass, None if greedy else b.coin, rejected, top)
 
 
-def _collapse(nodes: dict[int, NodeView], unvisited: bool, max_depth, min_target_p, min_drafter_q) -> int:
-    """Hide nodes per the options (see :func:`step_view`); returns how many were hidden."""
-    if not (unvisited or max_depth is not None or min_target_p is not None or min_drafter_q is not None):
-        return 0
-
-    def keep(node: NodeView) -> bool:
-        if node.status != "unvisited":
-            return True
-        if unvisited:
-            return False
-        if max_depth is not None and node.depth > max_depth:
-            return False
-        if min_target_p is not None and (node.target_p is None or node.target_p < min_target_p):
-            return False
-        if min_drafter_q is not None and (node.drafter_q is None or node.drafter_q < min_drafter_q):
-            return False
-        return True
-
-    def subtree(i: int) -> list[int]:
-        out, stack = [], [i]
-        while stack:
-            j = stack.pop()
-            out.append(j)
-            stack.extend(nodes[j].children)
-        return out
-
-    total, next_id = 0, -2
-    for i in sorted(k for k in nodes if k >= 0):
-        node = nodes.get(i)
-        if node is None:
-            continue
-        hide = [c for c in node.children if not keep(nodes[c])]
-        if not hide:
-            continue
-        best = nodes[hide[0]]
-        probs = [nodes[c].target_p for c in hide if nodes[c].target_p is not None]
-        count = 0
-        for c in hide:
-            for j in subtree(c):
-                nodes.pop(j)
-                count += 1
-        total += count
-        summary = NodeView(next_id, -1, f"+{count} hidden", "collapsed", best.depth, best.rank, best.logw,
-                           parent=i, target_p=max(probs) if probs else None, hidden=count)
-        summary.children = []
-        node.children = [c for c in node.children if c not in hide] + [next_id]
-        nodes[next_id] = summary
-        next_id -= 1
-    return total
-
-
 # -- the decision cursor ------------------------------------------------------------------------
 
 
@@ -609,17 +540,12 @@ def _cursor(view: StepView, k: int) -> Cursor:
                   _verdict(view, last, current, k), None if last is None else last.kind)
 
 
-def number_label(x: float | None, digits: int = 4, missing: str = "-") -> str:
-    """``x`` with ``digits`` significant digits, but never rounded to a bare 0 or 1 that it is
-    not (0.99999994 prints in full); ``missing`` for None. The one number format of every view."""
-    if x is None:
-        return missing
-    text = f"{x:.{digits}g}"
-    return f"{x:.9g}" if text in ("0", "1") and x not in (0.0, 1.0) else text
-
-
 def _fmt(x: float | None) -> str:
     return number_label(x, missing="?")
+
+
+def _mass(x: float | None) -> str:
+    return mass_label(x, missing="?")
 
 
 def _verdict(view: StepView, event, current: int, k: int) -> str:
@@ -638,9 +564,9 @@ def _verdict(view: StepView, event, current: int, k: int) -> str:
             return f"node {d.node} {tok} is not the target's argmax at node {d.parent}: reject"
         lo = node.mass_before if node and node.mass_before is not None else None
         if d.verdict == "accept":
-            return (f"node {d.node} {tok}: coin u={_fmt(d.coin)} < S_k={_fmt(d.cumulative_mass)} "
-                    f"(segment [{_fmt(lo)}, {_fmt(d.cumulative_mass)})), p={_fmt(d.target_prob)} > 0: accept")
-        why = "p = 0" if d.target_prob <= 0.0 else f"u={_fmt(d.coin)} ≥ S_k={_fmt(d.cumulative_mass)}"
+            return (f"node {d.node} {tok}: coin u={_fmt(d.coin)} < S_k={_mass(d.cumulative_mass)} "
+                    f"(segment [{_mass(lo)}, {_mass(d.cumulative_mass)})), p={_fmt(d.target_prob)} > 0: accept")
+        why = "p = 0" if d.target_prob <= 0.0 else f"u={_fmt(d.coin)} ≥ S_k={_mass(d.cumulative_mass)}"
         return f"node {d.node} {tok}: {why}: reject"
     if event.kind == "move":
         node = view.nodes.get(int(event.node))
@@ -650,12 +576,13 @@ def _verdict(view: StepView, event, current: int, k: int) -> str:
         return f"move to node {int(event.node)} (depth {depth}); {tail}"
     b = view.bonus
     if b.token < 0:
-        return (f"bonus at node {b.node}: the residual is empty (mass {_fmt(b.residual_mass)}): "
+        return (f"bonus at node {b.node}: the residual is empty (mass {_mass(b.residual_mass)}): "
                 "support exhausted, no bonus token")
     tok = token_label(b.text)
     if view.greedy:
         return f"bonus at node {b.node}: the target's argmax {tok}"
     if b.kind == "leaf":
-        return f"bonus at node {b.node} (a leaf): drawn from the target row with coin u={_fmt(b.coin)}: {tok}"
-    return (f"bonus at node {b.node}: drawn from the residual (mass {_fmt(b.residual_mass)}, {len(b.rejected)} "
-            f"rejected siblings zeroed) with coin u={_fmt(b.coin)}: {tok}, residual p={_fmt(b.residual_p)}")
+        return (f"bonus at node {b.node} (a leaf): drawn from the target row with the final coin u={_fmt(b.coin)} "
+                f"(the bonus draw's own coin; node {b.node}'s coin decides nothing at a leaf): {tok}")
+    return (f"bonus at node {b.node}: drawn from the residual (mass {_mass(b.residual_mass)}, {len(b.rejected)} "
+            f"rejected siblings zeroed) with the final coin u={_fmt(b.coin)}: {tok}, residual p={_fmt(b.residual_p)}")

@@ -11,7 +11,11 @@ top tokens with the rejected siblings struck out, residual mass, coin, chosen to
 steps show the argmax comparison instead of coins.
 
 What-if: a coin slider for the current node re-runs the pure verifier on the step with that
-coin (:func:`what_if`) and shows what would have been accepted. Live: given ``more`` (a
+coin (:func:`what_if`); the answer shows beside the slider and the what-if walk is drawn on
+the tree in purple. The slider snaps to the current node's segments (one stop at the middle
+of each child's segment ``[S_k-1, S_k)``, one in the residual, one at the recorded coin), so a
+segment 0.0004 wide is one drag stop away; :meth:`VerifyStepper.set_coin` takes any coin. At
+a leaf no coin decides anything (the bonus uses the final coin): the slider is disabled. Live: given ``more`` (a
 callable the notebook builds around a :class:`ddtree_lab.LiveSession` that returns the
 updated :class:`ddtree_lab.step.Run`), a button runs one more step and shows it. The
 stepper itself never touches a model.
@@ -24,13 +28,15 @@ state without a browser.
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 from ..step import RunTrace, StepTrace
-from .dot import step_svg
-from .html import bonus_html, children_html, decisions_table_html, mass_bar_svg
-from .model import StepView, step_view, token_label
+from .dot import render_svg, to_dot
+from .html import bonus_html, children_html, decisions_table_html, mass_bar_svg, segments
+from .labels import number_label, token_label
+from .model import StepView, step_view
 
 __all__ = ["VerifyStepper", "WhatIf", "what_if"]
 
@@ -134,8 +140,38 @@ class VerifyStepper:
 
     @property
     def picture_view(self) -> StepView:
-        """The drawn view at the cursor (collapsed per ``collapse_unvisited``)."""
+        """The drawn view at the cursor (collapsed per ``collapse_unvisited``; a what-if path
+        is never hidden)."""
+        w = self.what_if()
+        if w is not None and self.collapse_unvisited and not w.same_path:
+            return step_view(self.trace, self.run, True, keep=w.path).at(self.k)
         return self._drawn.at(self.k)
+
+    @property
+    def is_leaf(self) -> bool:
+        """The walk stands on a node with no children (no coin decides anything there)."""
+        return not self.view.nodes[self.current_node].children
+
+    def coin_choices(self) -> list[tuple[str, float]]:
+        """The what-if slider's stops for the current node, ascending: the middle of each
+        child's segment ``[S_k-1, S_k)`` (zero-width segments, p = 0, have none), the middle of
+        the residual ``[S_n, 1)`` (reject every child) and the recorded coin. Empty for greedy
+        steps and at a leaf."""
+        v = self.view
+        if v.greedy or self.is_leaf:
+            return []
+        out = []
+        segs = segments(v, self.current_node)
+        for c, lo, hi in segs:
+            if hi > lo:
+                out.append((f"#{c} {number_label((lo + hi) / 2)}", (lo + hi) / 2))
+        end = segs[-1][2] if segs else 0.0
+        if end < 1.0:
+            out.append((f"reject all {number_label((end + 1.0) / 2)}", (end + 1.0) / 2))
+        u = v.nodes[self.current_node].child_coin
+        if u is not None and not math.isnan(u):
+            out.append((f"recorded {number_label(u)}", float(u)))
+        return sorted(out, key=lambda x: x[1])
 
     @property
     def num_events(self) -> int:
@@ -197,7 +233,17 @@ class VerifyStepper:
         self._select(0)
 
     def set_coin(self, coin: float | None) -> WhatIf | None:
-        """What-if: the current node's coin set to ``coin`` (``None``: the recorded coin)."""
+        """What-if: the current node's coin set to ``coin`` (``None``: the recorded coin).
+
+        Raises:
+            ValueError: a coin at a leaf (no coin decides anything there; the bonus draw uses
+                the final coin) or outside [0, 1) (from :func:`what_if`).
+        """
+        if coin is not None and not self.trace.params.is_greedy and self.is_leaf:
+            raise ValueError(f"node {self.current_node} is a leaf: no coin decides among its children "
+                             "(the bonus is drawn with the final coin)")
+        if coin is not None and not self.trace.params.is_greedy:
+            what_if(self.trace, self.current_node, float(coin))  # check before keeping it
         self.coin = None if coin is None else float(coin)
         self._refresh()
         return self.what_if()
@@ -224,7 +270,11 @@ class VerifyStepper:
     # -- renderings ----------------------------------------------------------------------------
 
     def picture_svg(self) -> str:
-        return step_svg(self.picture_view)
+        """The tree at the cursor; with a what-if coin, the what-if walk from the current node
+        in purple."""
+        w = self.what_if()
+        path = None if w is None else w.path[w.path.index(w.node):]
+        return render_svg(to_dot(self.picture_view, what_if=path))
 
     def verdict_html(self) -> str:
         v = self.view
@@ -239,22 +289,28 @@ class VerifyStepper:
                  "path p: from the root)</p>", children_html(v)]
         if not v.greedy:
             parts.append(mass_bar_svg(v, coin=self.coin))
-            parts.append(self._what_if_html())
         if cur.bonus_done:
             parts.append(bonus_html(v))
         return "".join(parts)
 
-    def _what_if_html(self) -> str:
+    def what_if_html(self) -> str:
+        """The what-if answer shown beside the coin slider (class ``ddtree-whatif``)."""
+        style = 'class="ddtree-whatif" style="font-family:monospace;font-size:12px;max-width:640px'
+        if self.trace.params.is_greedy:
+            return f'<div {style};color:#616161">greedy step: no coins to change (the walk follows the argmax)</div>'
+        if self.is_leaf:
+            return (f'<div {style};color:#616161">node {self.current_node} is a leaf: no coin decides among children '
+                    "(the bonus is drawn with the final coin)</div>")
         w = self.what_if()
         if w is None:
-            return ('<p class="ddtree-whatif" style="color:#616161">what-if: move the coin slider to re-run this '
-                    "step's verifier with another coin at the current node.</p>")
+            return (f'<div {style};color:#616161">what-if: move the slider (it stops in each child\'s segment) to '
+                    f"re-run the verifier with another coin at node {self.current_node}</div>")
         toks = " ".join(html.escape(token_label(self.run.text(t))) for t in w.tokens) or "(none)"
-        tail = ("the same path: the recorded bonus stands" if w.same_path else
-                f"a different path: the bonus would be drawn at node {w.bonus_node} (its row is stored only as its "
-                "top tokens, so the bonus token is not recomputed)")
-        return (f'<p class="ddtree-whatif">what-if u={w.coin:.4g} at node {w.node}: accepted path {w.path} '
-                f"(tokens {toks}); {tail}.</p>")
+        tail = ("the recorded path: the recorded bonus stands" if w.same_path else
+                f"a different path (purple on the tree): the bonus would be drawn at node {w.bonus_node} (its row "
+                "is stored only as its top tokens, so the bonus token is not recomputed)")
+        return (f'<div {style}"><b>what-if u={w.coin:.4g} at node {w.node}</b>: accepted path '
+                f"{' → '.join(map(str, w.path))} (tokens {toks}); {tail}</div>")
 
     # -- widgets -------------------------------------------------------------------------------
 
@@ -277,8 +333,7 @@ class VerifyStepper:
         b = {}
         b["request"] = w.Dropdown(options=[(f"request {self.run.for_request(r)[0].request_id}", r) for r in self.requests],
                                   value=self.request, description="request")
-        b["step"] = w.IntSlider(value=self.position, min=0, max=max(len(self.steps) - 1, 0), description="step",
-                                continuous_update=False)
+        b["step"] = self._step_slider()
         b["first"] = w.Button(description="« first", tooltip="first decision")
         b["prev"] = w.Button(description="◀ previous", tooltip="previous decision")
         b["next"] = w.Button(description="next ▶", tooltip="next decision")
@@ -289,11 +344,11 @@ class VerifyStepper:
         b["decision"] = w.IntSlider(value=self.k, min=0, max=self.num_events, description="decision",
                                     continuous_update=False)
         b["decision"].add_class("ddtree-decision")
-        b["coin"] = w.FloatSlider(value=0.5, min=0.0, max=0.9999, step=0.0001, readout_format=".4f",
-                                  description="what-if u", continuous_update=False,
-                                  style={"description_width": "110px"})
+        b["coin"] = w.SelectionSlider(options=["-"], description="what-if u", continuous_update=False,
+                                      style={"description_width": "110px"}, layout={"width": "460px"})
         b["coin"].add_class("ddtree-coin-slider")
         b["reset"] = w.Button(description="recorded coin")
+        b["whatif"] = w.HTML()
         b["verdict"] = w.HTML()
         b["verdict"].add_class("ddtree-verdict-box")
         b["picture"] = w.HTML()
@@ -302,13 +357,12 @@ class VerifyStepper:
         b["table"] = w.HTML()
         b["status"] = w.HTML()
         b["more"] = w.Button(description="run one more live step", disabled=self.more is None,
-                             tooltip="runs LiveSession one step (needs more=...)")
+                             tooltip="runs LiveSession one step (needs more=...)", layout={"width": "210px"})
         b["more"].add_class("ddtree-more")
 
         b["request"].observe(lambda ch: self._on(self.set_request, ch["new"]), names="value")
-        b["step"].observe(lambda ch: self._on(self.set_step, ch["new"]), names="value")
         b["decision"].observe(lambda ch: self._on(self.go, ch["new"]), names="value")
-        b["coin"].observe(lambda ch: self._on(self.set_coin, ch["new"]), names="value")
+        b["coin"].observe(lambda ch: self._on(self._coin_moved, ch["new"]), names="index")
         b["first"].on_click(lambda _: self._on(self.first))
         b["prev"].on_click(lambda _: self._on(self.prev))
         b["next"].on_click(lambda _: self._on(self.next))
@@ -317,10 +371,29 @@ class VerifyStepper:
         b["more"].on_click(lambda _: self._on(self.run_more))
         controls = w.VBox([w.HBox([b["request"], b["step"], b["more"]]),
                            w.HBox([b["first"], b["prev"], b["next"], b["last"], b["decision"]]),
-                           w.HBox([b["coin"], b["reset"]])])
+                           w.HBox([b["coin"], b["reset"], b["whatif"]])])
         b["box"] = w.VBox([controls, b["verdict"], b["picture"], b["details"], b["status"], b["table"]])
         b["box"].add_class("ddtree-stepper")
+        b["step_row"] = controls.children[0]
         self._widgets = b
+        self._coin_values: list[float] = []
+
+    def _step_slider(self):
+        """A step slider for the request on show. A new one per request: the browser's slider
+        then knows the request's range (Home / End go to its first / last step)."""
+        import ipywidgets as w
+
+        s = w.IntSlider(value=self.position, min=0, max=max(len(self.steps) - 1, 0), description="step",
+                        continuous_update=False)
+        s.add_class("ddtree-step")
+        s.observe(lambda ch: self._on(self.set_step, ch["new"]), names="value")
+        self._step_request = self.request
+        return s
+
+    def _coin_moved(self, index) -> None:
+        if index is None or not 0 <= index < len(self._coin_values):
+            return
+        self.set_coin(self._coin_values[index])
 
     def _on(self, fn, *args) -> None:
         if getattr(self, "_syncing", False):
@@ -338,18 +411,36 @@ class VerifyStepper:
         self._syncing = True
         try:
             b["request"].value = self.request
+            if self._step_request != self.request:  # a new slider for the new request's range
+                old = b["step"]
+                b["step"] = self._step_slider()
+                b["step_row"].children = tuple(b["step"] if c is old else c for c in b["step_row"].children)
+                old.close()
             b["step"].max = max(len(self.steps) - 1, 0)
             b["step"].value = self.position
             b["decision"].max = self.num_events
             b["decision"].value = self.k
             greedy = self.trace.params.is_greedy
-            b["coin"].disabled = b["reset"].disabled = greedy
+            choices = self.coin_choices()
             # the what-if coin is the current node's (it decides among its children), never the final coin
+            b["coin"].disabled = b["reset"].disabled = not choices
             b["coin"].description = f"what-if u #{self.current_node}"
-            b["coin"].tooltip = (f"coin of node #{self.current_node}: it decides among its children "
-                                 "(the bonus draw's final coin is not changed)")
-            if self.coin is None and not greedy:
-                b["coin"].value = min(float(self.view.nodes[self.current_node].child_coin or 0.0), 0.9999)
+            b["coin"].tooltip = ("greedy step: no coins" if greedy else
+                                 f"node #{self.current_node} is a leaf: no coin decides anything (the bonus uses "
+                                 "the final coin)" if not choices else
+                                 f"coin of node #{self.current_node}: it decides among its children; the stops are "
+                                 "the middles of its children's segments (the bonus draw's final coin is not changed)")
+            if choices:
+                values = [u for _, u in choices]
+                if values != self._coin_values:
+                    self._coin_values = values
+                    b["coin"].options = [lab for lab, _ in choices]
+                want = self.coin if self.coin is not None else float(self.view.nodes[self.current_node].child_coin)
+                b["coin"].index = min(range(len(values)), key=lambda j: abs(values[j] - want))
+            else:
+                self._coin_values = []
+                b["coin"].options = ["-"]
+            b["whatif"].value = self.what_if_html()
             b["verdict"].value = self.verdict_html()
             b["picture"].value = self.picture_svg()
             b["details"].value = self.details_html()

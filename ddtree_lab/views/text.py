@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from .model import StepView, token_label
-from .model import number_label as _num
+from .labels import mass_label as _mass
+from .labels import number_label as _num
 
 __all__ = ["to_text", "decisions_text"]
 
@@ -21,7 +22,7 @@ def to_text(view: StepView) -> str:
         b = view.bonus
         pad = "  " * indent
         if b.token < 0:
-            lines.append(f"{pad}★ no bonus: support exhausted at node {b.node} (residual mass {_num(b.residual_mass)})")
+            lines.append(f"{pad}★ no bonus: support exhausted at node {b.node} (residual mass {_mass(b.residual_mass)})")
             return
         p = f"p{'<' if b.target_p_upper else '='}{_num(b.target_p)}" if b.target_p is not None else "p=?"
         extra = f" residual p={_num(b.residual_p)}" if b.residual_p is not None else ""
@@ -63,18 +64,18 @@ def decisions_text(view: StepView) -> str:
         if greedy:
             rows.append(common + ["yes" if d.verdict == "accept" else "no", d.verdict])
         else:
-            rows.append(common + [_num(d.mass), _num(d.coin), d.verdict])
+            rows.append(common + [_mass(d.mass), _num(d.coin), d.verdict])
     widths = [max(len(r[c]) for r in [head] + rows) for c in range(len(head))]
     out = ([view.lossy_mark] if view.lossy else []) + [
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [head] + rows]
     b = view.bonus
     if b.token < 0:
-        out.append(f"bonus: none (support exhausted at node {b.node}, residual mass {_num(b.residual_mass)}, "
+        out.append(f"bonus: none (support exhausted at node {b.node}, residual mass {_mass(b.residual_mass)}, "
                    f"coin {_num(b.coin)})")
     elif greedy:
         out.append(f"bonus {token_label(b.text)}: the target's argmax at node {b.node}")
     else:
         p = "?" if b.target_p is None else f"{'<' if b.target_p_upper else ''}{b.target_p:.4g}"
         out.append(f"bonus {token_label(b.text)} at node {b.node} ({b.kind}): target p {p}, residual p "
-                   f"{_num(b.residual_p)}, residual mass {_num(b.residual_mass)}, coin {_num(b.coin)}")
+                   f"{_num(b.residual_p)}, residual mass {_mass(b.residual_mass)}, coin {_num(b.coin)}")
     return "\n".join(out) + "\n"

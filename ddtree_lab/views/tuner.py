@@ -11,8 +11,15 @@ A "run live" button calls a function the notebook passes in (``live(params, budg
 RunTrace | list of StepTrace``); the widget never touches a model. It then shows the observed
 tau of the new run beside the tau predicted from the recording.
 
+The selected step is chosen as in the verify stepper: a ``request`` dropdown, then a ``step``
+slider over that request's recorded steps (its value is the step's position in the request).
+The per-step chart marks the selected step in red and separates the requests; its y axis is
+fixed at the largest possible τ (deepest tree + 1), so bars compare across settings.
+
 Discoverable for browser tests: slider descriptions ``temperature``, ``top-k``, ``top-p``,
-``min-p``, ``budget B'``, ``step``; the mean expected tau is the text of an ``HTML`` widget with
+``min-p``, ``budget B'``, ``step`` (CSS classes ``ddtree-tuner-<name>``, the dropdown
+``ddtree-tuner-request``); the per-step chart's SVG has class ``ddtree-tuner-per-step`` and
+names the selected packed step in ``data-selected``; the mean expected tau is the text of an ``HTML`` widget with
 CSS class ``ddtree-expected-tau``, equal to :func:`expected_tau_text` for the same settings.
 """
 
@@ -76,69 +83,119 @@ def expected_tau_text(result_or_data: TunerResult | TunerData | RunTrace, params
 
 
 def bars_svg(values_lo, values_hi, labels, title: str, width: int = 640, height: int = 150, ymax: float | None = None,
-             highlight: int | None = None, css_class: str = "") -> str:
+             highlight: int | None = None, css_class: str = "", groups: list[tuple[int, int, str]] | None = None,
+             x_title: str = "", ymin: float = 0.0) -> str:
     """A small bar chart as inline SVG: bars at the interval midpoints, whiskers where
-    ``hi > lo``; ``highlight`` marks one bar."""
+    ``hi > lo``; ``highlight`` marks one bar (red, with a ``data-selected`` attribute naming
+    its index). ``ymax``: a fixed top of the y axis (None: the largest value), so charts of
+    different settings compare by eye. ``groups``: ``(first, end, label)`` bar ranges (e.g. one
+    per request) separated by vertical lines and labelled under the axis; without groups every
+    bar is labelled when there are at most 20, else every ``n // 10``-th."""
     lo, hi = [float(v) for v in values_lo], [float(v) for v in values_hi]
     n = max(len(lo), 1)
     top = ymax if ymax is not None else max(hi + [1e-9])
-    pad_l, pad_b, pad_t = 36, 18, 18
+    pad_l, pad_b, pad_t = 36, 30 if (groups or x_title) else 18, 18
     w = (width - pad_l - 4) / n
     h = height - pad_b - pad_t
-    parts = [f'<svg class="{css_class}" width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" '
+    span = max(top - ymin, 1e-12)
+
+    def y(v: float) -> float:
+        return pad_t + h - h * min(max((v - ymin) / span, 0.0), 1.0)
+
+    sel = f' data-selected="{int(highlight)}"' if highlight is not None else ""
+    parts = [f'<svg class="{css_class}"{sel} width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" '
              f'style="font:10px sans-serif">', f'<text x="{pad_l}" y="12">{html.escape(title)}</text>',
-             f'<text x="2" y="{pad_t + 8}">{top:.2g}</text><text x="2" y="{pad_t + h}">0</text>',
+             f'<text x="2" y="{pad_t + 8}">{top:.3g}</text><text x="2" y="{pad_t + h}">{ymin:.3g}</text>',
              f'<line x1="{pad_l}" y1="{pad_t + h}" x2="{width - 4}" y2="{pad_t + h}" stroke="#999"/>']
     for k, (a, b) in enumerate(zip(lo, hi)):
         mid = (a + b) / 2
         x = pad_l + k * w
-        bh = h * min(mid / top, 1.0) if top > 0 else 0.0
+        bh = pad_t + h - y(mid)
         color = "#b3261e" if k == highlight else "#1f77b4"
-        parts.append(f'<rect x="{x + 0.1 * w:.1f}" y="{pad_t + h - bh:.1f}" width="{max(0.8 * w, 1):.1f}" '
+        mark = ' class="ddtree-selected-bar"' if k == highlight else ""
+        parts.append(f'<rect{mark} x="{x + 0.1 * w:.1f}" y="{y(mid):.1f}" width="{max(0.8 * w, 1):.1f}" '
                      f'height="{bh:.1f}" fill="{color}"><title>{html.escape(str(labels[k]))}: '
                      f'{html.escape(_interval_text(a, b))}</title></rect>')
-        if b - a > 1e-9 and top > 0:
-            y1, y2 = pad_t + h - h * min(a / top, 1), pad_t + h - h * min(b / top, 1)
-            parts.append(f'<line x1="{x + 0.5 * w:.1f}" y1="{y1:.1f}" x2="{x + 0.5 * w:.1f}" y2="{y2:.1f}" '
+        if b - a > 1e-9:
+            parts.append(f'<line x1="{x + 0.5 * w:.1f}" y1="{y(a):.1f}" x2="{x + 0.5 * w:.1f}" y2="{y(b):.1f}" '
                          f'stroke="#000" stroke-width="1"/>')
-    if n <= 20:
+    if groups:
+        for first, end, lab in groups:
+            x0, x1 = pad_l + first * w, pad_l + end * w
+            if first:
+                parts.append(f'<line x1="{x0:.1f}" y1="{pad_t}" x2="{x0:.1f}" y2="{pad_t + h + 4}" stroke="#616161" '
+                             'stroke-dasharray="3,2"/>')
+            parts.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{height - 16}" text-anchor="middle">'
+                         f"{html.escape(lab)}</text>")
+    else:
+        every = 1 if n <= 20 else max(n // 10, 1)
         for k, lab in enumerate(labels):
-            parts.append(f'<text x="{pad_l + (k + 0.5) * w:.1f}" y="{height - 4}" text-anchor="middle">'
-                         f"{html.escape(str(lab))}</text>")
+            if k % every == 0:
+                parts.append(f'<text x="{pad_l + (k + 0.5) * w:.1f}" y="{pad_t + h + 12}" text-anchor="middle">'
+                             f"{html.escape(str(lab))}</text>")
+    if x_title:
+        parts.append(f'<text x="{pad_l + (width - pad_l) / 2:.1f}" y="{height - 3}" text-anchor="middle" '
+                     f'fill="#616161">{html.escape(x_title)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
 
+def _short_prob(lo: float, hi: float) -> str:
+    """A node label's probability at 2 significant digits: ``0.12``, or ``0.12±0.01`` where the
+    stored top-M logits leave an interval wider than that rounding (the tooltip has both ends)."""
+    a, b = f"{lo:.2g}", f"{hi:.2g}"
+    return a if a == b else f"{(lo + hi) / 2:.2g}±{(hi - lo) / 2:.1g}"
+
+
 def reach_tree_dot(data: TunerData, result: TunerResult, k: int, texts=None) -> str:
-    """DOT source of packed step ``k``'s tree of budget ``B'`` (left to right): node index,
-    token, its target p in its parent's row and its reach probability (the chance the walk
-    accepts it) under the analysed parameters, intervals where the trace leaves them open;
+    """DOT source of packed step ``k``'s tree of budget ``B'``, drawn as every other view draws
+    a tree (:mod:`ddtree_lab.views.dot`: left to right, ``#index 'token'``, the same fonts,
+    colours and edges): each node's target p in its parent's row and its reach probability
+    (the chance the walk accepts it) under the analysed parameters, at 2 significant digits
+    (``mid±half`` where the trace's top-M logits leave an interval; both ends in the tooltip);
     fill darkness follows the reach probability; nodes beyond ``B'`` are left out."""
+    from .dot import STATUS_STYLE
     from .model import _texts, token_label
+
+    def esc(text: str) -> str:
+        return text.replace("&", "&amp;").replace("\\", "\\\\").replace('"', '\\"')
+
+    def attrs(style: dict) -> str:
+        return ", ".join(f'{a}="{v}"' for a, v in style.items())
 
     lookup = _texts(texts)
     step = data.steps[k]
     sl = data.step_nodes(k)
     n = min(step.num_nodes, result.budget + 1)
-    lines = ["digraph reach {", '  graph [rankdir=LR, nodesep=0.05, ranksep=0.25, fontname="Helvetica", fontsize=11,',
-             f'         label="step {step.step} · request {step.request_id} · '
-             f'{analysis.setting_label(result.params)} · B\'={n - 1} · expected τ = '
-             f'{_interval_text(float(result.expected_lo[k]) + 1, float(result.expected_hi[k]) + 1)}", labelloc=t];',
-             '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=9, margin="0.04,0.02"];']
+    tau = _interval_text(float(result.expected_lo[k]) + 1, float(result.expected_hi[k]) + 1)
+    title = (f"step {step.step} · request {step.request_id} · {analysis.setting_label(result.params)} · "
+             f"B'={n - 1} · expected τ = {tau}")
+    legend = "#: node index · p: target p under these parameters · reach: the chance the walk accepts the node"
+    lines = ["digraph reach {",
+             '  graph [rankdir=LR, ordering=out, nodesep=0.04, ranksep=0.22, fontname="Helvetica",',
+             f'         label="{esc(title)}\\n{esc(legend)}", labelloc=t, labeljust=l, fontsize=11];',
+             '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10, margin="0.04,0.02", '
+             'height=0.3];',
+             "  edge [arrowsize=0.5];"]
     for i in range(n):
         g = sl.start + i
-        tok = int(step.node_token_ids[i])
-        text = token_label(lookup(tok)).replace("\\", "\\\\").replace('"', '\\"')
+        head = esc(f"#{i} {token_label(lookup(int(step.node_token_ids[i])))}")
         if i == 0:
-            lines.append(f'  n0 [label="[0] {text}\\nroot", fillcolor="#dbe9f6"];')
+            lines.append(f'  n0 [label="{head}\\nroot", tooltip="node 0 (root / anchor)", '
+                         f'{attrs(STATUS_STYLE["root"])}];')
             continue
         rlo, rhi = float(result.reach_lo[g]), float(result.reach_hi[g])
+        plo, phi = float(result.node_lo[g]), float(result.node_hi[g])
         shade = int(245 - 150 * min(max((rlo + rhi) / 2, 0.0), 1.0))
-        fill = f"#{shade:02x}{min(shade + 10, 255):02x}{shade:02x}"
-        p = _prob_text(float(result.node_lo[g]), float(result.node_hi[g]))
-        lines.append(f'  n{i} [label="[{i}] {text}\\ntarget p={p}\\nreach={_prob_text(rlo, rhi)}", fillcolor="{fill}"];')
+        style = dict(STATUS_STYLE["unvisited"], style="rounded,filled", fillcolor=f"#{shade:02x}{min(shade + 10, 255):02x}{shade:02x}")
+        if shade < 170:
+            style["fontcolor"] = "#212121"
+        tip = (f"node {i} · depth {int(step.depths[i])} · target p in [{plo:.4g}, {phi:.4g}] · "
+               f"reach in [{rlo:.4g}, {rhi:.4g}]")
+        lines.append(f'  n{i} [label="{head}\\np={_short_prob(plo, phi)} reach={_short_prob(rlo, rhi)}", '
+                     f'tooltip="{esc(tip)}", {attrs(style)}];')
     for i in range(1, n):
-        lines.append(f"  n{int(step.parents[i])} -> n{i};")
+        lines.append(f'  n{int(step.parents[i])} -> n{i} [color="#bdbdbd"];')
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -150,7 +207,7 @@ class TunerState:
     Attributes:
         data: :class:`TunerData` of the recorded run.
         temperature, top_k, top_p, min_p, budget, step: the controls (``top_k = 0``,
-            ``min_p = 0``: off; ``step``: packed step index).
+            ``min_p = 0``: off; ``step``: packed step index, set through :meth:`select`).
     """
 
     data: TunerData
@@ -172,6 +229,47 @@ class TunerState:
     def params(self) -> SamplingParams:
         return params_from_controls(self.temperature, self.top_k, self.top_p, self.min_p)
 
+    @property
+    def requests(self) -> list[int]:
+        """The recorded requests (batch indices), ascending."""
+        return sorted({int(s.request) for s in self.data.steps})
+
+    def steps_of(self, request: int) -> list[int]:
+        """The packed indices of ``request``'s steps, in recorded order. Raises ``ValueError``
+        naming the recorded requests when it has none."""
+        out = [k for k, s in enumerate(self.data.steps) if int(s.request) == int(request)]
+        if not out:
+            raise ValueError(f"request {request} has no recorded steps (requests: {self.requests})")
+        return out
+
+    @property
+    def request(self) -> int:
+        """The selected step's request."""
+        return int(self.data.steps[self.step].request)
+
+    @property
+    def position(self) -> int:
+        """The selected step's position among its request's recorded steps."""
+        return self.steps_of(self.request).index(self.step)
+
+    def select(self, request: int, position: int) -> None:
+        """Select ``request``'s ``position``-th recorded step (the stepper's request + step
+        controls). Raises ``ValueError`` naming the valid range."""
+        ks = self.steps_of(request)
+        if not 0 <= position < len(ks):
+            raise ValueError(f"step position {position} is outside 0..{len(ks) - 1} (request {request})")
+        self.step = ks[position]
+
+    def groups(self) -> list[tuple[int, int, str]]:
+        """``(first, end, "request ID")`` runs of consecutive packed steps of one request."""
+        out, first = [], 0
+        steps = self.data.steps
+        for k in range(1, len(steps) + 1):
+            if k == len(steps) or steps[k].request != steps[first].request:
+                out.append((first, k, f"req {steps[first].request_id}"))
+                first = k
+        return out
+
     def result(self) -> TunerResult:
         return self.data.analyse(self.params, self.budget)
 
@@ -188,7 +286,8 @@ class Tuner:
             live" button.
 
     Attributes:
-        temperature, top_k, top_p, min_p, budget, step: the sliders; expected_tau: the HTML
+        temperature, top_k, top_p, min_p, budget: the sliders; request, step: the request
+            dropdown and the slider over its recorded steps; expected_tau: the HTML
         widget (class ``ddtree-expected-tau``); widget: the whole view (a VBox).
 
     Raises:
@@ -212,9 +311,15 @@ class Tuner:
                                    readout_format=".2f", **cu)
         self.budget = w.IntSlider(value=st.budget, min=0, max=int(data.recorded_budget.max()), description="budget B'",
                                   **cu)
-        self.step = w.IntSlider(value=0, min=0, max=data.num_steps - 1, description="step", **cu)
+        # the stepper's controls: a request, then a step among that request's recorded steps
+        self.request = w.Dropdown(options=[(f"request {data.steps[st.steps_of(r)[0]].request_id}", r)
+                                           for r in st.requests], value=st.request, description="request",
+                                  style=cu["style"], layout={"width": "420px"})
+        self.step = w.IntSlider(value=st.position, min=0, max=len(st.steps_of(st.request)) - 1, description="step",
+                                **cu)
         for s, cls in ((self.temperature, "temperature"), (self.top_k, "top-k"), (self.top_p, "top-p"),
-                       (self.min_p, "min-p"), (self.budget, "budget"), (self.step, "step")):
+                       (self.min_p, "min-p"), (self.budget, "budget"), (self.step, "step"),
+                       (self.request, "request")):
             s.add_class(f"ddtree-tuner-{cls}")
         self.expected_tau = w.HTML()
         self.expected_tau.add_class(EXPECTED_TAU_CLASS)
@@ -231,12 +336,13 @@ class Tuner:
         for s in (self.temperature, self.top_k, self.top_p, self.min_p, self.budget):
             s.observe(self._on_params, names="value")
         self.step.observe(self._on_step, names="value")
+        self.request.observe(self._on_request, names="value")
         self.live_button.on_click(self._on_live)
         self.result: TunerResult | None = None
         self._update()
         head = w.HTML("<b>expected τ (mean over the recorded steps, target-only rule):</b>&nbsp;")
         self.widget = w.VBox([
-            w.HBox([w.VBox([self.temperature, self.top_k, self.top_p, self.min_p]), w.VBox([self.budget, self.step])]),
+            w.HBox([w.VBox([self.temperature, self.top_k, self.top_p, self.min_p]), w.VBox([self.budget, self.request, self.step])]),
             w.HBox([head, self.expected_tau]), self.summary, self.per_step, self.cover, self.step_cover,
             self.tree,
             w.HBox([self.live_button]), self.live_out])
@@ -249,14 +355,26 @@ class Tuner:
     def _sync(self) -> None:
         st = self.state
         st.temperature, st.top_k, st.top_p = self.temperature.value, self.top_k.value, self.top_p.value
-        st.min_p, st.budget, st.step = self.min_p.value, self.budget.value, self.step.value
+        st.min_p, st.budget = self.min_p.value, self.budget.value
+        st.select(self.request.value, self.step.value)
 
     def _on_params(self, change=None) -> None:
         self._update()
 
     def _on_step(self, change=None) -> None:
+        if getattr(self, "_moving", False):
+            return
         self._sync()
         self._draw_step()
+
+    def _on_request(self, change=None) -> None:
+        self._moving = True  # one redraw: the step slider's range and value change with the request
+        try:
+            self.step.max = len(self.state.steps_of(self.request.value)) - 1
+            self.step.value = 0
+        finally:
+            self._moving = False
+        self._on_step()
 
     def _update(self) -> None:
         self._sync()
@@ -278,11 +396,6 @@ class Tuner:
                f"<span style='color:#b3261e'>bounded: the largest per-step interval is ±{res.max_error:.3f} "
                "(the value depends on logits outside the stored top-M)</span>")
             + f". Recorded run: {html.escape(analysis.setting_label(recorded[0]))}, observed mean τ {observed:.3f}.</div>")
-        taus_lo = (res.expected_lo + 1).tolist()
-        taus_hi = (res.expected_hi + 1).tolist()
-        labels = [f"step {s.step} / req {s.request_id}" for s in st.data.steps]
-        self.per_step.value = bars_svg(taus_lo, taus_hi, labels, "expected τ per recorded step (red: selected)",
-                                       highlight=st.step, css_class="ddtree-tuner-per-step")
         clo, chi = res.mean_cover
         self.cover.value = bars_svg(clo.tolist(), chi.tolist(), [str(d + 1) for d in range(clo.shape[0])],
                                     "target mass the tree covers at each depth (mean over steps)", ymax=1.0,
@@ -292,9 +405,16 @@ class Tuner:
     def _draw_step(self) -> None:
         from .dot import render_svg
 
-        k = self.state.step
+        st = self.state
+        k = st.step
         res = self.result
-        s = self.state.data.steps[k]
+        s = st.data.steps[k]
+        labels = [f"step {t.step} / req {t.request_id}" for t in st.data.steps]
+        # the y axis is fixed at the deepest tree + 1 (the largest possible τ) so bars compare across settings
+        self.per_step.value = bars_svg((res.expected_lo + 1).tolist(), (res.expected_hi + 1).tolist(), labels,
+                                       f"expected τ per recorded step (red: step {s.step} of request {s.request_id})",
+                                       ymax=float(st.data.max_depth + 1), highlight=k, groups=st.groups(),
+                                       x_title="recorded steps, request by request", css_class="ddtree-tuner-per-step")
         self.step_cover.value = bars_svg(res.cover_lo[k].tolist(), res.cover_hi[k].tolist(),
                                          [str(d + 1) for d in range(res.cover_lo.shape[1])],
                                          f"step {s.step} / request {s.request_id}: target mass covered at each depth",
