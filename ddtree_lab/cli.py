@@ -79,6 +79,15 @@ def _select_steps(run, step: int | None, request: int | None, path: str) -> list
         CLIError: the selection matches nothing (naming the requests / steps that exist).
     """
     steps = run.steps
+    if step is not None:
+        for problem in run.problems:  # the step asked for was damaged and left out
+            if f"= step {step}, request {request if request is not None else ''}" in problem:
+                raise CLIError(f"{path}: step {step}{'' if request is None else f', request {request}'} is damaged: "
+                               f"{problem.removeprefix(f'{path}: ')}")
+    if run.source == "bundle" and run.steps:
+        only = run.steps[0]
+        if (step is not None and step != only.step) or (request is not None and request != only.request):
+            raise CLIError(f"{path}: the bundle holds step {only.step} of request {only.request} only")
     if request is not None:
         reqs = sorted({s.request for s in run.steps})
         steps = [s for s in steps if s.request == request]
@@ -260,7 +269,7 @@ def cmd_info(args) -> int:
             print(f"  prompt: {json.dumps(text, ensure_ascii=False)}")
         if steps:
             print("  steps (step:tau): " + " ".join(f"{s.step}:{t}" for s, t in zip(steps, taus)))
-    return 0
+    return EXIT_PROBLEM if run.problems else 0
 
 
 def cmd_render(args) -> int:
@@ -496,51 +505,6 @@ def cmd_audit(args) -> int:
     return worst
 
 
-def _trace_problems(step) -> list[str]:
-    """Every broken invariant of a recorded step's buffers."""
-    import torch
-
-    from . import buffers as retrieve
-
-    vi = step.verify_input()
-    problems: list[str] = []
-    finder = getattr(retrieve, "find_retrieve_problems", None)
-    logws = step.node_logws[None] if step.node_logws is not None and not torch.isnan(step.node_logws).any() else None
-    n = step.num_nodes
-    if int(step.positions[0]) != step.prefix_len:
-        problems.append(f"node 0: position {int(step.positions[0])} != prefix length {step.prefix_len}")
-    if finder is not None:  # every invariant: links, cycles, depths, positions, mask, duplicate tokens
-        problems += [str(p) for p in finder(vi, node_logws=logws)]
-    else:
-        kw = dict(retrieve_index=vi.retrieve_index, node_logws=logws, depths=vi.depths)
-        p = retrieve.find_retrieve_problem(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes, **kw)
-        if p is not None:
-            problems.append(str(p))
-        pos, dep = step.positions.tolist(), step.depths.tolist()
-        for i in range(1, n):
-            if pos[i] != pos[0] + dep[i]:
-                problems.append(f"node {i}: position {pos[i]} != root position {pos[0]} + depth {dep[i]}")
-    if not problems:
-        parents, _ = retrieve.decode_retrieve(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes)
-        bad = (parents[0, :n] != step.parents).nonzero().flatten().tolist()
-        for i in bad:
-            problems.append(f"node {i}: recorded parent {int(step.parents[i])} but the buffers link it under "
-                            f"{int(parents[0, i])}")
-    if not problems and finder is None:
-        tokens = step.node_token_ids.tolist()
-        children: dict[int, list[int]] = {}
-        for i in range(1, n):
-            children.setdefault(int(step.parents[i]), []).append(i)
-        for par, kids in sorted(children.items()):
-            seen: dict[int, int] = {}
-            for c in kids:
-                if tokens[c] in seen:
-                    problems.append(f"node {c}: same token {tokens[c]} as its sibling {seen[tokens[c]]} "
-                                    f"(children of node {par}): the tree is lossy")
-                seen.setdefault(tokens[c], c)
-    return problems
-
-
 def cmd_doctor(args) -> int:
     """Check verify buffers (every broken invariant) and, with --model, tree logits."""
     if args.sample < 1:
@@ -558,22 +522,19 @@ def cmd_doctor(args) -> int:
                 continue
             found += 1
             print(f"{args.source}: {p}")
-    elif kind == "bundle":
-        bundle = _bundle_module()
-        _check_bundle_dir(args.source)
-        b = bundle.load_bundle(args.source)
-        _check_bundle_selection(b, args, args.source)
-        checked = 1
-        for p in _trace_problems(b.step if hasattr(b, "step") else b):
-            found += 1
-            print(f"{args.source}: {p}")
-    else:
+    else:  # any source io.load opens: one check of every invariant the step holds
+        from .check import check
+
         run = _load_trace(args.source)
-        for s in _select_steps(run, args.step, args.request, args.source):
+        found += len(run.problems)
+        steps = _select_steps(run, args.step, args.request, args.source)
+        if steps and all(s.buffers is None for s in steps):
+            raise CLIError(f"{args.source}: nothing to check: this {run.source} records no verify buffers")
+        for s in steps:
             checked += 1
-            for p in _trace_problems(s):
+            for p in check(s):
                 found += 1
-                print(f"{args.source}: step {s.step}, request {s.request}: {p}")
+                print(f"{args.source}: {p}")
         if args.model is not None:
             target = _load_model(args.model)
             step = _find_step(run, args.step, args.request, args.source)

@@ -367,7 +367,7 @@ def test_tuner_on_the_v2_fixture_trace():
 
 
 def _two_request_run(small_run):
-    from ddtree_lab.trace import RunTrace
+    from ddtree_lab.step import RunTrace
 
     steps = []
     for k, s in enumerate(small_run.steps):  # interleaved as a batch records them: r0 s0, r1 s0, r0 s1 ...

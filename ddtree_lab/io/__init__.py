@@ -61,7 +61,7 @@ def source_of(path: str | Path) -> str:
             return "bundle"
         if any(p.glob("*.json")) or any(p.glob("*.jsonl")):
             return _source_of_json_dir(p)
-        raise TraceFormatError(f"{p}: a directory with no bundle.safetensors: not a bundle")
+        raise TraceFormatError(f"{p}: is not a bundle (no bundle.safetensors in it)")
     if not p.exists():
         if Path(str(p) + ".json").is_file() and _json_format(Path(str(p) + ".json")) == RECORDING_FORMAT:
             return "sglang recording"
@@ -75,7 +75,7 @@ def source_of(path: str | Path) -> str:
     if meta is None:
         if p.suffix in (".pt", ".pth"):
             return "ddtree reference"
-        raise TraceFormatError(f"{p}: not a safetensors or JSON file: not a trace, bundle, recording or summary")
+        raise TraceFormatError(f"{p}: not a safetensors file (nor JSON): not a trace, bundle, recording or summary")
     text = meta.get("ddtree_lab")
     if text is not None:
         try:

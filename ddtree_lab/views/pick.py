@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..trace import RunTrace, StepTrace
+from ..step import RunTrace, StepTrace
 
 __all__ = ["informative_step", "WIDE_FAN"]
 
