@@ -434,12 +434,13 @@ def test_audit_argument_checks(tmp_path, capsys):
         au.audit(au.random_case(0), draws=0)
 
 
-def test_recordings_point_to_convert_and_suffixes_must_match(tmp_path, capsys):
+def test_recordings_open_in_every_verb_and_suffixes_must_match(tmp_path, capsys):
     rec = str(RECORDING.with_suffix(""))
-    assert main(["info", rec]) == 2
-    assert "SGLang recording" in (err := _err(capsys)) and "sglang convert" in err
-    assert main(["render", rec, "--step", "0"]) == 2
-    assert "SGLang recording" in _err(capsys)
+    assert main(["info", rec]) == 0  # one loader: a recording opens like a trace (issue 15)
+    assert capsys.readouterr().out.startswith(f"sglang recording {rec}: ")
+    first = dl.load(rec).steps[0]
+    assert main(["render", rec, "--step", str(first.step), "--request", str(first.request)]) == 0
+    assert capsys.readouterr().out.startswith(f"step {first.step} · request {first.request_id} · ")
     png = tmp_path / "x.png"
     assert main(["render", str(TRACE), "--step", "0", "--request", "0", "--format", "svg", "-o", str(png)]) == 2
     assert "suffix" in _err(capsys) and not png.exists()
