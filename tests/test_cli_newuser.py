@@ -19,7 +19,7 @@ def no_model(monkeypatch):
     def load(spec):
         raise cli.CLIError(f"MODEL LOADED ({spec})")
 
-    monkeypatch.setattr(cli, "_load_model", load)
+    monkeypatch.setattr(cli.common, "load_model", load)
 
 
 @pytest.mark.parametrize("budget", ["100000", "0", "-3"])
@@ -43,7 +43,7 @@ def test_a_huge_budget_warns_with_the_estimated_cost(no_model, tmp_path, capsys)
     err = capsys.readouterr().err
     assert "warning: --budget 1024 is large: expect roughly 78 s and 3.2 GB for 8 tokens" in err
     assert err.index("warning") < err.index("MODEL LOADED")
-    assert cli._record_cost(512, 8) is None and cli._record_cost(32, 1000) is None
+    assert cli.live.record_cost(512, 8) is None and cli.live.record_cost(32, 1000) is None
 
 
 def test_help_shows_defaults():
@@ -65,7 +65,7 @@ def test_quiet_silences_the_model_loaders_bar(no_model, tmp_path, capsys):
 
 
 def test_counts_have_their_nouns_in_the_right_number(capsys):
-    assert cli._count(1, "step") == "1 step" and cli._count(0, "problem") == "0 problems"
+    assert cli.common.count(1, "step") == "1 step" and cli.common.count(0, "problem") == "0 problems"
     assert main(["replay", TRACE, "--step", "1", "--request", "0"]) == 0
     out = capsys.readouterr().out
     assert "1 step replayed" in out and "1 steps" not in out

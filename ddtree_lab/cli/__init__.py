@@ -1,0 +1,193 @@
+"""ddtree-lab: record, inspect, draw, replay, audit and check DDTree verify steps.
+
+    ddtree-lab record  --prompt TEXT [--prompt ...] | --prompts FILE.jsonl  -o run.ddtrace.safetensors
+    ddtree-lab info    TRACE                              # requests, prompts, tau, steps
+    ddtree-lab render  TRACE --step S [--request R] -o tree.svg|png|dot|txt
+    ddtree-lab bundle  TRACE --step S --request R -o DIR  # a self-contained repro of one step
+    ddtree-lab replay  TRACE|BUNDLE|RECORDING [--backend reference|torch-lazy|triton]
+    ddtree-lab audit   TRACE --step S [--request R] [--model default] | BUNDLE | --random N
+    ddtree-lab doctor  TRACE|BUNDLE|RECORDING [--model default --step S --request R]
+    ddtree-lab sglang  hook-dir | replay RECORDING | convert RECORDING -o TRACE
+    ddtree-lab lab                                        # JupyterLab on labs/
+
+Steps are addressed as decoding steps (``--step``, 0-based, as ``info`` lists them) of a
+request (``--request``; optional when only one request has that step). Errors print one line
+naming the file, step and field, and exit with status 2 (1: a check found a difference or a
+problem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .checks import cmd_audit, cmd_doctor
+from .common import EXIT_ERROR, CLIError
+from .live import cmd_lab, cmd_record
+from .steps import cmd_bundle, cmd_info, cmd_render, cmd_replay, cmd_sglang
+
+
+# -- loading --------------------------------------------------------------------------------
+
+
+# -- verbs ----------------------------------------------------------------------------------
+
+
+# -- parser ---------------------------------------------------------------------------------
+
+
+def _step_args(p, required: bool = False) -> None:
+    p.add_argument("--step", type=int, required=required,
+                   help="decoding step (0-based, as `info` lists them)")
+    p.add_argument("--request", type=int, help="request index (needed when several requests have the step)")
+
+
+def _sampling_args(p, defaults: bool) -> None:
+    p.add_argument("--temperature", type=float, default=0.0 if defaults else None, help="0 means greedy")
+    p.add_argument("--top-k", type=int, default=0 if defaults else None, help="<= 0 means off")
+    p.add_argument("--top-p", type=float, default=1.0 if defaults else None, help="1.0 means off")
+    p.add_argument("--min-p", type=float, default=None, help="off when not given")
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Help text as written, each option's default appended (except None / off flags)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.option_strings and action.default is not None and action.default is not False
+                and action.default != argparse.SUPPRESS and "%(default)" not in text):
+            text += " (default: %(default)s)"
+        return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="ddtree-lab", description=__doc__, formatter_class=_Help)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="VERB",
+                            parser_class=lambda **kw: argparse.ArgumentParser(formatter_class=_Help, **kw))
+
+    p = sub.add_parser("record", help="run a live session and write a trace", description=cmd_record.__doc__)
+    p.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
+    p.add_argument("--prompts", help="JSONL file: one object per line with 'prompt' and optional 'id', "
+                                     "'temperature', 'top_k', 'top_p', 'min_p', 'seed'")
+    p.add_argument("--target", help="local Hugging Face model directory (default: the embedded SmolLM2-135M)")
+    p.add_argument("--drafter", help="'dflash', 'ridge', a DFlash checkpoint directory or a ridge safetensors file "
+                                     "(default: the lab's default drafter for the embedded target)")
+    _sampling_args(p, defaults=True)
+    p.add_argument("--seed", type=int, default=0, help="coin seed (request b: seed * 1000 + b unless its own)")
+    p.add_argument("--budget", type=int, default=32, help="draft nodes per tree (B)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per request")
+    p.add_argument("--level", choices=["full", "light", "off"], default="full", help="recording level")
+    p.add_argument("--backend", choices=["reference", "torch-lazy", "triton", "auto"], help="verify backend")
+    p.add_argument("--threshold-single", type=float, default=1.0,
+                   help="SGLang's threshold_single (1: exact; below 1 the run is recorded as lossy)")
+    p.add_argument("--threshold-acc", type=float, default=1.0,
+                   help="SGLang's threshold_acc (1: exact; any other value is recorded as lossy)")
+    p.add_argument("--threads", type=int, help="torch threads (default: ddtree_lab.threads picks them for this machine)")
+    p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")
+    p.add_argument("--quiet", action="store_true", help="no progress bars (record's and the model loader's)")
+    p.add_argument("-o", "--out", required=True, help="trace file to write")
+    p.set_defaults(func=cmd_record)
+
+    p = sub.add_parser("info", help="requests, prompts, tau and steps of a trace", description=cmd_info.__doc__)
+    p.add_argument("trace")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("render", help="draw one step's tree", description=cmd_render.__doc__)
+    p.add_argument("trace")
+    _step_args(p, required=True)
+    p.add_argument("-o", "--out", help="output file; .svg .png .dot .txt (default: text on standard output)")
+    p.add_argument("--format", choices=["svg", "png", "dot", "text", "decisions"], help="overrides the suffix")
+    p.add_argument("--collapse", action="store_true", help="draw each parent's unvisited children as one node")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("bundle", help="a self-contained repro of one verify step", description=cmd_bundle.__doc__)
+    p.add_argument("trace")
+    _step_args(p, required=True)
+    p.add_argument("-o", "--out", required=True, help="directory to write")
+    p.set_defaults(func=cmd_bundle)
+
+    p = sub.add_parser("replay", help="re-verify and print every difference", description=cmd_replay.__doc__)
+    p.add_argument("trace", metavar="TRACE|BUNDLE|RECORDING")
+    p.add_argument("--backend", choices=["reference", "torch-lazy", "triton"], default="reference",
+                   help="verify backend that re-runs the steps")
+    _step_args(p)
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("audit", help="losslessness audit of a verifier on a step", description=cmd_audit.__doc__)
+    p.add_argument("source", nargs="?", metavar="TRACE|BUNDLE")
+    _step_args(p)
+    p.add_argument("--random", type=int, metavar="N", help="audit N random small cases instead")
+    p.add_argument("--nodes", type=int, default=6, help="nodes of a random case")
+    p.add_argument("--vocab", type=int, default=8, help="vocabulary of a random case")
+    p.add_argument("--model", help="'default' or a model directory: recompute the step's full target logits")
+    from ..audit import PLANTED_FAULTS
+
+    p.add_argument("--verifier", default="reference",
+                   help="reference, torch-lazy, triton, or a planted fault: " + ", ".join(PLANTED_FAULTS))
+    p.add_argument("--draws", type=int, default=4000, help="coin sets drawn")
+    p.add_argument("--seed", type=int, default=0, help="coin seed")
+    p.add_argument("--alpha", type=float, default=1e-3, help="significance level")
+    p.add_argument("--threshold-single", type=float, default=1.0, help="SGLang's threshold_single (1: exact)")
+    p.add_argument("--threshold-acc", type=float, default=1.0, help="SGLang's threshold_acc (1: exact)")
+    _sampling_args(p, defaults=False)
+    p.add_argument("--no-validate", action="store_true",
+                   help="let the built-in backends walk buffers they would refuse (to measure their law)")
+    p.add_argument("--top", type=int, default=5, help="outcomes listed as most over / under represented")
+    p.add_argument("--plot", help="write the plotly figure to this .html file")
+    p.add_argument("--threads", type=int)
+    p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser("doctor", help="check buffers (and, with --model, tree logits)", description=cmd_doctor.__doc__)
+    p.add_argument("source", metavar="TRACE|BUNDLE|RECORDING")
+    _step_args(p)
+    p.add_argument("--model", help="'default' or a model directory: compare recorded rows with causal forwards")
+    p.add_argument("--sample", type=int, default=8, help="nodes compared with causal forwards")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled nodes")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("sglang", help="SGLang recordings: hook-dir, replay, convert", description=cmd_sglang.__doc__)
+    ss = p.add_subparsers(dest="sglang_cmd", required=True, metavar="COMMAND")
+    ss.add_parser("hook-dir", help="print the directory to prepend to PYTHONPATH for the recording hook")
+    q = ss.add_parser("replay", help="replay a recording with the lab's verifiers")
+    q.add_argument("recording")
+    q.add_argument("--backend", choices=["reference", "torch-lazy", "triton"], default="reference",
+                   help="verify backend that re-runs the rows")
+    q = ss.add_parser("convert", help="convert a recording into a lab trace")
+    q.add_argument("recording")
+    q.add_argument("-o", "--out", required=True)
+    p.set_defaults(func=cmd_sglang)
+
+    p = sub.add_parser("lab", help="open JupyterLab on working copies of labs/ (as `make lab`)",
+                       description=cmd_lab.__doc__)
+    p.add_argument("--port", type=int, default=int(os.environ.get("DDTREE_LAB_PORT", "8888")),
+                   help="first port to try (DDTREE_LAB_PORT); the next free one is used if it is taken")
+    p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    p.set_defaults(func=cmd_lab)
+    return ap
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from ..threads import configure_threads
+
+    try:
+        configure_threads()  # DDTREE_LAB_THREADS=N overrides; record / audit --threads N too
+        return args.func(args)
+    except BrokenPipeError:  # e.g. `ddtree-lab info TRACE | head`
+        sys.stdout = open(os.devnull, "w")
+        return 0
+    except CLIError as exc:
+        print(f"ddtree-lab {args.command}: {_one_line(exc)}", file=sys.stderr)
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError, AssertionError) as exc:
+        print(f"ddtree-lab {args.command}: {_one_line(exc)}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Verbs that check: audit (the losslessness audit) and doctor (every invariant, and tree rows against the model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import common
+from .common import (MIN_DRAWS, EXIT_PROBLEM, CLIError, bundle_module, check_bundle_dir, check_bundle_selection,
+                     check_out_file, check_suffix, count, find_step, kind_of, load_run, params_override,
+                     recording_step, select_steps, sglang_module, thread_note, write_output)
+
+
+
+def cmd_audit(args) -> int:
+    """The losslessness audit: a verifier's law on a step against the exact law."""
+    from .. import audit as au
+
+    if args.draws < MIN_DRAWS:
+        raise CLIError(f"--draws {args.draws}: need at least {MIN_DRAWS} coin sets (with fewer the test "
+                       "cannot reject anything, so every verifier would look lossless)")
+    if args.random is not None and args.random < 1:
+        raise CLIError(f"--random {args.random}: the number of random cases must be >= 1")
+    if args.nodes < 2:
+        raise CLIError(f"--nodes {args.nodes}: a random tree needs >= 2 nodes (the root and a draft node)")
+    if args.vocab < 2:
+        raise CLIError(f"--vocab {args.vocab}: a random case needs a vocabulary of >= 2 tokens")
+    if not 0 < args.alpha < 1:
+        raise CLIError(f"--alpha {args.alpha}: the significance level must be in (0, 1)")
+    if args.threads is not None and args.threads < 1:
+        raise CLIError(f"--threads {args.threads}: must be >= 1")
+    if args.random is not None and (args.source is not None or args.step is not None or args.request is not None):
+        raise CLIError("--random N audits random cases: leave out the TRACE/BUNDLE, --step and --request")
+    if args.plot:
+        check_out_file(args.plot)
+        check_suffix(args.plot, "html", (".html", ".htm"))
+    overrides = [k for k in ("temperature", "top_k", "top_p", "min_p") if getattr(args, k, None) is not None]
+    if overrides:  # before any trace or model is loaded
+        from ..sampling import SamplingParams
+
+        if args.random is None and args.model is None:
+            raise CLIError("sampling overrides need --model (a trace stores final probabilities, not logits)")
+        try:
+            params_override(args, SamplingParams(temperature=1.0))
+        except (ValueError, TypeError) as exc:
+            raise CLIError(f"sampling override: {str(exc).removeprefix('SamplingParams: ')}") from exc
+    thread_note(args.threads)
+    cases = []
+    if args.random is not None:
+        from ..sampling import SamplingParams
+
+        base = SamplingParams(temperature=1.0)
+        p = params_override(args, base)
+        cases = [au.random_case(args.seed + k, args.nodes, args.vocab, p) for k in range(args.random)]
+    elif args.source is None:
+        raise CLIError("audit needs a TRACE, a BUNDLE or --random N")
+    elif kind_of(args.source) == "bundle":
+        bundle = bundle_module()
+        check_bundle_dir(args.source)
+        b = bundle.load_bundle(args.source)
+        check_bundle_selection(b, args, args.source)
+        cases = [au.case_from_step(b.step, b.token_texts)]
+    else:
+        run = load_run(args.source)
+        step = find_step(run, args.step, args.request, args.source)
+        target = common.load_model(args.model)
+        if target is None:
+            if any(getattr(args, k, None) is not None for k in ("temperature", "top_k", "top_p", "min_p")):
+                raise CLIError("sampling overrides need --model (a trace stores final probabilities, not logits)")
+            cases = [au.case_from_step(step, run.token_texts)]
+        else:
+            logits = au.step_logits(target, run, step)
+            cases = [au.case_from_logits(step, logits, params_override(args, step.params), run.token_texts)]
+    verifier = args.verifier
+    worst = 0
+    for k, case in enumerate(cases):
+        report = au.audit(case, verifier, draws=args.draws, seed=args.seed, alpha=args.alpha,
+                          threshold_single=args.threshold_single, threshold_acc=args.threshold_acc,
+                          validate=not args.no_validate)
+        print(report.text(args.top))
+        if args.plot:
+            path = args.plot if len(cases) == 1 else f"{Path(args.plot).with_suffix('')}-{k}.html"
+            # plotly.js embedded (~4.6 MB): the page draws offline and attached to a bug report
+            write_output(path, report.figure().to_html(include_plotlyjs=True))
+            print(f"  plot -> {path}")
+        if report.rejected or report.findings:
+            worst = EXIT_PROBLEM
+    return worst
+
+
+def cmd_doctor(args) -> int:
+    """Check verify buffers (every broken invariant) and, with --model, tree logits."""
+    if args.sample < 1:
+        raise CLIError(f"--sample {args.sample}: must be >= 1")
+    kind = kind_of(args.source)
+    found = 0
+    checked = 0
+    if kind == "recording":
+        sg = sglang_module()
+        rec = sg.load_recording(args.source)
+        only = recording_step(rec, args, args.source)
+        checked = rec.num_rows if only is None else len(rec.steps[only]["rows"])
+        for p in sg.recording_problems(rec):  # links, coins, SGLang's outputs against the buffers
+            if only is not None and not p.startswith(f"step {only} "):
+                continue
+            found += 1
+            print(f"{args.source}: {p}")
+    else:  # any source io.load opens: one check of every invariant the step holds
+        from ..check import check
+
+        run = load_run(args.source)
+        found += len(run.problems)
+        steps = select_steps(run, args.step, args.request, args.source)
+        if steps and all(s.buffers is None for s in steps):
+            raise CLIError(f"{args.source}: nothing to check: this {run.source} records no verify buffers")
+        for s in steps:
+            checked += 1
+            for p in check(s):
+                found += 1
+                print(f"{args.source}: {p}")
+        if args.model is not None:
+            target = common.load_model(args.model)
+            step = find_step(run, args.step, args.request, args.source)
+            from .. import doctor
+
+            check = doctor.check_recorded_rows(target, run, step, sample=args.sample, seed=args.seed)
+            print(f"step {step.step}, request {step.request}: {check.text()}")
+            if check.first_bad is not None:
+                found += 1
+    print(f"{count(checked, 'row' if kind == 'recording' else 'step')} checked, {count(found, 'problem')}")
+    return EXIT_PROBLEM if found else 0

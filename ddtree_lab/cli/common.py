@@ -1,0 +1,229 @@
+"""The command line's shared parts: errors and exit codes, opening sources, selecting steps, argument checks."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+
+EXIT_PROBLEM = 1
+
+
+EXIT_ERROR = 2
+
+
+MIN_DRAWS = 100  # fewer coin sets than this cannot reject at the usual alpha
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def load_run(path: str):
+    """Any source through :func:`ddtree_lab.io.load`; damaged steps are named on stderr and the
+    others kept."""
+    from ..io import load
+
+    try:
+        run = load(path)
+    except (FileNotFoundError, IsADirectoryError) as exc:
+        raise CLIError(str(exc)) from exc
+    for problem in run.problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    return run
+
+
+def check_bundle_dir(path: str) -> None:
+    """A directory given as a bundle must hold bundle.safetensors."""
+    if not (Path(path) / "bundle.safetensors").is_file():
+        raise CLIError(f"{path}: is not a bundle (no bundle.safetensors in it)")
+
+
+def check_out_file(path: str) -> None:
+    """An output file path: not a directory, and its directory exists (checked before any work)."""
+    p = Path(path)
+    if p.is_dir():
+        raise CLIError(f"{path}: is a directory (give a file name)")
+    if not p.parent.is_dir():
+        raise CLIError(f"{path}: directory {p.parent} does not exist")
+
+
+def check_suffix(path: str, fmt: str, suffixes: tuple[str, ...]) -> None:
+    if Path(path).suffix.lower() not in suffixes:
+        raise CLIError(f"{path}: suffix {Path(path).suffix or '(none)'!r} does not match the format {fmt} "
+                       f"(use {' or '.join(suffixes)})")
+
+
+def select_steps(run, step: int | None, request: int | None, path: str) -> list:
+    """The StepTraces matching --step / --request (all when neither is given).
+
+    Raises:
+        CLIError: the selection matches nothing (naming the requests / steps that exist).
+    """
+    steps = run.steps
+    if step is not None:
+        for problem in run.problems:  # the step asked for was damaged and left out
+            if f"= step {step}, request {request if request is not None else ''}" in problem:
+                raise CLIError(f"{path}: step {step}{'' if request is None else f', request {request}'} is damaged: "
+                               f"{problem.removeprefix(f'{path}: ')}")
+    if run.source == "bundle" and run.steps:
+        only = run.steps[0]
+        if (step is not None and step != only.step) or (request is not None and request != only.request):
+            raise CLIError(f"{path}: the bundle holds step {only.step} of request {only.request} only")
+    if request is not None:
+        reqs = sorted({s.request for s in run.steps})
+        steps = [s for s in steps if s.request == request]
+        if not steps:
+            raise CLIError(f"{path}: --request {request} does not exist (requests: {', '.join(map(str, reqs))})")
+    if step is not None:
+        have = sorted({s.step for s in steps})
+        steps = [s for s in steps if s.step == step]
+        if not steps:
+            who = f"request {request}" if request is not None else "the trace"
+            span = f"steps {have[0]}..{have[-1]}" if have else "no steps"
+            raise CLIError(f"{path}: --step {step} is out of range for {who} ({span})")
+    return steps
+
+
+def check_bundle_selection(b, args, path: str) -> None:
+    """--step / --request on a bundle must name the bundle's own step (or be left out)."""
+    step = getattr(args, "step", None)
+    request = getattr(args, "request", None)
+    if step is not None and step != b.step.step:
+        raise CLIError(f"{path}: the bundle holds step {b.step.step} (request {b.step.request}), not --step {step}")
+    if request is not None and request != b.step.request:
+        raise CLIError(f"{path}: the bundle holds request {b.step.request} (step {b.step.step}), "
+                       f"not --request {request}")
+
+
+def recording_step(rec, args, path: str) -> int | None:
+    """The verify-call index chosen by --step on a recording (None: all)."""
+    if getattr(args, "request", None) is not None:
+        raise CLIError(f"{path}: a recording addresses verify calls by --step, not --request "
+                       "(convert it with `ddtree-lab sglang convert` to address requests)")
+    step = getattr(args, "step", None)
+    if step is not None and not 0 <= step < len(rec.steps):
+        raise CLIError(f"{path}: --step {step} does not exist (the recording has steps 0..{len(rec.steps) - 1})")
+    return step
+
+
+def kind_of(path: str) -> str:
+    """``"trace"``, ``"bundle"`` (a directory) or ``"recording"`` (an SGLang recording)."""
+    p = Path(path)
+    if p.is_dir():
+        return "bundle"
+    if p.suffix == ".json" or (not p.exists() and Path(str(p) + ".json").exists()):
+        return "recording"
+    if p.exists():
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(p), framework="pt") as f:
+                meta = f.metadata() or {}
+            beside = p.with_suffix(".json")
+        except Exception:  # not safetensors: load_trace names the problem
+            return "trace"
+        if "ddtree_lab" not in meta and beside.exists():
+            from ..sglang.recording import FORMAT
+
+            try:
+                doc = json.loads(beside.read_text())
+            except ValueError:
+                doc = None
+            if isinstance(doc, dict) and doc.get("format") == FORMAT:
+                return "recording"
+            raise CLIError(f"{path}: safetensors without ddtree_lab metadata and {beside.name} is not an SGLang "
+                           "recording: not a trace, bundle or recording (drafter weights?)")
+        return "trace"
+    raise CLIError(f"{path}: no such file")
+
+
+def bundle_module():
+    try:
+        from .. import bundle
+    except ImportError as exc:
+        raise CLIError(f"bundles need ddtree_lab.bundle, which this install lacks ({exc})") from exc
+    return bundle
+
+
+def sglang_module():
+    """The SGLang interop package (imports sglang itself only to run its kernels)."""
+    from .. import sglang as sg
+
+    return sg
+
+
+def find_step(run, step: int | None, request: int | None, path: str):
+    """The StepTrace of decoding step ``step`` of ``request``."""
+    if step is None:
+        raise CLIError(f"{path}: --step is required")
+    matches = select_steps(run, step, request, path)
+    if len(matches) > 1:
+        reqs = ", ".join(str(s.request) for s in matches)
+        raise CLIError(f"{path}: step {step} exists for requests {reqs}: pass --request")
+    return matches[0]
+
+
+def write_output(path: str, data: str | bytes) -> None:
+    p = Path(path)
+    if not p.parent.exists():
+        raise CLIError(f"{path}: directory {p.parent} does not exist")
+    try:
+        if isinstance(data, bytes):
+            p.write_bytes(data)
+        else:
+            p.write_text(data, encoding="utf-8")
+    except OSError as exc:
+        raise CLIError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def thread_note(n: int | None) -> str:
+    import torch
+
+    if n is not None:
+        torch.set_num_threads(n)
+        return f"{n} (--threads)"
+    from ..threads import configure_threads  # picks from cores, quota and load
+
+    choice = configure_threads()
+    return f"{torch.get_num_threads()} ({choice.reason})"
+
+
+def lossy_note(steps) -> str:
+    """``"LOSSY: threshold_acc=0.5 (3 of 8 steps)"`` for the lossy steps among ``steps``, or ``""``."""
+    from ..views.model import lossy_mark
+
+    lossy = [s for s in steps if s.lossy]
+    if not lossy:
+        return ""
+    marks = "; ".join(sorted({lossy_mark(s.thresholds) for s in lossy}))
+    return f"{marks} ({len(lossy)} of {count(len(steps), 'step')})"
+
+
+def load_model(spec: str | None):
+    if spec is None:
+        return None
+    if spec == "default":
+        from ..models import load_default_target
+
+        return load_default_target()
+    from ..models import TargetModel
+
+    if not Path(spec).is_dir():
+        raise CLIError(f"--model {spec}: not 'default' and not a model directory")
+    return TargetModel.from_pretrained(spec)
+
+
+def params_override(args, base):
+    import dataclasses
+
+    changes = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "min_p")
+               if getattr(args, k, None) is not None}
+    return dataclasses.replace(base, **changes) if changes else base
+
+
+def count(n: int, word: str) -> str:
+    """``"1 step"``, ``"2 steps"``: a count with its noun in the right number."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

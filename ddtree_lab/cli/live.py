@@ -1,0 +1,202 @@
+"""Verbs that run the model or the lab: record and lab."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from . import common
+from .common import CLIError, check_out_file, count, thread_note
+
+
+
+def _read_prompts(args) -> tuple[list[str], list[dict], list[str], list[str]]:
+    """Prompts, per-request overrides, request ids and where each came from (for errors)."""
+    prompts, overrides, ids, origins = [], [], [], []
+    for p in args.prompt or []:
+        prompts.append(p)
+        overrides.append({})
+        ids.append(str(len(ids)))
+        origins.append(f"--prompt {len(origins)}")
+    if args.prompts:
+        path = Path(args.prompts)
+        if path.is_dir():
+            raise CLIError(f"{args.prompts}: is a directory, not a JSONL file")
+        if not path.exists():
+            raise CLIError(f"{args.prompts}: no such file")
+        before = len(prompts)
+        allowed = {"prompt", "id", "temperature", "top_k", "top_p", "min_p", "seed"}
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CLIError(f"{args.prompts}, line {n}: not JSON ({exc.msg})") from exc
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+                raise CLIError(f"{args.prompts}, line {n}: expected an object with a string field 'prompt'")
+            unknown = set(obj) - allowed
+            if unknown:
+                raise CLIError(f"{args.prompts}, line {n}: unknown field(s) {', '.join(sorted(unknown))} "
+                               f"(known: {', '.join(sorted(allowed))})")
+            for k in ("temperature", "top_p", "min_p"):
+                v = obj.get(k)
+                if k in obj and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                    raise CLIError(f"{args.prompts}, line {n}: field {k!r} must be a number, got {json.dumps(v)}")
+            for k in ("top_k", "seed"):
+                v = obj.get(k)
+                if k in obj and (isinstance(v, bool) or not isinstance(v, int)):
+                    raise CLIError(f"{args.prompts}, line {n}: field {k!r} must be an integer, got {json.dumps(v)}")
+            prompts.append(obj["prompt"])
+            overrides.append({k: v for k, v in obj.items() if k not in ("prompt", "id")})
+            ids.append(str(obj.get("id", len(ids))))
+            origins.append(f"{args.prompts}, line {n}")
+        if len(prompts) == before:
+            raise CLIError(f"{args.prompts}: no prompts (expected one JSON object per line)")
+    if not prompts:
+        raise CLIError("record needs --prompt TEXT or --prompts FILE.jsonl")
+    return prompts, overrides, ids, origins
+
+
+#: record's wall time and peak memory, fitted to two runs of the embedded SmolLM2 (V = 49,152,
+#: level full, one request, 8 tokens, 2 shared CPU cores): B = 256: 57 s, 1.7 GB; B = 1024: 81 s,
+#: 3.2 GB. Seconds = a + b * B * tokens; GB = c + d * B (the target scores B + 1 rows of V logits).
+RECORD_COST_FIT = {"a": 46.0, "b": 0.0039, "c": 1.2, "d": 2.0 / 1024}
+
+
+WARN_BUDGET = 512  # engines' budgets reach 512 (DDTree: 256-512); above, record warns with the estimate
+
+
+def record_cost(budget: int, tokens: int) -> str | None:
+    """A warning with the estimated time and memory of a record run above ``WARN_BUDGET``, or None."""
+    if budget <= WARN_BUDGET:
+        return None
+    f = RECORD_COST_FIT
+    seconds, gb = f["a"] + f["b"] * budget * tokens, f["c"] + f["d"] * budget
+    return (f"--budget {budget} is large: expect roughly {seconds:.0f} s and {gb:.1f} GB for {tokens} tokens on a "
+            "small CPU (fitted to B=256: 57 s, 1.7 GB and B=1024: 81 s, 3.2 GB for 8 tokens, 2 cores)")
+
+
+def cmd_record(args) -> int:
+    """Run a live DDTree session over the prompts and write its trace."""
+    import dataclasses
+
+    from ..sampling import SamplingParams
+    from ..session import LiveSession
+    from ..io.lab_trace import save_trace
+
+    out = Path(args.out)
+    check_out_file(args.out)
+    if args.max_new_tokens < 1:
+        raise CLIError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
+    from ..build import MAX_BUDGET
+
+    if not 1 <= args.budget <= MAX_BUDGET:  # the one rule, checked before the model loads
+        raise CLIError(f"--budget {args.budget}: must be in [1, {MAX_BUDGET}] (draft nodes per tree)")
+    if args.threads is not None and args.threads < 1:
+        raise CLIError(f"--threads {args.threads}: must be >= 1")
+    for name in ("threshold_single", "threshold_acc"):
+        t = getattr(args, name)
+        if not (math.isfinite(t) and t >= 0):
+            raise CLIError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {t}")
+    from .. import lab
+
+    if args.drafter is not None and not args.drafter.strip():
+        raise CLIError("--drafter: empty; give 'dflash', 'ridge' or a path")
+    if args.drafter is not None and not lab.drafter_exists(args.drafter):
+        raise CLIError(f"--drafter {args.drafter}: no such file or directory (and not 'dflash' or 'ridge')")
+    if args.target is not None and not Path(args.target).exists():
+        raise CLIError(f"--target {args.target}: no such file or directory")
+    if args.target is not None and not Path(args.target).is_dir():
+        raise CLIError(f"--target {args.target}: not a model directory")
+    prompts, overrides, ids, origins = _read_prompts(args)
+    base = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          seed=None)
+    params = []
+    for b, o in enumerate(overrides):
+        try:
+            p = dataclasses.replace(base, **o)
+        except (ValueError, TypeError) as exc:
+            raise CLIError(f"{origins[b]}: {str(exc).removeprefix('SamplingParams: ')}") from exc
+        if p.seed is None:
+            p = dataclasses.replace(p, seed=args.seed * 1000 + b)
+        why = p.problem()
+        if why is not None:
+            raise CLIError(f"{origins[b]}: request {b} ({ids[b]}): {why}")
+        params.append(p)
+    cost = record_cost(args.budget, len(prompts) * args.max_new_tokens)
+    if cost is not None:
+        print(f"ddtree-lab record: warning: {cost}", file=sys.stderr)
+    threads = thread_note(args.threads)
+    if args.quiet:  # transformers' "Loading weights" bar too
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    which = lab.DEFAULT_DRAFTER if args.drafter is None else args.drafter
+    target = common.load_model("default" if args.target is None else args.target)
+    try:
+        drafter = lab.load_drafter(target, which)
+    except (ValueError, OSError) as exc:
+        raise CLIError(f"--drafter {which}: {exc}") from exc
+    kw = {"record": args.level, "threshold_single": args.threshold_single, "threshold_acc": args.threshold_acc}
+    if args.backend is not None:
+        kw["verify_backend"] = args.backend
+    session = LiveSession(target, drafter, budget=args.budget, sampling=params, seed=args.seed, **kw)
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(prompts) * args.max_new_tokens, unit="tok", desc="record", disable=args.quiet,
+               file=sys.stderr)
+    done = 0
+    try:
+        for _ in session.generate(prompts, max_new_tokens=args.max_new_tokens, chat=not args.no_chat,
+                                  request_ids=ids):
+            now = sum(len(r.generated) for r in session.requests)
+            bar.update(now - done)
+            done = now
+    finally:
+        bar.close()  # ends the bar's line, so an error prints on its own line
+    run = session.trace()
+    run.metadata["threads"] = threads
+    save_trace(run, out)
+    print(f"{count(len(run.steps), 'record')}, {count(len(prompts), 'request')} -> {out}")
+    return 0
+
+
+def cmd_lab(args) -> int:
+    """Open JupyterLab on working copies of labs/ in .lab/ (ignored by git; labs/ stays as
+    committed), bound to 127.0.0.1 with a fresh random token, on the first free port from
+    --port on. `make lab` (scripts/lab.sh) runs this command."""
+    import secrets
+    import shutil
+
+    from .. import labserver
+
+    if not 1 <= args.port <= 65535:
+        raise CLIError(f"--port {args.port}: must be in 1..65535")
+    root = Path(__file__).resolve().parents[2]
+    labs, work = root / "labs", root / ".lab"
+    if not labs.is_dir():
+        raise CLIError(f"{labs}: no labs/ directory (run from a ddtree-lab checkout)")
+    beside = Path(sys.executable).parent / "jupyter"  # this environment's Jupyter first
+    jupyter = str(beside) if beside.exists() else shutil.which("jupyter") or str(beside)
+    token = os.environ.get("DDTREE_LAB_TOKEN") or secrets.token_hex(24)
+    port = labserver.free_port(args.port)
+    if port != args.port:
+        print(f"[lab] port {args.port} is in use (another lab?): using {port}")
+    cmd = labserver.jupyter_command(jupyter, port, token, work, as_root=hasattr(os, "geteuid") and os.geteuid() == 0)
+    if args.dry_run:
+        print(f"[lab] would copy labs/*.ipynb to {work}/ and serve the copies")
+        print(f"[lab] open {labserver.lab_url(port, '<token>')}")
+        print(" ".join(cmd).replace(token, "<token>"))
+        return 0
+    if not Path(jupyter).exists():
+        raise CLIError("jupyter is not installed (pip install 'ddtree-lab[lab]')")
+    for line in labserver.working_copies(labs, work):
+        print(f"[lab] {line}")
+    print("[lab] working copies in .lab/ (git ignores them; labs/ stays as committed)")
+    print(f"[lab] open {labserver.lab_url(port, token)}", flush=True)
+    os.execv(jupyter, cmd)
+    return 0  # pragma: no cover

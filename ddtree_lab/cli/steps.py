@@ -1,0 +1,214 @@
+"""Verbs over recorded steps: info, render, bundle, replay, sglang."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .common import (EXIT_PROBLEM, CLIError, bundle_module, check_out_file, check_suffix, count, find_step, kind_of,
+                     load_run, lossy_note, recording_step, select_steps, sglang_module, write_output)
+
+
+
+def cmd_info(args) -> int:
+    """Requests with prompts, parameters and mean tau; then each request's steps."""
+    run = load_run(args.trace)
+    meta = run.metadata
+    target = meta.get("target", {})
+    drafter = meta.get("drafter", {})
+    tname = target.get("name", "?") if isinstance(target, dict) else str(target)
+    dname = drafter.get("name", "?") if isinstance(drafter, dict) else str(drafter)
+    print(f"{run.source} {args.trace}: {count(len(run.steps), 'record')}"
+          + (f", {count(len(run.problems), 'damaged step record')} left out (named above)" if run.problems else ""))
+    lacking = sorted({m for s in run.steps for m in s.missing_stages()})
+    if lacking:
+        print(f"not recorded: {', '.join(lacking)} (the views show what there is; replay and audit need buffers, "
+              "rows and coins)")
+    print(f"target: {tname}" + (f" ({target.get('dtype')}, {target.get('device')})" if isinstance(target, dict)
+                                  and target.get("dtype") else ""))
+    print(f"drafter: {dname}" + (f", block size {drafter.get('block_size')}" if isinstance(drafter, dict)
+                                   and drafter.get("block_size") else ""))
+    extras = {k: meta[k] for k in ("budget", "max_depth", "verifier", "source") if k in meta}
+    if extras:
+        print("run: " + ", ".join(f"{k} {v}" for k, v in extras.items()))
+    if run.steps and all(s.rows is None for s in run.steps) or not run.steps:
+        from ..views.run_summary import run_summary_text
+
+        print(run_summary_text(run).rstrip())
+        return 0
+    requests = {int(r.get("request", i)): r for i, r in enumerate(meta.get("requests", []))}
+    for req in sorted({s.request for s in run.steps} | set(requests)):
+        steps = run.for_request(req)
+        taus = [s.accept_length + (0 if s.output is not None and bool(s.output.support_exhausted[0]) else 1)
+                for s in steps]
+        r = requests.get(req, {})
+        prompt = r.get("prompt")
+        p = steps[0].params if steps else None
+        params = r.get("params") or (p.to_dict() if p else {})
+        shown = {k: v for k, v in params.items() if v not in (None, 0, 1.0) or k == "temperature"}
+        mean = f"{sum(taus) / len(taus):.3f}" if taus else "-"
+        rid = r.get("request_id", steps[0].request_id if steps else str(req))
+        lossy = lossy_note(steps)
+        print(f"request {req} (id {rid}): {count(len(steps), 'step')}, mean tau {mean}, "
+              + ", ".join(f"{k} {v}" for k, v in shown.items())
+              + (f", finish {r['finish_reason']}" if r.get("finish_reason") else "")
+              + (f", {lossy}" if lossy else ""))
+        if prompt is not None:
+            text = prompt if len(prompt) <= 70 else prompt[:67] + "..."
+            print(f"  prompt: {json.dumps(text, ensure_ascii=False)}")
+        if steps:
+            print("  steps (step:tau): " + " ".join(f"{s.step}:{t}" for s, t in zip(steps, taus)))
+    return EXIT_PROBLEM if run.problems else 0
+
+
+def cmd_render(args) -> int:
+    """Draw one step's tree as SVG, PNG, DOT or text (format from --format or the -o suffix)."""
+    from ..views import decisions_text, render_svg, step_view, to_dot, to_text
+
+    fmt = args.format
+    if args.out:
+        check_out_file(args.out)
+    if fmt is None:
+        suffix = Path(args.out).suffix.lower() if args.out else ".txt"
+        fmt = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot", ".txt": "text"}.get(suffix)
+        if fmt is None:
+            raise CLIError(f"{args.out}: unknown picture suffix {suffix!r} (use .svg, .png, .dot or .txt, or --format)")
+    elif args.out:
+        check_suffix(args.out, fmt, {"svg": (".svg",), "png": (".png",), "dot": (".dot", ".gv"),
+                                      "text": (".txt",), "decisions": (".txt",)}[fmt])
+    if fmt == "png" and not args.out:
+        raise CLIError("--format png needs -o FILE")
+    run = load_run(args.trace)
+    step = find_step(run, args.step, args.request, args.trace)
+    view = step_view(step, run, args.collapse)
+    if fmt == "svg":
+        data: str | bytes = render_svg(to_dot(view))
+    elif fmt == "png":
+        if not args.out:
+            raise CLIError("--format png needs -o FILE")
+        import graphviz
+
+        try:
+            data = graphviz.Source(to_dot(view)).pipe(format="png")
+        except graphviz.ExecutableNotFound as exc:
+            raise CLIError("graphviz's dot is not installed (apt-get install graphviz)") from exc
+    elif fmt == "dot":
+        data = to_dot(view)
+    elif fmt == "decisions":
+        data = decisions_text(view)
+    else:
+        data = to_text(view)
+    if args.out:
+        write_output(args.out, data)
+        print(f"step {step.step}, request {step.request} -> {args.out}")
+    else:
+        sys.stdout.write(data if isinstance(data, str) else "")
+    return 0
+
+
+def cmd_bundle(args) -> int:
+    """Write a minimal self-contained repro of one verify step into a directory."""
+    bundle = bundle_module()
+    run = load_run(args.trace)
+    step = find_step(run, args.step, args.request, args.trace)
+    out = Path(args.out)
+    if not out.parent.exists():
+        raise CLIError(f"{args.out}: parent directory {out.parent} does not exist")
+    b = bundle.make_bundle(run, step)
+    path = bundle.save_bundle(b, out)
+    size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+    print(f"step {step.step}, request {step.request} -> {path} ({size / 1024:.1f} KB)")
+    return 0
+
+
+def _print_differences(where: str, diffs) -> None:
+    for d in diffs:
+        print(f"{where}: {d}")
+
+
+def _replay_trace(args) -> int:
+    from ..replay import replay_differences
+
+    run = load_run(args.trace)
+    steps = select_steps(run, args.step, args.request, args.trace)
+    if not any(s.output is not None and s.buffers is not None and s.rows is not None for s in steps):
+        lacking = sorted({m for s in steps for m in s.missing_stages()})
+        raise CLIError(f"{args.trace}: nothing to replay: this {run.source} records no {', '.join(lacking)} "
+                       "(replay needs the buffers, the rows the verifier read and the coins)")
+    differing, exact, tolerant = 0, 0, 0
+    lossy = lossy_note(steps)
+    if lossy:
+        print(f"{lossy}: replayed under the recorded thresholds (the emitted law is not the target's)")
+    for s in steps:
+        where = f"step {s.step}, request {s.request}"
+        try:
+            _, diffs = replay_differences(s, run.vocab_size, args.backend)
+        except ValueError as exc:  # nothing to replay, another backend, or inputs the verifier rejects
+            if args.backend != "reference":
+                raise CLIError(str(exc)) from exc
+            differing += 1
+            print(f"{where}: the verifier refuses the stored inputs: {exc}")
+            continue
+        if diffs:
+            differing += 1
+            _print_differences(where, diffs)
+        elif s.backend.startswith("triton"):
+            tolerant += 1
+        else:
+            exact += 1
+    bad = len(run.problems)
+    if exact == len(steps) and not bad:
+        print(f"{count(len(steps), 'step')} replayed bit for bit (reference verifier)")
+        return 0
+    parts = []
+    if exact:
+        parts.append(f"{exact} bit for bit")
+    if tolerant:
+        parts.append(f"{tolerant} within the Triton kernel tolerance (recorded by the Triton backend)")
+    if differing:
+        parts.append(f"{differing} differ")
+    if bad:
+        parts.append(f"{bad} damaged and not replayed (named above)")
+    print(f"{count(len(steps), 'step')} replayed with the reference verifier: " + ", ".join(parts))
+    return EXIT_PROBLEM if differing or bad else 0
+
+
+def _replay_recording(path: str, backend: str, args=None) -> int:
+    sg = sglang_module()
+    rec = sg.load_recording(path)
+    step = recording_step(rec, args, path) if args is not None else None
+    if step is None:
+        results = sg.replay_recording(rec, backend)
+    else:
+        from ..sglang.replay import replay_step
+
+        results = [replay_step(rec.steps[step], r, backend, step) for r in range(len(rec.steps[step]["rows"]))]
+    for line in sg.replay_report(results):
+        print(line)
+    counts = sg.count_verdicts(results)
+    return EXIT_PROBLEM if counts.get("differs", 0) - counts.get("by design", 0) > 0 else 0
+
+
+def cmd_replay(args) -> int:
+    """Re-verify recorded steps; print each difference from the recorded output."""
+    if kind_of(args.trace) == "recording":  # every backend reads a recording's own rows
+        return _replay_recording(args.trace, args.backend, args)
+    return _replay_trace(args)
+
+
+def cmd_sglang(args) -> int:
+    """SGLang interop: the hook directory, replaying and converting recordings."""
+    sg = sglang_module()
+    if args.sglang_cmd == "hook-dir":
+        print(sg.hook_dir())
+        return 0
+    if args.sglang_cmd == "replay":
+        return _replay_recording(args.recording, args.backend)
+    if args.sglang_cmd == "convert":
+        out = Path(args.out)
+        check_out_file(args.out)
+        path = sg.convert(args.recording, out)
+        print(f"{args.recording} -> {path}")
+        return 0
+    raise CLIError(f"unknown sglang command {args.sglang_cmd!r}")
