@@ -529,3 +529,24 @@ def decode_retrieve(
                 stack.append(c)
                 c = ns[b][c]
     return torch.tensor(parents, dtype=torch.int64), torch.tensor(depths, dtype=torch.int64)
+
+
+def verify_input_from_parents(tokens: torch.Tensor, parents: torch.Tensor, prefix_len: int = 0) -> DDTreeVerifyInput:
+    """The buffers of one tree given per node ``tokens [n]`` and ``parents [n]`` (int64; root
+    -1, parents before children), a batch of one: children linked in ascending index order
+    (:func:`encode_retrieve`), positions ``prefix_len + depth``.
+
+    Raises:
+        ValueError: a parent that does not precede its child (as :func:`encode_retrieve`).
+    """
+    parents = parents.long()[None]
+    n = int(parents.shape[1])
+    num = torch.tensor([n])
+    retrieve_index, next_token, next_sibling = encode_retrieve(parents, num)
+    depths = torch.zeros(1, n, dtype=torch.int64)
+    for i in range(1, n):
+        depths[0, i] = depths[0, int(parents[0, i])] + 1
+    return DDTreeVerifyInput(node_token_ids=tokens.long()[None].clone(), retrieve_index=retrieve_index,
+                             retrieve_next_token=next_token, retrieve_next_sibling=next_sibling,
+                             tree_mask=tree_attention_mask(parents, num), positions=depths + prefix_len,
+                             depths=depths, num_nodes=num)
