@@ -35,17 +35,20 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ._checks import check_tensor
 from .sampling import SamplingParams, filtered_probs, normalize_params, target_probs
 from .verify import (
+    SGLANG_MIN_THRESHOLD_ACC,
     BonusDraw,
     Decision,
     VerifyOutput,
     _check_coins,
     _check_thresholds,
     _check_verify_input,
+    is_lossy,
     walk_batch,
     walk_sampled_batch,
     verify_greedy,
@@ -86,6 +89,14 @@ def _triton_kernels():
     except ImportError:  # pragma: no cover - layout of older tritons
         InterpretedFunction = ()
     return tree_verify, isinstance(tree_verify.sampled_verify_kernel, InterpretedFunction)
+
+
+def _launch_options(module, interpreted: bool) -> dict:
+    """The kernels' pinned launch options (``module.LAUNCH_OPTIONS``: fusion off, 8 warps);
+    the interpreter gets the same ``enable_fp_fusion`` (it has no warps)."""
+    if interpreted:
+        return {"enable_fp_fusion": module.FP_FUSION}
+    return dict(module.LAUNCH_OPTIONS)
 
 
 def select_backend(backend: str, device: torch.device | str) -> tuple[str, str]:
@@ -311,11 +322,14 @@ def sampled_launcher(verify_input, target_logits, items, coins, final_coins, *, 
     out = _compact_buffers(bs, n, device)
     tok, nt, ns, nn = _tree_buffers(verify_input, device)
     temperature, top_k, top_p, min_p = _params_tensors(items, vocab, device)
-    # threshold_acc = 0 is passed as a flag (S / 0 = +inf for S > 0, as SGLang's IEEE division)
-    thresholds = torch.tensor([threshold_single, threshold_acc if threshold_acc > 0 else 1.0,
-                               1.0 if threshold_acc == 0 else 0.0], dtype=torch.float64, device=device)
+    # [threshold_single, max(threshold_acc, 1e-9)] as float32 values (SGLang's kernel arithmetic),
+    # then the rule: 1.0 = SGLang's lossy rule, 0.0 = the lossless one (ddtree_lab.verify)
+    single32 = float(np.float32(threshold_single))
+    acc32 = float(max(np.float32(threshold_acc), np.float32(SGLANG_MIN_THRESHOLD_ACC)))
+    thresholds = torch.tensor([single32, acc32, 1.0 if is_lossy(threshold_single, threshold_acc) else 0.0],
+                              dtype=torch.float64, device=device)
     coins, final_coins = coins.to(device).contiguous(), final_coins.to(device).contiguous()
-    extra = {} if interpreted else {"num_warps": 8}
+    extra = _launch_options(module, interpreted)
     kcap = max(16, COMPACT_CAP)
     scratch_x = torch.empty(bs, kcap, dtype=torch.float32, device=device)
     scratch_i = torch.empty(bs, kcap, dtype=torch.int32, device=device)
@@ -366,7 +380,7 @@ def greedy_launcher(verify_input, target_logits):
     logits = target_logits if target_logits.stride(-1) == 1 else target_logits.contiguous()
     out = _compact_buffers(bs, n, device)
     tok, nt, ns, nn = _tree_buffers(verify_input, device)
-    extra = {} if interpreted else {"num_warps": 8}
+    extra = _launch_options(module, interpreted)
 
     def launch():
         module.greedy_verify_kernel[(bs,)](

@@ -473,7 +473,7 @@ def test_a_node_both_child_and_sibling_is_refused_by_the_kernels():
         call(False)  # switched off for timing: the kernel runs
 
 
-@pytest.mark.parametrize("ts, ta", [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (0.4, 0.0), (1.0, 1.5)])
+@pytest.mark.parametrize("ts, ta", [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (0.4, 0.0), (1.0, 1.5), (1.2, 1.5)])
 def test_thresholds_sglang_accepts_run_on_every_backend_and_are_marked_lossy(ts, ta):
     vi, logits, params, coins, final = _random_case(6, bs=4, vocab=64, depth=3, k=3, budget=10, dtype=torch.float32)
     probs = dl.target_probs(logits, params, vi.num_nodes)
@@ -485,10 +485,13 @@ def test_thresholds_sglang_accepts_run_on_every_backend_and_are_marked_lossy(ts,
         assert got.lossy and got.thresholds == (ts, ta)
     exact = verify_tree(vi, _on(logits), params, coins, final, backend="triton")
     assert not exact.lossy and exact.thresholds == (1.0, 1.0)
-    if ta == 0.0:  # S / 0 = +inf: the first child with p > 0 at every visited node is accepted
-        for log in ref.decisions:
-            for d in log:
-                assert d.verdict == ("accept" if d.target_prob > 0 else "reject")
+    # SGLang's rule, decision by decision: u <= S / max(threshold_acc, 1e-9) or p >= threshold_single
+    for log in ref.decisions:
+        for d in log:
+            want = dl.verify.sglang_accepts(d.target_prob, d.cumulative_mass, d.coin, ts, ta)
+            assert d.verdict == ("accept" if want else "reject"), d
+            if ts == 0.0:  # p >= 0: the first child at every visited node, whatever its p
+                assert d.verdict == "accept"
 
 
 def test_the_other_filtering_order_is_refused_by_the_kernel_and_runs_elsewhere():
@@ -501,3 +504,55 @@ def test_the_other_filtering_order_is_refused_by_the_kernel_and_runs_elsewhere()
     auto = verify_tree(vi, logits, params, coins, final, backend="auto")
     assert auto.backend == "reference"  # recorded, never silent
     assert [[d.to_dict() for d in log] for log in ref.decisions] == [[d.to_dict() for d in log] for log in lazy.decisions]
+
+
+# ---- SGLang's own test cases of tree_speculative_sampling_target_only ----------------------
+
+# The buffers, logits and expected outputs of sgl-kernel's test of the target-only kernel
+# (tests/speculative/test_speculative_sampling.py): two requests of six nodes, V = 20,
+# temperature 0.01 (each row is one-hot in float32), accept_index width 4.
+SGL_CANDIDATES = [[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]]
+SGL_NEXT_TOKEN = [[1, 2, -1, 4, 5, -1], [4, 2, 3, -1, 5, -1]]
+SGL_NEXT_SIBLING = [[-1, 3, -1, -1, -1, -1], [-1, -1, -1, -1, 1, -1]]
+SGL_PEAKS = {(0, 0): 3, (0, 3): 4, (0, 4): 5, (1, 0): 11, (1, 4): 12}  # logit 10 there, else 1 (18 elsewhere)
+SGL_CASES = [  # threshold_single, threshold_acc, predicts, accept_index, accept_token_num
+    (1.0, 1.0, [3, -1, -1, 4, 5, 18, 11, -1, -1, -1, 12, 18], [[0, 3, 4, 5], [6, 10, 11, -1]], [3, 2]),
+    (0.0, 0.0, [1, 2, 18, -1, -1, -1, 11, -1, -1, -1, 12, 18], [[0, 1, 2, -1], [6, 10, 11, -1]], [2, 2]),
+]
+
+
+def _sglang_test_case():
+    from ddtree_lab.sglang.buffers import verify_input_from_retrieve
+
+    vi = verify_input_from_retrieve(torch.tensor(SGL_CANDIDATES), torch.tensor(SGL_NEXT_TOKEN),
+                                    torch.tensor(SGL_NEXT_SIBLING))
+    logits = torch.ones(2, 6, 20)
+    for (b, i), t in SGL_PEAKS.items():
+        logits[b, i, t] = 10.0
+    for b in range(2):
+        for i in range(6):
+            if logits[b, i].max() < 10:
+                logits[b, i, 18] = 10.0
+    return vi, logits
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch-lazy", "triton"])
+@pytest.mark.parametrize("ts, ta, predicts, accept_index, accept_num", SGL_CASES)
+def test_sglang_target_only_kernel_test_cases_on_every_backend(backend, ts, ta, predicts, accept_index, accept_num):
+    from ddtree_lab.sglang.buffers import verify_output_to_sglang
+
+    vi, logits = _sglang_test_case()
+    g = torch.Generator().manual_seed(0)
+    coin_sets = [torch.rand(2, 6, generator=g) for _ in range(4)] + [torch.full((2, 6), BELOW_ONE)]
+    for coins in coin_sets:
+        out = verify_tree(vi, _on(logits), SP(0.01), coins, torch.rand(2, generator=g), backend=backend,
+                          threshold_single=ts, threshold_acc=ta)
+        got = verify_output_to_sglang(out, 6, 4, fill=-1)
+        assert [t.tolist() for t in got] == [predicts, accept_index, accept_num], (backend, coins)
+        assert out.lossy == ((ts, ta) != (1.0, 1.0))
+    if (ts, ta) == (1.0, 1.0):
+        # a coin of exactly 0: SGLang's u <= S takes node 1 (p = 0, S = 0); the lab's lossless
+        # rule (u < S and p > 0) does not -- the one place the two differ at (1, 1) besides
+        # the float edge (ddtree_lab.verify module docstring)
+        out = verify_tree(vi, _on(logits), SP(0.01), torch.zeros(2, 6), torch.zeros(2), backend=backend)
+        assert out.accept_index[0, :4].tolist() == [0, 3, 4, 5]
