@@ -91,12 +91,13 @@ def _triton_kernels():
     return tree_verify, isinstance(tree_verify.sampled_verify_kernel, InterpretedFunction)
 
 
-def _launch_options(module, interpreted: bool) -> dict:
-    """The kernels' pinned launch options (``module.LAUNCH_OPTIONS``: fusion off, 8 warps);
-    the interpreter gets the same ``enable_fp_fusion`` (it has no warps)."""
+def _launch_options(module, interpreted: bool, compact: bool = True) -> dict:
+    """The kernels' pinned launch options (``module.launch_options``: fusion off, 8 warps, 4
+    without the survivor gather); the interpreter gets the same ``enable_fp_fusion`` (it has
+    no warps)."""
     if interpreted:
         return {"enable_fp_fusion": module.FP_FUSION}
-    return dict(module.LAUNCH_OPTIONS)
+    return module.launch_options(compact)
 
 
 def select_backend(backend: str, device: torch.device | str) -> tuple[str, str]:
@@ -329,7 +330,7 @@ def sampled_launcher(verify_input, target_logits, items, coins, final_coins, *, 
     thresholds = torch.tensor([single32, acc32, 1.0 if is_lossy(threshold_single, threshold_acc) else 0.0],
                               dtype=torch.float64, device=device)
     coins, final_coins = coins.to(device).contiguous(), final_coins.to(device).contiguous()
-    extra = _launch_options(module, interpreted)
+    extra = _launch_options(module, interpreted, COMPACT_CAP > 0)
     kcap = max(16, COMPACT_CAP)
     scratch_x = torch.empty(bs, kcap, dtype=torch.float32, device=device)
     scratch_i = torch.empty(bs, kcap, dtype=torch.int32, device=device)
