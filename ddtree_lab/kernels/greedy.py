@@ -1,4 +1,7 @@
-"""The greedy tree-verify Triton kernel, one program per request (contract: ``tree_verify``)."""
+"""The greedy tree-verify Triton kernel, one program per request.
+
+The contract (walk, rules, numerics, error codes) is in :mod:`ddtree_lab.kernels.tree_verify`.
+"""
 
 from __future__ import annotations
 

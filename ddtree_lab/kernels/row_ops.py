@@ -1,5 +1,9 @@
-"""Shared Triton device functions of the tree verifiers: order keys, row max, radix select, the fused
-temperature / top-k / top-p / min-p row transform and the residual sums (contract: ``tree_verify``)."""
+"""Shared Triton device functions of the tree verifiers (keys, row max, radix select, row transform, residuals).
+
+Order-preserving float keys, the row max / argmax / softmax normaliser, the top-k radix select,
+the fused temperature / top-k / top-p / min-p transform and the residual sums; the contract is
+in :mod:`ddtree_lab.kernels.tree_verify`.
+"""
 
 from __future__ import annotations
 
@@ -164,7 +168,7 @@ def top_p_cut(src_ptr, limit, T, ms, kth_s, z1, P, LOW: tl.constexpr, BLK: tl.co
 
 @triton.jit
 def row_state(row_ptr, V, T, K, P, MINP, sx_ptr, si_ptr,
-               LOW: tl.constexpr, BLOCK: tl.constexpr, KCAP: tl.constexpr, COMPACT: tl.constexpr):
+              LOW: tl.constexpr, BLOCK: tl.constexpr, KCAP: tl.constexpr, COMPACT: tl.constexpr):
     """Everything the sampled transform of one row needs; greedy rows stop after the max.
 
     With top-k on and at most KCAP survivors, the survivors (logit, token id, in id order)
@@ -220,7 +224,7 @@ def row_state(row_ptr, V, T, K, P, MINP, sx_ptr, si_ptr,
 
 @triton.jit
 def residual_block(row_ptr, offs, V, T, ms, kth_s, z1, cut, z2, mthr, z3,
-                    tok_ptr, ns_ptr, base, first_child, n):
+                   tok_ptr, ns_ptr, base, first_child, n):
     """Final probabilities of one block with the rejected siblings' tokens zeroed."""
     x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
     p = p_final(x, T, ms, kth_s, z1, cut, z2, mthr, z3)
@@ -237,7 +241,7 @@ def residual_block(row_ptr, offs, V, T, ms, kth_s, z1, cut, z2, mthr, z3,
 
 @triton.jit
 def residual_total(row_ptr, V, T, ms, kth_s, z1, cut, z2, mthr, z3, tok_ptr, ns_ptr, base, first_child, n,
-                    sx_ptr, si_ptr, count, compact, BLOCK: tl.constexpr, KCAP: tl.constexpr, COMPACT: tl.constexpr):
+                   sx_ptr, si_ptr, count, compact, BLOCK: tl.constexpr, KCAP: tl.constexpr, COMPACT: tl.constexpr):
     """float64 mass of the row with every child of ``first_child``'s chain zeroed (0 exactly
     iff the children hold all of the row's positive mass)."""
     total = tl.zeros([], tl.float64)
@@ -260,6 +264,6 @@ def residual_total(row_ptr, V, T, ms, kth_s, z1, cut, z2, mthr, z3, tok_ptr, ns_
         for start in range(0, V, BLOCK):
             offs = start + offs0
             p = residual_block(row_ptr, offs, V, T, ms, kth_s, z1, cut, z2, mthr, z3,
-                                tok_ptr, ns_ptr, base, first_child, n)
+                               tok_ptr, ns_ptr, base, first_child, n)
             total += tl.sum(p.to(tl.float64), 0)
     return total

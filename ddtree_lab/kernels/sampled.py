@@ -1,4 +1,7 @@
-"""The sampled tree-verify Triton kernel, one program per request (contract: ``tree_verify``)."""
+"""The sampled tree-verify Triton kernel, one program per request.
+
+The contract (walk, rules, numerics, error codes) is in :mod:`ddtree_lab.kernels.tree_verify`.
+"""
 
 from __future__ import annotations
 
@@ -137,7 +140,7 @@ def sampled_verify_kernel(
                 for start in range(0, V, BLOCK):
                     offs = start + offs0
                     p = residual_block(row_ptr, offs, V, T, ms, kth_s, z1, cut, z2, mthr, z3,
-                                        tok_ptr, ns_ptr, base, first_child, n)
+                                       tok_ptr, ns_ptr, base, first_child, n)
                     total += tl.sum(p.to(tl.float64), 0)
             if total > 0.0:
                 target = fcoin.to(tl.float64) * total
@@ -148,7 +151,7 @@ def sampled_verify_kernel(
                 while (start < V) & (found < 0):
                     offs = start + offs0
                     p = residual_block(row_ptr, offs, V, T, ms, kth_s, z1, cut, z2, mthr, z3,
-                                        tok_ptr, ns_ptr, base, first_child, n)
+                                       tok_ptr, ns_ptr, base, first_child, n)
                     cs = running + tl.cumsum(p.to(tl.float64), 0)
                     hit = tl.min(tl.where((cs > target) & (offs < V), offs, V), 0)
                     found = tl.where(hit < V, hit, found)

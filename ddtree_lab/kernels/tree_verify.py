@@ -45,12 +45,14 @@ SMs busy; the threshold passes re-read the row from L2. This is the simple, exac
 splitting a row over several programs is the next step for small batches (not done).
 
 Walk (per request, from the root): load the current row's coin ``u``; for each child in
-sibling order ``S += p(child)`` (float32) and accept the first child with ``p > 0`` and
-``u < S / threshold_acc or p >= threshold_single`` (float64 compare, as the reference;
-``threshold_acc = 0`` arrives as a flag and means ``S / 0 = +inf`` for ``S > 0``). When every
-child is rejected but the children hold all of the row's positive mass (the residual's float64
-sum is exactly 0), exact arithmetic has ``S_K = 1 > u``: the last child with ``p > 0`` is
-accepted, its logged ``S`` set to 1 (the reference's rule, :mod:`ddtree_lab.verify`).
+sibling order ``S += p(child)`` (float32) and accept the first child that passes the rule of
+:mod:`ddtree_lab.verify`: lossless thresholds, ``p > 0`` and (``u < S`` or
+``p >= threshold_single``); lossy ones, SGLang's ``u <= S / max(threshold_acc, 1e-9)`` or
+``p >= threshold_single`` in float32 with no ``p > 0`` guard (the launcher passes the floored
+float32 thresholds and a flag choosing the rule). Lossless only: when every child is
+rejected but the children hold all of the row's positive mass (the residual's float64 sum is
+exactly 0), exact arithmetic has ``S_K = 1 > u``: the last child with ``p > 0`` is accepted,
+its logged ``S`` set to 1 (the reference's rule).
 Without an accepted child, the bonus is an inverse-CDF draw from the row with the rejected
 siblings' tokens zeroed: ``mass`` = float64 sum of that residual; the first index whose
 running float64 sum exceeds ``final_coin * mass`` (float64 as in the reference, so rows
