@@ -48,18 +48,19 @@ state it: accept a child when ``u <= S_k / max(threshold_acc, 1e-9)`` **or**
 ``p_c(t_k) >= threshold_single``, in float32, with **no** ``p > 0`` guard and no
 floating-point-edge rule -- so ``threshold_single = 0`` accepts the first child whatever its
 probability (SGLang's own kernel test at thresholds (0, 0) expects exactly that), and
-``threshold_acc = 0`` divides by 1e-9. Every finite value ``>= 0`` is accepted (SGLang's
-kernels refuse values above 1; the lab allows them for experiments). :attr:`VerifyOutput.lossy`
+``threshold_acc = 0`` divides by 1e-9. Every finite value ``>= 0`` is accepted (the 0.5.23 wheel's
+kernel refuses values above 1; the lab allows them for experiments). :attr:`VerifyOutput.lossy`
 marks such outputs; :mod:`ddtree_lab.threshold_law` gives the emitted law and its distance
 from the target's. (The JIT kernel of the sglang 0.5.23 wheel adds a ``p > 0`` guard and a
 strict ``<``; at lossy thresholds the lab follows the sgl-kernel rule and its test cases.)
 
 At ``(1, 1)`` (and any ``threshold_single >= 1`` with ``threshold_acc == 1``) the lab keeps
-its lossless rule above; it differs from SGLang's ``(1, 1)`` rule only on measure-zero or
-rounding events: a coin exactly equal to ``S_k`` (SGLang accepts with ``<=``, so with ``u = 0``
-it can take a zero-probability first child; the lab rejects), and the floating-point edge
-(the lab accepts the last positive child, SGLang rejects every child and draws from an
-empty residual).
+its lossless rule above; it differs from sgl-kernel's ``(1, 1)`` rule only on measure-zero or
+rounding events: a coin exactly equal to ``S_k`` (sgl-kernel accepts with ``<=``, so with
+``u = 0`` it can take a zero-probability first child; the lab rejects), and the floating-point
+edge (the lab accepts the last positive child; sgl-kernel and the 0.5.23 JIT kernel reject
+every child and draw from an empty residual). Against the 0.5.23 JIT kernel at ``(1, 1)`` only
+the floating-point edge differs.
 """
 
 from __future__ import annotations
