@@ -3,10 +3,12 @@
 # on one CUDA GPU (budget: 8 minutes on an H100-class GPU); prints one summary table.
 #
 #   bash scripts/gpu_check.sh            # after `make setup` on a GPU machine
-#   bash scripts/gpu_check.sh --dry-run  # print the checks and their time limits, run nothing
+#   bash scripts/gpu_check.sh --dry-run  # on any machine: the plan, its budget, imports, each
+#                                        # command's arguments, its files, the summary's columns
 #
 # Each check runs under its own time limit (cut to what is left of the total budget); its
-# output goes to $OUT_DIR/<name>.log (default gpu_check_out/). Exit status: 0 when every check
+# output goes to $OUT_DIR/<name>.log (default gpu_check_out/), the summary to
+# $OUT_DIR/summary.tsv (columns: check status secs last_line). Exit status: 0 when every check
 # passed or was skipped for a stated reason, 1 otherwise. Checks that need a model download or
 # a server (the SGLang end-to-end recorder) stay manual: see tests/GPU_ONLY.md.
 set -uo pipefail
@@ -32,12 +34,71 @@ CHECKS=(
   "verify-bench|110|$PY benchmarks/verify.py"
 )
 
+# the summary table: one header, used by the real run and checked by the dry run
+SUMMARY_COLUMNS="check status secs last_line"
+summary_header() { printf '%-16s %-9s %5s  %s\n' check status secs "last line of $OUT_DIR/<check>.log"; }
+# every file the real run writes (under $OUT_DIR)
+written_files() { for c in "${CHECKS[@]}"; do IFS='|' read -r name _ _ <<<"$c"; echo "$OUT_DIR/$name.log"; done
+                  echo "$OUT_DIR/summary.tsv"; }
+
 if [[ $DRY == 1 ]]; then
+  # Everything the real run needs except the device: the plan and its budget, imports, each
+  # command's arguments, every file it writes, the summary's columns. Exit 1 on any miss.
+  bad=0
+  note() { echo "dry-run: $*"; }
+  miss() { echo "dry-run: FAIL $*"; bad=1; }
   printf '%-16s %6s  %s\n' check limit command
   for c in "${CHECKS[@]}"; do IFS='|' read -r name limit cmd <<<"$c"; printf '%-16s %5ss  %s\n' "$name" "$limit" "$cmd"; done
   total=0; for c in "${CHECKS[@]}"; do IFS='|' read -r _ limit _ <<<"$c"; total=$((total + limit)); done
   echo "total limit ${total}s (budget ${BUDGET}s)"
-  exit 0
+  (( total <= BUDGET )) && note "budget: declared limits ${total}s <= ${BUDGET}s" || miss "budget: declared limits ${total}s > ${BUDGET}s"
+  (( BUDGET <= 480 )) && note "budget: ${BUDGET}s fits 8 minutes" || miss "budget: ${BUDGET}s is over 8 minutes"
+  # imports the checks need (the kernels under the interpreter: there is no device here)
+  if TRITON_INTERPRET=1 "$PY" -c "import torch, triton, pytest, ddtree_lab, ddtree_lab.verify_backends, ddtree_lab.kernels.tree_verify, ddtree_lab.kernels.resources" 2>"${TMPDIR:-/tmp}/gpu_check_import.err"; then
+    note "imports: torch triton pytest ddtree_lab (verify_backends, kernels) with $PY"
+  else
+    miss "imports with $PY: $(tail -n 1 "${TMPDIR:-/tmp}/gpu_check_import.err")"
+  fi
+  # each command's arguments: pytest collects its files (and -k), a benchmark's parser knows its flags
+  for c in "${CHECKS[@]}"; do
+    IFS='|' read -r name _ cmd <<<"$c"
+    read -r -a words <<<"$cmd"
+    if [[ "$cmd" == *" -m pytest "* ]]; then
+      files=(); kexpr=""; prev=""
+      for w in "${words[@]}"; do [[ "$w" == tests/*.py ]] && files+=("$w"); [[ "$prev" == "-k" ]] && kexpr="$w"; prev="$w"; done
+      if out=$(TRITON_INTERPRET=1 "$PY" -m pytest --collect-only -q "${files[@]}" ${kexpr:+-k "$kexpr"} 2>&1); then
+        n=$(grep -cE '::' <<<"$out"); (( n > 0 )) && note "$name: pytest collects $n tests" || miss "$name: pytest collects no test"
+      else
+        miss "$name: pytest cannot collect ${files[*]}: $(tail -n 1 <<<"$out")"
+      fi
+    else
+      script=""; for w in "${words[@]}"; do [[ "$w" == benchmarks/*.py ]] && script="$w"; done
+      if [[ -z "$script" || ! -f "$script" ]]; then miss "$name: no benchmark script in '$cmd'"; continue; fi
+      help=$("$PY" "$script" --help 2>&1) || { miss "$name: $script --help fails: $(tail -n 1 <<<"$help")"; continue; }
+      flags_ok=1
+      for w in "${words[@]}"; do
+        if [[ "$w" == --* ]] && ! grep -qE -- "(^|[ ,\[])${w}([ =,]|\]|$)" <<<"$help"; then miss "$name: $script has no option $w"; flags_ok=0; fi
+      done
+      (( flags_ok )) && note "$name: $script parses its options"
+    fi
+  done
+  # every file it writes: the output folder and each file in it can be created
+  dir_made=0; [[ -d "$OUT_DIR" ]] || dir_made=1
+  if mkdir -p "$OUT_DIR" 2>/dev/null; then
+    nfiles=0
+    while read -r f; do
+      if [[ -e "$f" ]]; then [[ -w "$f" ]] && nfiles=$((nfiles + 1)) || miss "cannot write $f"
+      else : >"$f" 2>/dev/null && { rm -f "$f"; nfiles=$((nfiles + 1)); } || miss "cannot write $f"; fi
+    done < <(written_files)
+    note "files: $nfiles files under $OUT_DIR/ can be written"
+    (( dir_made )) && rmdir "$OUT_DIR" 2>/dev/null
+  else
+    miss "cannot create $OUT_DIR"
+  fi
+  echo "summary columns: $SUMMARY_COLUMNS"
+  summary_header
+  (( bad == 0 )) && echo "dry-run: ok" || echo "dry-run: FAILED"
+  exit $bad
 fi
 
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
@@ -72,8 +133,12 @@ for c in "${CHECKS[@]}"; do
   ROWS+=("$name|$status|$dt|$last")
 done
 echo
-printf '%-16s %-9s %5s  %s\n' check status secs "last line of $OUT_DIR/<check>.log"
-for r in "${ROWS[@]}"; do IFS='|' read -r a b c d <<<"$r"; printf '%-16s %-9s %5s  %s\n' "$a" "$b" "$c" "$d"; done
+summary_header
+printf '%s\n' "${SUMMARY_COLUMNS// /$'\t'}" >"$OUT_DIR/summary.tsv"
+for r in "${ROWS[@]}"; do
+  IFS='|' read -r a b c d <<<"$r"; printf '%-16s %-9s %5s  %s\n' "$a" "$b" "$c" "$d"
+  printf '%s\t%s\t%s\t%s\n' "$a" "$b" "$c" "$d" >>"$OUT_DIR/summary.tsv"
+done
 echo "total $(( $(date +%s) - start ))s"
 for n in tree-build-cuda live-step-cuda verify-bench; do
   [[ -s "$OUT_DIR/$n.log" ]] && { echo; echo "== $n"; grep -v '^Loading' "$OUT_DIR/$n.log" | tail -n 25; }

@@ -194,3 +194,26 @@ def test_recorded_rows_check(target, real):
     broken.child_probs[node] = broken.child_probs[node] * 0.5 + 0.01
     bad = doctor.check_recorded_rows(target, run, broken, nodes=ok.checked)
     assert bad.first_bad == node
+
+
+def test_threshold_distance_is_zero_when_lossless_and_matches_the_verifiers_law_when_lossy():
+    from collections import Counter
+
+    from ddtree_lab.audit.thresholds import threshold_distance, threshold_law
+
+    case = au.random_case(0, num_nodes=6, vocab_size=8)
+    assert threshold_distance(case, 1.0, 1.0) < 1e-6  # float32 rows: sums are 1 to ~1e-8
+    assert threshold_distance(case, 0.0, 0.0) > 0.9  # the first child at every level, whatever its p
+    d = threshold_distance(case, 1.0, 0.5, kind="first-depth")
+    assert 0.2 < d < 0.4  # 0.2823 exactly for this case
+    law = threshold_law(case, 1.0, 0.5, kind="first-depth")
+    assert sum(law.probs.values()) == pytest.approx(1.0, abs=1e-12)
+    # the reference verifier under those thresholds draws that law, not the target's
+    draws = 3000
+    counts = Counter(au.run_verifier(case, "reference", draws=draws, seed=1, kind="first-depth", threshold_acc=0.5))
+    target = au.exact_law(case, "first-depth").probs
+
+    def tv(probs):
+        return 0.5 * sum(abs(counts.get(k, 0) / draws - probs.get(k, 0.0)) for k in set(counts) | set(probs))
+
+    assert tv(law.probs) < 0.05 < tv(target)

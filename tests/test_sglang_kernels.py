@@ -191,9 +191,10 @@ def test_by_design_sglang_stops_at_num_speculative_tokens():
 
 
 def test_sglang_cuda_target_only_rule_is_strict_and_guards_zero_mass():
-    """The CUDA kernel's source (0.5.x) uses the rule the lab uses: ``coin < S_k / threshold_acc``
-    and ``p > 0``. (Older SGLang compared ``<=`` without the guard.) Runs the kernel on a GPU: see
-    test_sglang_gpu.py."""
+    """The sglang 0.5.23 wheel's JIT CUDA kernel uses the lab's lossless rule: ``coin < S_k /
+    threshold_acc`` and ``p > 0``. (sgl-kernel's CUDA kernel and its ports compare ``<=``
+    without the guard; the lab follows that rule at lossy thresholds, ddtree_lab.verify.) Runs
+    the kernel on a GPU: see test_sglang_gpu.py."""
     import sglang
 
     src = Path(sglang.__file__).parent / "kernels/jit/include/sgl_kernel/speculative/sampling.cuh"

@@ -376,12 +376,21 @@ def test_thresholds_zero_are_accepted_as_sglang_does_and_marked_lossy():
     exact = dl.verify_sampled(vi, probs, coins, torch.zeros(1))
     assert exact.accept_length.item() == 0 and not exact.lossy
     for ts, ta in ((0.0, 0.0), (1.0, 0.0), (0.0, 1.0)):
-        # S / 0 = +inf for S > 0 (SGLang's division), p >= 0 always: the first child with mass wins
+        # S / 1e-9 (SGLang floors threshold_acc) and p >= 0 always: the first child is accepted
         out = dl.verify_sampled(vi, probs, coins, torch.zeros(1), threshold_single=ts, threshold_acc=ta)
         assert out.accept_length.item() == 2 and out.lossy and out.thresholds == (ts, ta)
     zero_child = torch.tensor([[[0.5, 0.0, 0.5, 0.0], [0.1, 0.1, 0.7, 0.1], [0.25] * 4]])
+    # SGLang's rule has no p > 0 guard: threshold_single = 0 takes a zero-probability child
     out = dl.verify_sampled(vi, zero_child, coins, torch.zeros(1), threshold_single=0.0, threshold_acc=0.0)
-    assert out.accept_length.item() == 0  # p > 0 still guards
+    assert out.accept_length.item() == 2 and out.decisions[0][0].target_prob == 0.0
+    # threshold_acc = 0 alone: S = 0 / 1e-9 = 0 < u, the zero child is rejected, the walk stops
+    out = dl.verify_sampled(vi, zero_child, coins, torch.zeros(1), threshold_single=1.0, threshold_acc=0.0)
+    assert out.accept_length.item() == 0
+    # ... unless the coin is 0: u <= 0 holds (SGLang's <=); the lossless rule never takes p = 0
+    zero_coins = torch.zeros(1, 3)
+    assert dl.verify_sampled(vi, zero_child, zero_coins, torch.zeros(1), threshold_single=0.5,
+                             threshold_acc=0.5).accept_length.item() == 2
+    assert dl.verify_sampled(vi, zero_child, zero_coins, torch.zeros(1)).accept_length.item() == 0
     for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="threshold_acc must be a finite number >= 0"):
             dl.verify_sampled(vi, probs, coins, torch.zeros(1), threshold_acc=bad)

@@ -20,3 +20,5 @@ from .report import run_verifier as run_verifier
 from .verifiers import Verifier as Verifier
 from .verifiers import plain_sample as plain_sample
 from .verifiers import target_probs_topp_first as target_probs_topp_first
+from .thresholds import threshold_distance as threshold_distance
+from .thresholds import threshold_law as threshold_law

@@ -45,7 +45,7 @@ def _lossy_threshold(vi, logits, params, coins, final_coins):
 
 #: Known lossy verifiers (the verify signature), each a fault seen in serving engines.
 PLANTED_FAULTS: dict[str, tuple[Verifier, str]] = {
-    "threshold": (_lossy_threshold, "acceptance threshold_acc = 0.5 (< 1): accepts u < S_k / 0.5"),
+    "threshold": (_lossy_threshold, "acceptance threshold_acc = 0.5 (< 1): SGLang's rule accepts u <= S_k / 0.5"),
     "coin-reuse": (_coin_reuse, "the final draw reuses the last node's coin, already conditioned by the walk "
                                 "(u >= S_K)"),
     "temperature-1": (_fault_rows(_t1_rows), "target rows at temperature 1 instead of the request's"),

@@ -24,11 +24,14 @@ from .reference import walk_sampled_batch as walk_sampled_batch
 from .rules import GreedyRule as GreedyRule
 from .rules import SampledRule as SampledRule
 from .rules import accepts as accepts
+from .rules import SGLANG_MIN_THRESHOLD_ACC as SGLANG_MIN_THRESHOLD_ACC
 from .rules import residual_draw as residual_draw
+from .rules import sglang_accepts as sglang_accepts
 from .triton import KERNEL_ORDER as KERNEL_ORDER
 from .triton import PROB_ATOL as PROB_ATOL
 from .triton import PROB_RTOL as PROB_RTOL
 from .triton import greedy_launcher as greedy_launcher
+from .triton import launch_options as launch_options
 from .triton import sampled_launcher as sampled_launcher
 from .types import BonusDraw as BonusDraw
 from .types import Decision as Decision

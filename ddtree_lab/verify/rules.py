@@ -41,12 +41,26 @@ logs its ``cumulative_mass`` as ``1.0`` (the exact sum). ``support_exhausted`` i
 a row with no positive mass (and, with ``threshold_acc > 1``, a lossy rule rejecting ``S = 1``).
 
 The lossy thresholds ``threshold_single`` / ``threshold_acc`` (SGLang's names) exist for
-experiments: accept when ``u < S_k / threshold_acc`` or ``p_c(t_k) >= threshold_single``.
-Every finite value ``>= 0`` is accepted, as SGLang does: its kernel tests use ``0`` for both,
-and its CUDA rule ``coin <= prob_acc / threshold_acc`` turns ``threshold_acc = 0`` into
-``+inf`` for any positive ``S_k`` (accept the first child with mass); ``threshold_single = 0``
-accepts the first child with ``p > 0``. Anything but ``threshold_single >= 1`` and
-``threshold_acc == 1`` breaks exactness: :attr:`VerifyOutput.lossy` says so.
+experiments. With any setting that breaks exactness (:func:`is_lossy`: ``threshold_single < 1``
+or ``threshold_acc != 1``) every verifier follows SGLang's rule exactly, as sgl-kernel's
+``TreeSpeculativeSamplingTargetOnly`` (``speculative_sampling.cuh``) and its Triton / JAX ports
+state it: accept a child when ``u <= S_k / max(threshold_acc, 1e-9)`` **or**
+``p_c(t_k) >= threshold_single``, in float32, with **no** ``p > 0`` guard and no
+floating-point-edge rule -- so ``threshold_single = 0`` accepts the first child whatever its
+probability (SGLang's own kernel test at thresholds (0, 0) expects exactly that), and
+``threshold_acc = 0`` divides by 1e-9. Every finite value ``>= 0`` is accepted (the 0.5.23 wheel's
+kernel refuses values above 1; the lab allows them for experiments). :attr:`VerifyOutput.lossy`
+marks such outputs; :mod:`ddtree_lab.audit.thresholds` gives the emitted law and its distance
+from the target's. (The JIT kernel of the sglang 0.5.23 wheel adds a ``p > 0`` guard and a
+strict ``<``; at lossy thresholds the lab follows the sgl-kernel rule and its test cases.)
+
+At ``(1, 1)`` (and any ``threshold_single >= 1`` with ``threshold_acc == 1``) the lab keeps
+its lossless rule above; it differs from sgl-kernel's ``(1, 1)`` rule only on measure-zero or
+rounding events: a coin exactly equal to ``S_k`` (sgl-kernel accepts with ``<=``, so with
+``u = 0`` it can take a zero-probability first child; the lab rejects), and the floating-point
+edge (the lab accepts the last positive child; sgl-kernel and the 0.5.23 JIT kernel reject
+every child and draw from an empty residual). Against the 0.5.23 JIT kernel at ``(1, 1)`` only
+the floating-point edge differs.
 """
 
 from __future__ import annotations
@@ -57,21 +71,32 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .types import BonusDraw, Decision
+from .types import BonusDraw, Decision, is_lossy
 
-__all__ = ["accepts", "GreedyRule", "SampledRule", "residual_draw"]
+__all__ = ["accepts", "sglang_accepts", "SGLANG_MIN_THRESHOLD_ACC", "GreedyRule", "SampledRule", "residual_draw"]
 
 
 # -- the one walk ---------------------------------------------------------------------------
 
 
+#: SGLang floors ``threshold_acc`` at this value before dividing (``max(threshold_acc, 1e-9f)``).
+SGLANG_MIN_THRESHOLD_ACC = 1e-9
+
+
+def sglang_accepts(p: float, mass: float, u: float, threshold_single: float, threshold_acc: float) -> bool:
+    """SGLang's accept test at lossy thresholds (module docstring), in float32 as its kernels
+    compute it: ``u <= S / max(threshold_acc, 1e-9)`` or ``p >= threshold_single``; no ``p > 0``
+    guard. ``p``, ``mass`` (``S``), ``u``: float32 values as Python floats."""
+    ta = max(np.float32(threshold_acc), np.float32(SGLANG_MIN_THRESHOLD_ACC))
+    return bool(np.float32(u) <= np.float32(mass) / ta) or bool(np.float32(p) >= np.float32(threshold_single))
+
+
 def accepts(p: float, mass: float, u: float, threshold_single: float, threshold_acc: float) -> bool:
-    """The target-only accept test: ``p > 0`` and (``u < S / threshold_acc`` or
-    ``p >= threshold_single``); ``S / 0`` is ``+inf`` for ``S > 0`` (SGLang's IEEE division)."""
-    if not p > 0.0:
-        return False
-    acc = mass > 0.0 if threshold_acc == 0.0 else u < mass / threshold_acc
-    return acc or p >= threshold_single
+    """The accept test: the lossless target-only rule (``p > 0`` and ``u < S``, or
+    ``p >= threshold_single``) unless the thresholds are lossy, then :func:`sglang_accepts`."""
+    if is_lossy(threshold_single, threshold_acc):
+        return sglang_accepts(p, mass, u, threshold_single, threshold_acc)
+    return p > 0.0 and (u < mass or p >= threshold_single)
 
 
 class GreedyRule:
@@ -141,11 +166,11 @@ class SampledRule:
                 return out
             if p > 0.0:
                 last_positive = len(out) - 1
-        # exact arithmetic: children holding the whole row sum to S_K = 1 > u (module docstring)
-        if last_positive is not None and self.residual_empty(node, children):
+        # exact arithmetic: children holding the whole row sum to S_K = 1 > u (module docstring);
+        # SGLang's lossy rule has no such edge rule
+        if last_positive is not None and not is_lossy(self.ts, self.ta) and self.residual_empty(node, children):
             d = out[last_positive]
-            if accepts(d.target_prob, 1.0, u, self.ts, self.ta):
-                return out[:last_positive] + [replace(d, cumulative_mass=1.0, verdict="accept")]
+            return out[:last_positive] + [replace(d, cumulative_mass=1.0, verdict="accept")]
         return out
 
     def bonus(self, node, children, rejected):

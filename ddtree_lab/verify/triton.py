@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..buffers import DDTreeVerifyInput
 from ..sampling import SamplingParams
-from .types import BonusDraw, Decision, VerifyOutput
+from .rules import SGLANG_MIN_THRESHOLD_ACC
+from .types import BonusDraw, Decision, VerifyOutput, is_lossy
 from .walk import walk_batch
 
-__all__ = ["KERNEL_ORDER", "PROB_ATOL", "PROB_RTOL", "COMPACT_CAP", "triton_kernels", "triton_usable",
+__all__ = ["KERNEL_ORDER", "PROB_ATOL", "PROB_RTOL", "COMPACT_CAP", "triton_kernels", "triton_usable", "launch_options",
            "sampled_launcher", "greedy_launcher", "verify_triton_sampled", "verify_triton_greedy"]
 
 #: The filtering order the Triton kernel fuses (``SamplingParams.order``).
@@ -45,6 +47,15 @@ def triton_kernels():
     except ImportError:  # pragma: no cover - layout of older tritons
         InterpretedFunction = ()
     return tree_verify, isinstance(tree_verify.sampled_verify_kernel, InterpretedFunction)
+
+
+def launch_options(module, interpreted: bool, compact: bool = True) -> dict:
+    """The kernels' pinned launch options (``module.launch_options``: fusion off, 8 warps, 4
+    without the survivor gather); the interpreter gets the same ``enable_fp_fusion`` (it has
+    no warps)."""
+    if interpreted:
+        return {"enable_fp_fusion": module.FP_FUSION}
+    return module.launch_options(compact)
 
 
 def _params_tensors(items: Sequence[SamplingParams], vocab: int, device):
@@ -163,11 +174,14 @@ def sampled_launcher(verify_input, target_logits, items, coins, final_coins, *, 
     out = _compact_buffers(bs, n, device)
     tok, nt, ns, nn = _tree_buffers(verify_input, device)
     temperature, top_k, top_p, min_p = _params_tensors(items, vocab, device)
-    # threshold_acc = 0 is passed as a flag (S / 0 = +inf for S > 0, as SGLang's IEEE division)
-    thresholds = torch.tensor([threshold_single, threshold_acc if threshold_acc > 0 else 1.0,
-                               1.0 if threshold_acc == 0 else 0.0], dtype=torch.float64, device=device)
+    # [threshold_single, max(threshold_acc, 1e-9)] as float32 values (SGLang's kernel arithmetic),
+    # then the rule: 1.0 = SGLang's lossy rule, 0.0 = the lossless one (ddtree_lab.verify.rules)
+    single32 = float(np.float32(threshold_single))
+    acc32 = float(max(np.float32(threshold_acc), np.float32(SGLANG_MIN_THRESHOLD_ACC)))
+    thresholds = torch.tensor([single32, acc32, 1.0 if is_lossy(threshold_single, threshold_acc) else 0.0],
+                              dtype=torch.float64, device=device)
     coins, final_coins = coins.to(device).contiguous(), final_coins.to(device).contiguous()
-    extra = {} if interpreted else {"num_warps": 8}
+    extra = launch_options(module, interpreted, COMPACT_CAP > 0)
     kcap = max(16, COMPACT_CAP)
     scratch_x = torch.empty(bs, kcap, dtype=torch.float32, device=device)
     scratch_i = torch.empty(bs, kcap, dtype=torch.int32, device=device)
@@ -193,7 +207,7 @@ def greedy_launcher(verify_input, target_logits):
     logits = target_logits if target_logits.stride(-1) == 1 else target_logits.contiguous()
     out = _compact_buffers(bs, n, device)
     tok, nt, ns, nn = _tree_buffers(verify_input, device)
-    extra = {} if interpreted else {"num_warps": 8}
+    extra = launch_options(module, interpreted)
 
     def launch():
         module.greedy_verify_kernel[(bs,)](

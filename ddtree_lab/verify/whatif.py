@@ -8,8 +8,8 @@ from typing import Callable
 import torch
 
 from .reference import check_thresholds
-from .rules import SampledRule
-from .types import UndrawnBonus, WalkEvent
+from .rules import SGLANG_MIN_THRESHOLD_ACC, SampledRule
+from .types import UndrawnBonus, WalkEvent, is_lossy
 from .walk import children_of, walk
 
 __all__ = ["walk_request", "acceptance_probabilities", "CHILDREN_COVER_TOL"]
@@ -116,11 +116,13 @@ def acceptance_probabilities(
 
     For a coin ``u ~ U[0, 1)`` and children ``1..K`` in sibling order with target
     probabilities ``p_k`` and exact partial sums ``S_k``: child ``k`` is accepted iff it
-    passes the accept test (``p_k > 0`` and ``u < S_k / threshold_acc`` or
-    ``p_k >= threshold_single``) and no earlier sibling does. With the default thresholds this
-    is ``p_k`` (the target-only rule is lossless); otherwise it is
-    ``min(1, S_k / threshold_acc) - L`` (or ``1 - L`` when ``p_k >= threshold_single``), ``L``
-    the coin range already taken by earlier siblings, and 0 after a sibling accepted outright.
+    passes the accept test and no earlier sibling does. With lossless thresholds (the rule
+    ``p_k > 0`` and ``u < S_k``) this is ``p_k``; with lossy ones (SGLang's rule,
+    :mod:`ddtree_lab.verify.rules`: ``u <= S_k / max(threshold_acc, 1e-9)`` or
+    ``p_k >= threshold_single``, no ``p > 0`` guard) it is ``min(1, S_k / max(threshold_acc, 1e-9)) - L``
+    (or ``1 - L`` when ``p_k >= threshold_single``), ``L`` the coin range already taken by
+    earlier siblings, and 0 after a sibling accepted outright. Exact arithmetic (float64), not
+    the kernels' float32.
 
     Args:
         retrieve_next_token, retrieve_next_sibling: ``[n]`` of one request.
@@ -138,15 +140,17 @@ def acceptance_probabilities(
     ns = _as_list("retrieve_next_sibling", retrieve_next_sibling, n)
     cp = [float(v) for v in _as_list("child_probs", child_probs, n)]
     check_thresholds(threshold_single, threshold_acc)
+    lossy = is_lossy(threshold_single, threshold_acc)
+    divisor = max(threshold_acc, SGLANG_MIN_THRESHOLD_ACC) if lossy else 1.0
     out = [0.0] * n
     for parent in range(n):
         taken, certain, mass = 0.0, False, 0.0
         for child in children_of(0, nt, ns, parent, n):
             p = cp[child]
             mass += p
-            if certain or not p > 0.0:
+            if certain or not (p > 0.0 or lossy):
                 continue
-            reach = 1.0 if threshold_acc == 0.0 else min(1.0, mass / threshold_acc)
+            reach = min(1.0, mass / divisor)
             if p >= threshold_single:
                 out[child] = 1.0 - taken
                 certain = True
