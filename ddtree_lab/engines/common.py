@@ -31,7 +31,8 @@ __all__ = ["ENGINE_FAULTS", "DRAFT_MODES", "check_chain", "chain_case", "random_
            "real_draft_case", "output_from_rows", "fault_params", "audit_engine"]
 
 #: Faults the adapters can plant in their own input (to show the audit catches them).
-ENGINE_FAULTS = {"temperature-1": "the adapter hands the engine temperature 1 instead of the request's"}
+ENGINE_FAULTS = {"temperature-1": "the adapter hands the engine temperature 1 instead of the request's "
+                                   "(sampled requests; greedy ones stay greedy)"}
 
 #: How the drafted tokens' probabilities reach a chain sampler.
 DRAFT_MODES = ("target-only", "real")
@@ -77,7 +78,7 @@ def chain_case(tokens: torch.Tensor, logits: torch.Tensor, params: SamplingParam
 
 
 def random_chain_case(seed: int = 0, length: int = 4, vocab_size: int = 8, params: SamplingParams | None = None,
-                      scale: float = 2.0, plant: float = 2.0) -> AuditCase:
+                      scale: float = 1.0, plant: float = 2.0) -> AuditCase:
     """A random chain of ``length`` draft tokens over ``vocab_size`` tokens; each draft token's
     logit in its parent's row is raised by ``plant`` so deep acceptances occur."""
     if length < 1 or vocab_size < 2:
@@ -178,7 +179,7 @@ def fault_params(params: SamplingParams, fault: str | None) -> SamplingParams:
         return params
     if fault not in ENGINE_FAULTS:
         raise ValueError(f"unknown engine fault {fault!r}; known: {', '.join(ENGINE_FAULTS)}")
-    return dataclasses.replace(params, temperature=1.0)
+    return params if params.is_greedy else dataclasses.replace(params, temperature=1.0)
 
 
 def lab_rows(logits: torch.Tensor, params, num_nodes=None) -> torch.Tensor:
