@@ -49,6 +49,8 @@ printf 'torch==%s\ntriton==%s\n' "$TORCH_VERSION" "$TRITON_VERSION" > "$CONSTRAI
 echo "[setup_vllm] installing torch==$TORCH_VERSION triton==$TRITON_VERSION"
 "$VPY" -m pip install -q -c "$CONSTRAINTS" "torch==$TORCH_VERSION" "triton==$TRITON_VERSION"
 echo "[setup_vllm] installing vllm==$VLLM_VERSION (--no-deps: its declared torch is a CUDA build)"
+echo "[setup_vllm] (pip's resolver then lists vllm requirements it does not install: expected with --no-deps;"
+echo "[setup_vllm]  only vllm.v1.sample's rejection sampler is used here)"
 "$VPY" -m pip install -q --no-deps "vllm==$VLLM_VERSION"
 echo "[setup_vllm] installing what vllm's sampler import chain needs: ${DEPS[*]}"
 "$VPY" -m pip install -q -c "$CONSTRAINTS" "${DEPS[@]}"
