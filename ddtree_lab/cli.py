@@ -465,7 +465,12 @@ def cmd_audit(args) -> int:
 
         base = SamplingParams(temperature=1.0)
         p = _params_override(args, base)
-        cases = [au.random_case(args.seed + k, args.nodes, args.vocab, p) for k in range(args.random)]
+        if args.engine:  # the engines' chain samplers verify chains
+            from .engines import random_chain_case
+
+            cases = [random_chain_case(args.seed + k, args.nodes - 1, args.vocab, p) for k in range(args.random)]
+        else:
+            cases = [au.random_case(args.seed + k, args.nodes, args.vocab, p) for k in range(args.random)]
     elif args.source is None:
         raise CLIError("audit needs a TRACE, a BUNDLE or --random N")
     elif _kind_of(args.source) == "bundle":
@@ -487,10 +492,21 @@ def cmd_audit(args) -> int:
             cases = [au.case_from_logits(step, logits, _params_override(args, step.params), run.token_texts)]
     verifier = args.verifier
     worst = 0
+    engine = _open_engine(args)
     for case in cases:
-        report = au.audit(case, verifier, draws=args.draws, seed=args.seed, alpha=args.alpha,
-                          threshold_single=args.threshold_single, threshold_acc=args.threshold_acc,
-                          validate=not args.no_validate)
+        if engine is not None:
+            from .engines import audit_engine
+
+            try:
+                report = audit_engine(engine.make, case, draft=args.draft, draws=args.draws, seed=args.seed,
+                                      alpha=args.alpha)
+            except (ValueError, RuntimeError) as exc:
+                engine.close()
+                raise CLIError(f"--engine {args.engine}: {exc}") from exc
+        else:
+            report = au.audit(case, verifier, draws=args.draws, seed=args.seed, alpha=args.alpha,
+                              threshold_single=args.threshold_single, threshold_acc=args.threshold_acc,
+                              validate=not args.no_validate)
         print(report.text(args.top))
         if args.plot:
             path = args.plot if len(cases) == 1 else f"{Path(args.plot).with_suffix('')}-{len(cases)}.html"
@@ -498,7 +514,27 @@ def cmd_audit(args) -> int:
             print(f"  plot -> {path}")
         if report.rejected or report.findings:
             worst = EXIT_PROBLEM
+    if engine is not None:
+        engine.close()
     return worst
+
+
+def _open_engine(args):
+    """The engine ``audit --engine`` names (ddtree_lab.engines), or None."""
+    if args.engine is None:
+        if args.draft != "target-only" or args.engine_fault is not None:
+            raise CLIError("--draft and --engine-fault go with --engine vllm|sglang")
+        return None
+    if args.verifier != "reference" or args.threshold_single != 1.0 or args.threshold_acc != 1.0 or args.no_validate:
+        raise CLIError("--engine audits the engine's own verifier: leave out --verifier, --threshold-* and --no-validate")
+    from .engines import open_engine
+
+    try:
+        engine = open_engine(args.engine, args.engine_fault)
+    except (ValueError, RuntimeError) as exc:
+        raise CLIError(f"--engine {args.engine}: {exc}") from exc
+    print(f"engine: {engine.about}")
+    return engine
 
 
 def _trace_problems(step) -> list[str]:
@@ -839,6 +875,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--verifier", default="reference",
                    help="reference, torch-lazy, triton, or a planted fault: " + ", ".join(PLANTED_FAULTS))
+    from .engines import DRAFT_MODES, ENGINE_FAULTS, ENGINES
+
+    p.add_argument("--engine", choices=ENGINES, help="audit the engine's own verifier (vllm: its RejectionSampler "
+                   "in the vLLM venv, scripts/setup_vllm.sh; sglang: its kernels); --random cases are then chains")
+    p.add_argument("--draft", choices=DRAFT_MODES, default="target-only",
+                   help="with --engine: no draft probabilities (target-only rule) or real ones from a noisy drafter")
+    p.add_argument("--engine-fault", choices=sorted(ENGINE_FAULTS), help="with --engine: plant this fault in the adapter")
     p.add_argument("--draws", type=int, default=4000, help="coin sets drawn")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--alpha", type=float, default=1e-3, help="significance level")
