@@ -67,3 +67,16 @@ def test_adapter_refusals_name_the_problem():
         with pytest.raises(RuntimeError, match="CUDA only"):
             es.SGLangVerifier("target-only")(tree.verify_input, tree.logits[None], [tree.params], torch.rand(1, 5),
                                              torch.rand(1))
+
+
+def test_cli_audit_engine_sglang_and_its_refusals(capsys):
+    from ddtree_lab.cli import EXIT_ERROR, main
+
+    assert main(["audit", "--engine", "sglang", "--random", "1", "--nodes", "3", "--vocab", "6",
+                 "--temperature", "0", "--draws", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "engine: sglang kernel auto" in out and "sglang:auto on random chain" in out
+    assert main(["audit", "--random", "1", "--draft", "real"]) == EXIT_ERROR
+    assert "--draft and --engine-fault go with --engine" in capsys.readouterr().err
+    assert main(["audit", "--engine", "sglang", "--random", "1", "--verifier", "triton"]) == EXIT_ERROR
+    assert "leave out --verifier" in capsys.readouterr().err
