@@ -27,7 +27,11 @@ and tests its empirical law against the exact one (G-test, fixed seed, rare cell
 The step below is real: step 27 of request 1 in `fixtures/traces/smollm2_t08_b32` (temperature
 0.8), with the target's full logits recomputed by one tree forward of SmolLM2-135M. The same
 audit runs from the shell: `ddtree-lab audit TRACE --step 27 --request 1 --model default`."""),
-    ("code", """import torch
+    ("code", """import os
+import torch
+
+if not torch.cuda.is_available():  # before triton is imported: SGLang's kernels run interpreted below
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 import ddtree_lab as dl
 from ddtree_lab import audit as au
 from ddtree_lab.models import load_default_target

@@ -18,10 +18,14 @@ VLLM_VERSION=0.33.0
 TORCH_VERSION=2.13.0+cpu
 TRITON_VERSION=3.9.0
 # What vllm's import chain asks for (vllm.v1.sample.rejection_sampler, vllm.platforms), found by
-# importing it and adding one package at a time; all pure Python or small wheels.
-DEPS=(numpy safetensors pydantic regex cbor2 psutil pyzmq transformers aiohttp requests openai
-      openai-harmony pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo
-      prometheus_client xgrammar fastapi partial_json_parser llguidance tqdm)
+# importing it and adding one package at a time; all pure Python or small wheels. The versions
+# are the ones seen working together (vllm's own pins, e.g. transformers<5.21, are not needed by
+# the sampler).
+DEPS=(numpy==2.4.6 safetensors==0.8.0 pydantic==2.14.4 regex==2026.11.19 cbor2==6.3.0 psutil==7.2.2
+      pyzmq==27.3.0 transformers==5.24.0 aiohttp==3.14.5 requests==2.34.2 openai==3.57.0
+      openai-harmony==0.0.8 pillow==13.0.0 pybase64==1.5.1 cachetools==8.0.2 msgspec==0.23.0
+      cloudpickle==3.1.3 uvloop==0.23.0 py-cpuinfo==9.0.0 prometheus_client==0.26.0 xgrammar==0.2.9
+      fastapi==0.165.0 partial-json-parser==0.2.1.1.post7 llguidance==1.9.1 tqdm==4.70.1)
 CHECK='import os; os.environ["CUDA_VISIBLE_DEVICES"] = ""; os.environ["TRITON_INTERPRET"] = "1"
 import torch, triton, vllm, ddtree_lab
 import vllm.v1.sample.rejection_sampler
@@ -60,7 +64,8 @@ SITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$ROOT" > "$SITE/ddtree_lab_repo.pth"
 echo "[setup_vllm] $SITE/ddtree_lab_repo.pth -> $ROOT (ddtree_lab importable)"
 
-if ! "$VPY" -c "$CHECK"; then
+if ! "$VPY" -c "$CHECK" 2>"$VENV/check.log"; then
+  cat "$VENV/check.log" >&2
   echo "[setup_vllm] error: $VENV does not import vllm.v1.sample.rejection_sampler with the pinned torch/triton (above)" >&2
   exit 1
 fi

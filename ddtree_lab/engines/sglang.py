@@ -35,8 +35,16 @@ KERNELS = ("auto", "chain", "greedy", "target-only")
 
 def sglang_unavailable_reason(kernel: str = "auto") -> str | None:
     """Why ``kernel`` cannot run here (sglang missing; no CUDA for ``"target-only"``), or None."""
+    import os
+    import sys
+
     from ..sglang.kernels import sglang_kernels, sglang_unavailable_reason as why
 
+    if not torch.cuda.is_available() and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        # triton's own @jit helpers (tl.cumsum, ...) are made when triton is imported: SGLang's
+        # interpreted kernels then fail with "Cannot call @triton.jit'd outside of the scope of a kernel"
+        return ("triton was imported before TRITON_INTERPRET=1 was set, and there is no CUDA GPU: set "
+                "os.environ['TRITON_INTERPRET'] = '1' before anything imports triton (first line or cell)")
     reason = why()
     if reason is not None:
         return reason
