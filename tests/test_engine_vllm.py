@@ -91,3 +91,8 @@ def test_adapter_refuses_what_vllm_does_not_do(worker):
         v(chain.verify_input, chain.logits[None], [chain.params], torch.rand(1, 3), final)
     with pytest.raises(ValueError, match="unknown engine fault"):
         ev.VLLMVerifier(worker, fault="nope")
+    with pytest.raises(RuntimeError, match=r"vLLM's sampler failed: .*logits must be \[R, K\+1=3, V\]"):
+        worker.sample(torch.randn(1, 4, 8), torch.tensor([[1, 2]]), [dl.SamplingParams()] * 2, torch.arange(2),
+                      broadcast=True)
+    assert worker.sample(chain.logits[None], chain.verify_input.node_token_ids[:, 1:], [dl.SamplingParams()],
+                         torch.tensor([5]), broadcast=True).shape == (1, 3)  # the worker still answers

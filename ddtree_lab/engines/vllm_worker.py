@@ -30,9 +30,8 @@ if __name__ == "__main__":
     # adapter) would shadow the vllm package.
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("DDTREE_LAB_VLLM_CUDA_VISIBLE_DEVICES", "")
-    if not os.environ["CUDA_VISIBLE_DEVICES"]:
-        os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU tensors only; see the module docstring
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def load_sampler():
@@ -42,9 +41,8 @@ def load_sampler():
     import vllm
     from vllm.v1.sample.ops import topk_topp_sampler
 
-    if not os.environ.get("CUDA_VISIBLE_DEVICES"):
-        current_platform.num_compute_units = lambda *a, **k: 1  # the unspecified platform raises
-        topk_topp_sampler.HAS_TRITON = False  # vLLM's PyTorch top-k/top-p route
+    current_platform.num_compute_units = lambda *a, **k: 1  # the unspecified platform raises
+    topk_topp_sampler.HAS_TRITON = False  # vLLM's PyTorch top-k/top-p route
     from vllm.v1.sample.logits_processor import LogitsProcessors
     from vllm.v1.sample.metadata import SamplingMetadata
     from vllm.v1.sample.rejection_sampler import RejectionSampler
