@@ -6,6 +6,7 @@ here are kept to two chain cases. ``tree_speculative_sampling_target_only`` is C
 """
 
 import os
+import time
 
 import torch
 
@@ -23,26 +24,34 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=f"sglang's kernels ca
 TOPKP = dl.SamplingParams(temperature=0.8, top_k=5, top_p=0.9)
 
 
+def _audit(make, case, **kw):
+    t0 = time.time()
+    report = audit_engine(make, case, seed=0, **kw)
+    print(f"\n[sglang] {report.verifier} on {report.case_name}: {report.draws} draws, p = {report.p_value:.3g}, "
+          f"{time.time() - t0:.1f} s")
+    return report
+
+
 @pytest.mark.slow
 def test_chain_sampler_at_t08_with_top_k_top_p_is_lossless_and_the_fault_is_flagged():
     case = random_chain_case(2, 3, 8, TOPKP)
-    ok = audit_engine(es.verifier("chain"), case, draws=1500, seed=0)
+    ok = _audit(es.verifier("chain"), case, draws=1500)
     assert not ok.rejected and ok.law.dof >= 5, ok.text()
-    bad = audit_engine(es.verifier("chain", fault="temperature-1"), case, draws=1500, seed=0)
+    bad = _audit(es.verifier("chain", fault="temperature-1"), case, draws=1500)
     assert bad.rejected and bad.p_value < 1e-6, bad.text()
 
 
 @pytest.mark.slow
 def test_chain_sampler_with_real_draft_probabilities_at_t13_follows_the_exact_rule():
-    report = audit_engine(es.verifier("chain"), random_chain_case(3, 3, 8, dl.SamplingParams(temperature=1.3)),
-                          draft="real", draws=1500, seed=0)
+    report = _audit(es.verifier("chain"), random_chain_case(3, 3, 8, dl.SamplingParams(temperature=1.3)),
+                    draft="real", draws=1500)
     assert "real draft" in report.verifier and not report.rejected and report.law.dof >= 5, report.text()
 
 
 def test_greedy_tree_kernel_on_a_branching_tree_is_lossless():
     case = dl.audit.random_case(4, 7, 6, dl.SamplingParams(temperature=0.0))
     assert any(len(k) > 1 for k in case.children().values())  # a real tree, not a chain
-    report = audit_engine(es.verifier("auto"), case, draws=300, seed=0)
+    report = _audit(es.verifier("auto"), case, draws=300)
     assert report.verifier == "sglang:auto" and not report.rejected, report.text()
 
 
