@@ -27,7 +27,11 @@ and tests its empirical law against the exact one (G-test, fixed seed, rare cell
 The step below is real: step 27 of request 1 in `fixtures/traces/smollm2_t08_b32` (temperature
 0.8), with the target's full logits recomputed by one tree forward of SmolLM2-135M. The same
 audit runs from the shell: `ddtree-lab audit TRACE --step 27 --request 1 --model default`."""),
-    ("code", """import torch
+    ("code", """import os
+import torch
+
+if not torch.cuda.is_available():  # before triton is imported: SGLang's kernels run interpreted below
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 import ddtree_lab as dl
 from ddtree_lab import audit as au
 from ddtree_lab.models import load_default_target
@@ -81,6 +85,41 @@ final_coins) -> VerifyOutput` can be audited, e.g. a wrapper around an engine's 
     return dl.verify_tree(vi, logits.contiguous(), params, coins, final_coins, backend="torch-lazy")
 
 print(au.audit(case, my_verifier, draws=600, seed=1).verdict)"""),
+    ("md", """## The engines' own verifiers: vLLM and SGLang
+
+`ddtree_lab.engines` wraps the serving engines' own verify code as such callables. Their chain
+samplers verify a **chain** (a tree with one child per node), so the case is a small random
+chain at temperature 0.8 with top-k 5 / top-p 0.9:
+
+* **SGLang** (in this venv): `chain_speculative_sampling_triton` on the lab's coins, coin for
+  coin (its Triton kernel runs in the interpreter on a CPU); its greedy tree kernel for greedy
+  requests; the CUDA-only `tree_speculative_sampling_target_only` on a GPU.
+* **vLLM** (its own venv, made by `bash scripts/setup_vllm.sh`): `RejectionSampler.forward`
+  (temperature, top-k/top-p, its three sampler kernels, the bonus sampler) in a worker process;
+  vLLM draws its own randomness, seeded per draw from the lab's coins.
+
+`draft="real"` gives the sampler real draft probabilities from a noisy drafter; the exact law
+is then that of the rule given the drafted tokens (`engines.real_draft_case`). The same from the
+shell: `ddtree-lab audit --engine vllm --random 1 --nodes 4 --temperature 0.8 --top-k 5 --top-p 0.9`."""),
+    ("code", """from ddtree_lab import engines
+
+chain = engines.random_chain_case(2, length=3, vocab_size=8,
+                                  params=dl.SamplingParams(temperature=0.8, top_k=5, top_p=0.9))
+with engines.open_engine("sglang", kernel="chain") as sgl:
+    print(engines.audit_engine(sgl.make, chain, draws=600, seed=0).text(3))
+with engines.open_engine("sglang", kernel="chain", fault="temperature-1") as sgl_bad:
+    print(engines.audit_engine(sgl_bad.make, chain, draws=600, seed=0).verdict)"""),
+    ("code", """from ddtree_lab.engines import vllm as ev
+
+why = ev.vllm_unavailable_reason()
+if why is not None:
+    print(f"vLLM is not set up on this machine ({why}); the SGLang audit above is the same "
+          "adapter. After `bash scripts/setup_vllm.sh` this cell audits vLLM's RejectionSampler.")
+else:
+    with engines.open_engine("vllm") as vl:
+        print(vl.about)
+        for draft in ("target-only", "real"):
+            print(engines.audit_engine(vl.make, chain, draft=draft, draws=600, seed=0).text(3))"""),
 ]
 
 

@@ -125,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--verifier", default="reference",
                    help="reference, torch-lazy, triton, or a planted fault: " + ", ".join(PLANTED_FAULTS))
+    from ..engines import DRAFT_MODES, ENGINE_FAULTS, ENGINES
+
+    p.add_argument("--engine", choices=ENGINES, help="audit the engine's own verifier (vllm: its RejectionSampler "
+                   "in the vLLM venv, scripts/setup_vllm.sh; sglang: its kernels); --random cases are then chains")
+    p.add_argument("--draft", choices=DRAFT_MODES, default="target-only",
+                   help="with --engine: no draft probabilities (target-only rule) or real ones from a noisy drafter")
+    p.add_argument("--engine-fault", choices=sorted(ENGINE_FAULTS), help="with --engine: plant this fault in the adapter")
     p.add_argument("--draws", type=int, default=4000, help="coin sets drawn")
     p.add_argument("--seed", type=int, default=0, help="coin seed")
     p.add_argument("--alpha", type=float, default=1e-3, help="significance level")

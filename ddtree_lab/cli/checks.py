@@ -50,7 +50,12 @@ def cmd_audit(args) -> int:
 
         base = SamplingParams(temperature=1.0)
         p = params_override(args, base)
-        cases = [au.random_case(args.seed + k, args.nodes, args.vocab, p) for k in range(args.random)]
+        if args.engine:  # the engines' chain samplers verify chains
+            from ..engines import random_chain_case
+
+            cases = [random_chain_case(args.seed + k, args.nodes - 1, args.vocab, p) for k in range(args.random)]
+        else:
+            cases = [au.random_case(args.seed + k, args.nodes, args.vocab, p) for k in range(args.random)]
     elif args.source is None:
         raise CLIError("audit needs a TRACE, a BUNDLE or --random N")
     elif kind_of(args.source) == "bundle":
@@ -72,10 +77,21 @@ def cmd_audit(args) -> int:
             cases = [au.case_from_logits(step, logits, params_override(args, step.params), run.token_texts)]
     verifier = args.verifier
     worst = 0
+    engine = open_engine_of(args)
     for k, case in enumerate(cases):
-        report = au.audit(case, verifier, draws=args.draws, seed=args.seed, alpha=args.alpha,
-                          threshold_single=args.threshold_single, threshold_acc=args.threshold_acc,
-                          validate=not args.no_validate)
+        if engine is not None:
+            from ..engines import audit_engine
+
+            try:
+                report = audit_engine(engine.make, case, draft=args.draft, draws=args.draws, seed=args.seed,
+                                      alpha=args.alpha)
+            except (ValueError, RuntimeError) as exc:
+                engine.close()
+                raise CLIError(f"--engine {args.engine}: {exc}") from exc
+        else:
+            report = au.audit(case, verifier, draws=args.draws, seed=args.seed, alpha=args.alpha,
+                              threshold_single=args.threshold_single, threshold_acc=args.threshold_acc,
+                              validate=not args.no_validate)
         print(report.text(args.top))
         if args.plot:
             path = args.plot if len(cases) == 1 else f"{Path(args.plot).with_suffix('')}-{k}.html"
@@ -84,7 +100,27 @@ def cmd_audit(args) -> int:
             print(f"  plot -> {path}")
         if report.rejected or report.findings:
             worst = EXIT_PROBLEM
+    if engine is not None:
+        engine.close()
     return worst
+
+
+def open_engine_of(args):
+    """The engine ``audit --engine`` names (:mod:`ddtree_lab.engines`), or None."""
+    if args.engine is None:
+        if args.draft != "target-only" or args.engine_fault is not None:
+            raise CLIError("--draft and --engine-fault go with --engine vllm|sglang")
+        return None
+    if args.verifier != "reference" or args.threshold_single != 1.0 or args.threshold_acc != 1.0 or args.no_validate:
+        raise CLIError("--engine audits the engine's own verifier: leave out --verifier, --threshold-* and --no-validate")
+    from ..engines import open_engine
+
+    try:
+        engine = open_engine(args.engine, args.engine_fault)
+    except (ValueError, RuntimeError) as exc:
+        raise CLIError(f"--engine {args.engine}: {exc}") from exc
+    print(f"engine: {engine.about}")
+    return engine
 
 
 def cmd_doctor(args) -> int:
