@@ -5,13 +5,10 @@ here are kept to two chain cases. ``tree_speculative_sampling_target_only`` is C
 (tests/GPU_ONLY.md); without CUDA the adapter refuses it with a clear error.
 """
 
-import os
 import time
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 

@@ -5,12 +5,9 @@ would fail on an implementation with that fault. Backends: reference, torch-lazy
 (under ``TRITON_INTERPRET=1`` on a machine without CUDA).
 """
 
-import os
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import dataclasses  # noqa: E402
 import itertools  # noqa: E402

@@ -2,12 +2,9 @@
 
 Without CUDA the Triton kernels run under TRITON_INTERPRET=1 (set before they are imported)."""
 
-import os
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 

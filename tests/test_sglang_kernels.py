@@ -13,13 +13,10 @@ Differences by design are named by the tests that show them:
 ``test_by_design_empty_residual_*`` and ``test_by_design_sglang_stops_at_num_speculative_tokens``.
 """
 
-import os
 from pathlib import Path
 
 import torch
 
-if not torch.cuda.is_available():  # the lab's Triton kernels too, before anything imports them
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 

@@ -4,12 +4,9 @@ On a machine without CUDA the kernels run under ``TRITON_INTERPRET=1`` (set here
 anything imports the kernels); with a CUDA GPU the same tests run the compiled kernels on it.
 """
 
-import os
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import math  # noqa: E402
 
