@@ -327,6 +327,13 @@ def check_03(page) -> None:
     page.wait_for_selector(".js-plotly-plot", timeout=60_000)
     assert page.locator(".js-plotly-plot").count() >= 1
     screenshot(page, "03_greedy_vs_sampling", page.locator(".js-plotly-plot").first)
+    trees = page.locator(".ddtree-trees").first  # issue 18.7: trees at their own size, scrolling
+    trees.scroll_into_view_if_needed()
+    svg = trees.locator("svg").first
+    drawn = svg.bounding_box()["width"]
+    natural = float(re.search(r"([0-9.]+)pt", svg.get_attribute("width")).group(1)) * 4 / 3
+    assert abs(drawn - natural) < 2, (drawn, natural)
+    screenshot(page, "03_trees", trees)
 
 
 def _readout(container, cls: str) -> str:
