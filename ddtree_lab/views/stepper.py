@@ -348,7 +348,7 @@ class VerifyStepper:
         b["coin"] = w.SelectionSlider(options=["-"], description="what-if u", continuous_update=False,
                                       style={"description_width": "110px"}, layout={"width": "400px"})
         b["coin"].add_class("ddtree-coin-slider")
-        b["reset"] = w.Button(description="recorded coin", layout={"width": "130px"})
+        b["reset"] = w.Button(description="recorded coin", layout={"width": "150px"})
         b["whatif"] = w.HTML()
         b["verdict"] = w.HTML()
         b["verdict"].add_class("ddtree-verdict-box")
