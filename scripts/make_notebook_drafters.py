@@ -56,7 +56,7 @@ for name, d in (("dflash", dflash), ("ridge", ridge)):
 
 for name, run in runs.items():
     best = views.informative_step(run)
-    print(f"{name}: step {best.step} accepted {best.accept_length} draft tokens (tau {best.accept_length + 1})")
+    print(f"{name}: step {best.step} accepted {best.accept_length} draft token{'s' if best.accept_length != 1 else ''} (tau {best.accept_length + 1})")
     lab.show_step(run, run.steps.index(best))"""),
 ]
 

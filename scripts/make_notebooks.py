@@ -54,7 +54,7 @@ HTML(lab.summary_html(run_greedy))"""),
 children, the rest in one grey note), then a slider over every step, opening on that one. Step 0
 is a poor first look: its root fans out over every first-level draft."""),
     ("code", """best = views.informative_step(run_greedy)
-print(f"step {best.step}: accepted {best.accept_length} draft tokens")
+print(f"step {best.step}: accepted {best.accept_length} draft token{'s' if best.accept_length != 1 else ''}")
 lab.show_step(run_greedy, run_greedy.steps.index(best))"""),
     ("code", "lab.step_browser(run_greedy)"),
     ("md", "## Temperature 0.8"),
@@ -63,7 +63,7 @@ run_sampled = sampled.run("Explain why the sky is blue in two sentences.", max_n
 HTML(lab.summary_html(run_sampled))"""),
     ("code", "lab.show_text(run_sampled)"),
     ("code", """best = views.informative_step(run_sampled)
-print(f"step {best.step}: accepted {best.accept_length} draft tokens")
+print(f"step {best.step}: accepted {best.accept_length} draft token{'s' if best.accept_length != 1 else ''}")
 lab.show_step(run_sampled, run_sampled.steps.index(best))"""),
     ("code", "lab.step_browser(run_sampled)"),
     ("md", """## The decision log as text, saved traces and replay

@@ -264,7 +264,7 @@ def check_02_what_if(page, stepper) -> None:
     _press(page, handle, "Home")
     text = _wait_for_change(page, answer, old)
     readout = stepper.locator(".ddtree-coin-slider .widget-readout").first.inner_text().strip()
-    assert readout.startswith(f"#{c} "), readout
+    assert readout == f"#{c}", readout
     u = float(re.search(r"what-if u=([0-9.e-]+)", text).group(1))
     assert lo <= u < hi and hi < 0.01, (u, lo, hi)  # a narrow segment, reached by one key press
     box_a, box_s = answer.bounding_box(), handle.bounding_box()
@@ -327,6 +327,13 @@ def check_03(page) -> None:
     page.wait_for_selector(".js-plotly-plot", timeout=60_000)
     assert page.locator(".js-plotly-plot").count() >= 1
     screenshot(page, "03_greedy_vs_sampling", page.locator(".js-plotly-plot").first)
+    trees = page.locator(".ddtree-trees").first  # issue 18.7: trees at their own size, scrolling
+    trees.scroll_into_view_if_needed()
+    svg = trees.locator("svg").first
+    drawn = svg.bounding_box()["width"]
+    natural = float(re.search(r"([0-9.]+)pt", svg.get_attribute("width")).group(1)) * 4 / 3
+    assert abs(drawn - natural) < 2, (drawn, natural)
+    screenshot(page, "03_trees", trees)
 
 
 def _readout(container, cls: str) -> str:

@@ -411,3 +411,9 @@ def test_tuner_chart_has_a_fixed_y_scale_request_labels_and_the_tree_style_of_th
     assert "#0 " in t.tree.value and "[0]" not in t.tree.value
     dot = tv.reach_tree_dot(t.state.data, t.result, 0, t.run)
     assert '[color="#bdbdbd"]' in dot and "#1 't" in dot and "fontsize=10" in dot
+    capped = tv.reach_tree_dot(t.state.data, t.result, 0, t.run, max_children=1)
+    root_kids = [i for i in range(1, t.state.data.steps[0].num_nodes) if int(t.state.data.steps[0].parents[i]) == 0]
+    assert len(root_kids) > 1 and "more\\ntotal reach=" in capped
+    assert capped.count("  n0 -> n") == 1 and "  n0 -> c" in capped  # one child, then the note
+    # request by request on the x axis: one run of bars per request, the selected bar by its packed index
+    assert t.state.chart_order() == [0, 2, 4, 1, 3, 5] and t.state.groups() == [(0, 3, "req r0"), (3, 6, "req r1")]

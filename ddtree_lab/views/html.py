@@ -172,7 +172,8 @@ def mass_bar_svg(view: StepView, width: int = 640, coin: float | None = None) ->
         x = 10 + u * width
         parts.append(f'<line class="ddtree-coin" x1="{x:.2f}" y1="4" x2="{x:.2f}" y2="{top + h + 4}" '
                      f'stroke="#e65100" stroke-width="2.5"/>')
-        parts.append(f'<text x="{min(max(x, 60), width - 40):.2f}" y="11" font-size="10" text-anchor="middle" '
+        anchor = "start" if u < 0.5 else "end"  # the label runs away from the near edge, never cut
+        parts.append(f'<text x="{x:.2f}" y="11" font-size="10" text-anchor="{anchor}" '
                      f'font-family="monospace" fill="#e65100">u={_num(u)} (node #{node}\'s coin)</text>')
     parts.append("</svg>")
     return "".join(parts)

@@ -35,7 +35,7 @@ from typing import Callable
 from ..step import RunTrace, StepTrace
 from .dot import render_svg, to_dot
 from .html import bonus_html, children_html, decisions_table_html, mass_bar_svg, segments
-from .labels import number_label, token_label
+from .labels import token_label
 from .model import StepView, step_view
 
 __all__ = ["VerifyStepper", "WhatIf", "what_if"]
@@ -153,10 +153,11 @@ class VerifyStepper:
         return not self.view.nodes[self.current_node].children
 
     def coin_choices(self) -> list[tuple[str, float]]:
-        """The what-if slider's stops for the current node, ascending: the middle of each
-        child's segment ``[S_k-1, S_k)`` (zero-width segments, p = 0, have none), the middle of
-        the residual ``[S_n, 1)`` (reject every child) and the recorded coin. Empty for greedy
-        steps and at a leaf."""
+        """The what-if slider's stops for the current node as ``(label, u)``, ascending: the
+        middle of each child's segment ``[S_k-1, S_k)`` (label ``#child``; zero-width segments,
+        p = 0, have none), the middle of the residual ``[S_n, 1)`` (``reject all``) and the
+        recorded coin (``recorded``). The labels are short so the slider's readout shows them
+        whole; the answer beside the slider gives ``u``. Empty for greedy steps and at a leaf."""
         v = self.view
         if v.greedy or self.is_leaf:
             return []
@@ -164,13 +165,13 @@ class VerifyStepper:
         segs = segments(v, self.current_node)
         for c, lo, hi in segs:
             if hi > lo:
-                out.append((f"#{c} {number_label((lo + hi) / 2)}", (lo + hi) / 2))
+                out.append((f"#{c}", (lo + hi) / 2))
         end = segs[-1][2] if segs else 0.0
         if end < 1.0:
-            out.append((f"reject all {number_label((end + 1.0) / 2)}", (end + 1.0) / 2))
+            out.append(("reject all", (end + 1.0) / 2))
         u = v.nodes[self.current_node].child_coin
         if u is not None and not math.isnan(u):
-            out.append((f"recorded {number_label(u)}", float(u)))
+            out.append(("recorded", float(u)))
         return sorted(out, key=lambda x: x[1])
 
     @property
@@ -345,9 +346,9 @@ class VerifyStepper:
                                     continuous_update=False)
         b["decision"].add_class("ddtree-decision")
         b["coin"] = w.SelectionSlider(options=["-"], description="what-if u", continuous_update=False,
-                                      style={"description_width": "110px"}, layout={"width": "460px"})
+                                      style={"description_width": "110px"}, layout={"width": "400px"})
         b["coin"].add_class("ddtree-coin-slider")
-        b["reset"] = w.Button(description="recorded coin")
+        b["reset"] = w.Button(description="recorded coin", layout={"width": "150px"})
         b["whatif"] = w.HTML()
         b["verdict"] = w.HTML()
         b["verdict"].add_class("ddtree-verdict-box")

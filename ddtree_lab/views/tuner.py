@@ -84,11 +84,11 @@ def expected_tau_text(result_or_data: TunerResult | TunerData | RunTrace, params
 
 def bars_svg(values_lo, values_hi, labels, title: str, width: int = 640, height: int = 150, ymax: float | None = None,
              highlight: int | None = None, css_class: str = "", groups: list[tuple[int, int, str]] | None = None,
-             x_title: str = "", ymin: float = 0.0) -> str:
+             x_title: str = "", ymin: float = 0.0, selected: int | None = None) -> str:
     """A small bar chart as inline SVG: bars at the interval midpoints, whiskers where
     ``hi > lo``; ``highlight`` marks one bar (red, with a ``data-selected`` attribute naming
-    its index). ``ymax``: a fixed top of the y axis (None: the largest value), so charts of
-    different settings compare by eye. ``groups``: ``(first, end, label)`` bar ranges (e.g. one
+    ``selected``, default ``highlight``). ``ymax``: a fixed top of the y axis (None: the
+    largest value), so charts of different settings compare by eye. ``groups``: ``(first, end, label)`` bar ranges (e.g. one
     per request) separated by vertical lines and labelled under the axis; without groups every
     bar is labelled when there are at most 20, else every ``n // 10``-th."""
     lo, hi = [float(v) for v in values_lo], [float(v) for v in values_hi]
@@ -102,7 +102,8 @@ def bars_svg(values_lo, values_hi, labels, title: str, width: int = 640, height:
     def y(v: float) -> float:
         return pad_t + h - h * min(max((v - ymin) / span, 0.0), 1.0)
 
-    sel = f' data-selected="{int(highlight)}"' if highlight is not None else ""
+    selected = highlight if selected is None else selected
+    sel = f' data-selected="{int(selected)}"' if selected is not None else ""
     parts = [f'<svg class="{css_class}"{sel} width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" '
              f'style="font:10px sans-serif">', f'<text x="{pad_l}" y="12">{html.escape(title)}</text>',
              f'<text x="2" y="{pad_t + 8}">{top:.3g}</text><text x="2" y="{pad_t + h}">{ymin:.3g}</text>',
@@ -147,13 +148,15 @@ def _short_prob(lo: float, hi: float) -> str:
     return a if a == b else f"{(lo + hi) / 2:.2g}±{(hi - lo) / 2:.1g}"
 
 
-def reach_tree_dot(data: TunerData, result: TunerResult, k: int, texts=None) -> str:
+def reach_tree_dot(data: TunerData, result: TunerResult, k: int, texts=None, max_children: int | None = 12) -> str:
     """DOT source of packed step ``k``'s tree of budget ``B'``, drawn as every other view draws
     a tree (:mod:`ddtree_lab.views.dot`: left to right, ``#index 'token'``, the same fonts,
     colours and edges): each node's target p in its parent's row and its reach probability
     (the chance the walk accepts it) under the analysed parameters, at 2 significant digits
     (``mid±half`` where the trace's top-M logits leave an interval; both ends in the tooltip);
-    fill darkness follows the reach probability; nodes beyond ``B'`` are left out."""
+    fill darkness follows the reach probability; nodes beyond ``B'`` are left out. A parent
+    draws at most ``max_children`` children (None: all); the rest and their subtrees become one
+    grey note with their count and total reach."""
     from .dot import STATUS_STYLE
     from .model import _texts, token_label
 
@@ -177,7 +180,25 @@ def reach_tree_dot(data: TunerData, result: TunerResult, k: int, texts=None) -> 
              '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10, margin="0.04,0.02", '
              'height=0.3];',
              "  edge [arrowsize=0.5];"]
-    for i in range(n):
+    shown = set(range(n))
+    notes = []  # (parent, hidden count, reach lo, reach hi)
+    if max_children is not None:
+        kids: dict[int, list[int]] = {}
+        for i in range(1, n):
+            kids.setdefault(int(step.parents[i]), []).append(i)
+        for parent in sorted(kids):
+            extra = kids[parent][max_children:]
+            if parent not in shown or not extra:
+                continue
+            hidden, stack = [], list(extra)
+            while stack:
+                j = stack.pop()
+                hidden.append(j)
+                stack.extend(kids.get(j, []))
+            shown -= set(hidden)
+            notes.append((parent, len(hidden), sum(float(result.reach_lo[sl.start + j]) for j in hidden),
+                          sum(float(result.reach_hi[sl.start + j]) for j in hidden)))
+    for i in sorted(shown):
         g = sl.start + i
         head = esc(f"#{i} {token_label(lookup(int(step.node_token_ids[i])))}")
         if i == 0:
@@ -194,8 +215,12 @@ def reach_tree_dot(data: TunerData, result: TunerResult, k: int, texts=None) -> 
                f"reach in [{rlo:.4g}, {rhi:.4g}]")
         lines.append(f'  n{i} [label="{head}\\np={_short_prob(plo, phi)} reach={_short_prob(rlo, rhi)}", '
                      f'tooltip="{esc(tip)}", {attrs(style)}];')
-    for i in range(1, n):
+    for i in sorted(shown - {0}):
         lines.append(f'  n{int(step.parents[i])} -> n{i} [color="#bdbdbd"];')
+    for m, (parent, count, rlo, rhi) in enumerate(notes, 1):
+        lines.append(f'  c{m} [label="+{count} more\\ntotal reach={_short_prob(rlo, rhi)}", '
+                     f'{attrs(STATUS_STYLE["collapsed"])}, style="filled"];')
+        lines.append(f'  n{parent} -> c{m} [color="#bdbdbd"];')
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -260,14 +285,18 @@ class TunerState:
             raise ValueError(f"step position {position} is outside 0..{len(ks) - 1} (request {request})")
         self.step = ks[position]
 
+    def chart_order(self) -> list[int]:
+        """The packed step indices request by request (each request's steps in recorded order):
+        the per-step chart's x order, so each request is one run of bars."""
+        return [k for r in self.requests for k in self.steps_of(r)]
+
     def groups(self) -> list[tuple[int, int, str]]:
-        """``(first, end, "request ID")`` runs of consecutive packed steps of one request."""
+        """``(first, end, "req ID")``: each request's run of bars in :meth:`chart_order`."""
         out, first = [], 0
-        steps = self.data.steps
-        for k in range(1, len(steps) + 1):
-            if k == len(steps) or steps[k].request != steps[first].request:
-                out.append((first, k, f"req {steps[first].request_id}"))
-                first = k
+        for r in self.requests:
+            ks = self.steps_of(r)
+            out.append((first, first + len(ks), f"req {self.data.steps[ks[0]].request_id}"))
+            first += len(ks)
         return out
 
     def result(self) -> TunerResult:
@@ -409,12 +438,15 @@ class Tuner:
         k = st.step
         res = self.result
         s = st.data.steps[k]
-        labels = [f"step {t.step} / req {t.request_id}" for t in st.data.steps]
+        order = st.chart_order()
+        labels = [f"step {st.data.steps[j].step} / req {st.data.steps[j].request_id}" for j in order]
+        lo, hi = (res.expected_lo + 1).tolist(), (res.expected_hi + 1).tolist()
         # the y axis is fixed at the deepest tree + 1 (the largest possible τ) so bars compare across settings
-        self.per_step.value = bars_svg((res.expected_lo + 1).tolist(), (res.expected_hi + 1).tolist(), labels,
+        self.per_step.value = bars_svg([lo[j] for j in order], [hi[j] for j in order], labels,
                                        f"expected τ per recorded step (red: step {s.step} of request {s.request_id})",
-                                       ymax=float(st.data.max_depth + 1), highlight=k, groups=st.groups(),
-                                       x_title="recorded steps, request by request", css_class="ddtree-tuner-per-step")
+                                       ymax=float(st.data.max_depth + 1), highlight=order.index(k), selected=k,
+                                       groups=st.groups(), x_title="recorded steps, request by request",
+                                       css_class="ddtree-tuner-per-step")
         self.step_cover.value = bars_svg(res.cover_lo[k].tolist(), res.cover_hi[k].tolist(),
                                          [str(d + 1) for d in range(res.cover_lo.shape[1])],
                                          f"step {s.step} / request {s.request_id}: target mass covered at each depth",
