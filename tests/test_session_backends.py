@@ -1,14 +1,10 @@
 """A live session runs with any verify backend, records which one ran, and its steps replay.
 
-Without CUDA the Triton kernels run under TRITON_INTERPRET=1 (set before they are imported)."""
+Without CUDA the Triton kernels run under TRITON_INTERPRET=1 (set in conftest.py before they are imported)."""
 
+import pytest
 
-import torch
-
-
-import pytest  # noqa: E402
-
-import ddtree_lab as dl  # noqa: E402
+import ddtree_lab as dl
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["Why is the sky blue?", "Name a red fruit."]

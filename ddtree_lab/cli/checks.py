@@ -95,7 +95,7 @@ def cmd_audit(args) -> int:
         print(report.text(args.top))
         if args.plot:
             path = args.plot if len(cases) == 1 else f"{Path(args.plot).with_suffix('')}-{k}.html"
-            # plotly.js embedded (~4.6 MB): the page draws offline and attached to a bug report
+            # plotly.js embedded (~4.8 MB page): the page draws offline and attached to a bug report
             write_output(path, report.figure().to_html(include_plotlyjs=True))
             print(f"  plot -> {path}")
         if report.rejected or report.findings:
