@@ -125,6 +125,7 @@ class LiveSession:
         threshold_single, threshold_acc: SGLang's acceptance thresholds, passed to the
             verifier (:func:`ddtree_lab.verify_sampled`); 1.0 (default) is the exact rule,
             anything else is recorded as lossy in every step.
+        faults: planted faults for tests and teaching (:mod:`ddtree_lab.faults`; default none).
 
     The session sets torch's thread count once per process (:mod:`ddtree_lab.threads`).
 
@@ -137,7 +138,8 @@ class LiveSession:
                  sampling: SamplingParams | Sequence[SamplingParams] = SamplingParams(temperature=0.0),
                  seed: int = 0, max_depth: int | None = None, top1_spine: bool = False,
                  min_prob: float | None = None, top_m: int = 16, verify_backend: str | None = None,
-                 record: str = "full", threshold_single: float = 1.0, threshold_acc: float = 1.0):
+                 record: str = "full", threshold_single: float = 1.0, threshold_acc: float = 1.0,
+                 faults=None):
         if block_size is not None and block_size != drafter.block_size:
             raise ValueError(f"block_size {block_size} != the drafter's block size {drafter.block_size}")
         if record not in RECORD_LEVELS:
@@ -171,6 +173,9 @@ class LiveSession:
         if verify_backend not in BACKENDS:
             raise ValueError(f"verify_backend must be one of {BACKENDS}, got {verify_backend!r}")
         self.verify_backend = verify_backend
+        from .faults import as_faults
+
+        self.faults = as_faults(faults)  # planted faults: identity hooks unless given
         self.requests: list[RequestState] = []
         self.steps: list[StepTrace] = []
         self.last_timings: dict[str, float] = {}
@@ -213,7 +218,7 @@ class LiveSession:
         self.drafter.start(len(prompts))
         state, feats, last = self.target.prefill_batch(ids_all, self.layer_ids)
         for b, (prompt, ids, p, g) in enumerate(zip(prompts, ids_all, params, gens)):
-            self.drafter.commit(b, feats[b], 0)
+            self.drafter.commit(b, self.faults.drafter_features(feats[b], prefill=True), 0)
             probs = target_probs(last[b : b + 1, None].float().cpu(), p)[0, 0]
             u = float(torch.rand(1, generator=g))
             first, _, _ = residual_draw(probs, [], u)
@@ -256,7 +261,7 @@ class LiveSession:
         anchors = torch.tensor([r.anchor for r in active], dtype=torch.int64)
         prefix = torch.tensor([r.prefix_len for r in active], dtype=torch.int64)
         context = DraftContext([r.request for r in active], anchors, prefix.clone(), [r.committed_ids for r in active])
-        draft_logits = self.drafter.draft_logits(context)
+        draft_logits = self.faults.draft_logits(self.drafter.draft_logits(self.faults.draft_context(context)))
         budgets = [self.request_budgets[r.request] for r in active]
         ids, lps = draft_topk_from_logits(draft_logits.float(), k=min(max(budgets + [1]), draft_logits.shape[-1]))
         ids, lps = ids.cpu(), lps.cpu()  # host read 1 of 2: the tree build runs on the host
@@ -266,15 +271,17 @@ class LiveSession:
         clock.mark("build")
         vi = compile_retrieve(tree, prefix)
         clock.mark("compile")
-        fwd = self.target.tree_forward_batch(self._batch, vi, self.layer_ids)
+        fwd = self.target.tree_forward_batch(self._batch, self.faults.forward_input(vi, tree.parents), self.layer_ids)
         logits = fwd.logits
         clock.mark("target")
-        params = [r.params for r in active]
+        params = self.faults.verify_params([r.params for r in active])
         coins, final = draw_coins([r.generator for r in active], vi.num_rows)
         probs = None
-        if self.record == "full":
+        if self.record == "full" or self.faults.verifier:
             probs = target_probs(logits.cpu(), params, num_nodes=vi.num_nodes)
-        if self.verify_backend == "reference":
+        if self.faults.verifier:
+            out, final = self.faults.verify(vi, probs, coins, final, tree.node_logws)
+        elif self.verify_backend == "reference":
             if probs is None:
                 probs = target_probs(logits.cpu(), params, num_nodes=vi.num_nodes)
             out = verify_sampled(vi, probs, coins, final, threshold_single=self.threshold_single,
@@ -321,12 +328,12 @@ class LiveSession:
     def _commit(self, active: list[RequestState], out: VerifyOutput, features: torch.Tensor, num_rows: int,
                 max_new_tokens: int) -> None:
         paths = [[i for i in row if i >= 0] for row in out.accept_index.tolist()]
-        self.target.keep_paths(self._batch, paths, num_rows)
+        self.target.keep_paths(self._batch, self.faults.kept_rows(paths), num_rows)
         emitted_all = out.emitted_tokens.tolist()
         for b, r in enumerate(active):
             path = paths[b]
             idx = torch.tensor(path, dtype=torch.int64, device=features.device)
-            self.drafter.commit(r.request, features[b].index_select(0, idx), r.prefix_len)
+            self.drafter.commit(r.request, self.faults.drafter_features(features[b].index_select(0, idx)), r.prefix_len)
             r.prefix_len += len(path)
             for t in (t for t in emitted_all[b] if t >= 0):
                 r.generated.append(t)
@@ -396,6 +403,7 @@ class LiveSession:
                           "prompt_token_ids": r.prompt_ids, "params": r.params.to_dict(),
                           "generated_token_ids": r.generated, "finish_reason": r.finish_reason}
                          for r in self.requests],
+            **({"planted_faults": list(self.faults.names)} if self.faults else {}),
             "versions": {"ddtree_lab": ddtree_lab.__version__, "torch": torch.__version__,
                          "python": platform.python_version()},
         }

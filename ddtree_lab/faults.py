@@ -1,0 +1,351 @@
+"""Planted faults: named switches on :class:`~ddtree_lab.LiveSession` that reproduce bugs engines ship.
+
+Each fault is one small hook at the stage where the real bug lives; the session calls the
+hooks of its :class:`Faults` (``LiveSession(..., faults=Faults("mask-parent-only"))`` or
+``faults=["mask-parent-only"]``). With no faults (the default, :data:`NO_FAULTS`) every hook
+is the identity, so a normal run cannot reach one by accident: the CLI has no flag for them,
+and a session with faults writes their names into the trace's metadata
+(``planted_faults``, which :func:`ddtree_lab.diagnose.diagnose` never reads).
+
+The kinds (:data:`FAULT_KINDS`), each after a class of public bug reports (issue 16):
+
+* target forward (the tree forward's mask and positions; the recorded buffers stay right,
+  as an engine's buggy mask kernel leaves them): ``mask-ancestors-hidden`` (a node sees only
+  itself in the tree), ``mask-parent-only`` (itself and its parent), ``mask-siblings-visible``
+  (also its earlier siblings), ``positions-node-index`` (position = prefix + node index),
+  ``positions-no-depth`` (every node at the root's position, as a frozen graph capture),
+  ``batch-mask-other-request`` / ``batch-positions-other-request`` (every request after the
+  first gets request 0's tree mask / depths: right only for the first request);
+* KV commit: ``kv-commit-wrong-rows`` (keeps the first ``k`` tree rows, an integer rewind,
+  instead of the accepted nodes' rows);
+* drafter input: ``drafter-wrong-anchor`` (the token before the anchor), ``drafter-mask-slot``
+  (position ``k``'s logits read from slot ``k - 1``), ``drafter-features-zero`` (never given the
+  target's hidden states), ``drafter-features-stale`` (every committed token gets the step
+  root's features);
+* sampling plumbing (the verifier's rows; the trace still states the request's parameters):
+  ``sampling-greedy`` (T > 0 served greedily), ``sampling-temperature-1``,
+  ``sampling-other-order`` (top-p before top-k);
+* verifier rule: ``verifier-p-over-q`` (``u < min(1, p/q)`` with the drafter's marginal ``q``
+  of each node on a top-k tree), ``verifier-threshold`` (SGLang's lossy ``threshold_acc = 0.5``
+  not reported), ``verifier-bonus-row`` (the bonus drawn from the row of the final node's
+  parent), ``verifier-final-coin-reuse`` (the final coin is the final node's walk coin, and
+  is recorded as such).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from .buffers import DDTreeVerifyInput
+from .sampling import SamplingParams
+from .verify import BonusDraw, Decision, VerifyOutput, verify_sampled
+from .verify.rules import residual_draw
+from .verify.walk import walk_batch
+
+__all__ = ["Faults", "NO_FAULTS", "FAULT_KINDS", "FORWARD_FAULTS", "COMMIT_FAULTS", "DRAFTER_FAULTS",
+           "SAMPLING_FAULTS", "VERIFIER_FAULTS", "as_faults", "forward_input", "kept_rows", "sampling_params",
+           "PQRule", "verify_p_over_q", "LOSSY_THRESHOLD_ACC"]
+
+FORWARD_FAULTS = {
+    "mask-ancestors-hidden": "the tree mask hides every ancestor (a node sees only itself and the prefix)",
+    "mask-parent-only": "the tree mask shows only the parent (ancestors above it hidden)",
+    "mask-siblings-visible": "the tree mask also shows each node's earlier siblings",
+    "positions-node-index": "RoPE positions are prefix + node index instead of prefix + depth",
+    "positions-no-depth": "RoPE positions ignore depth (every node at the root's position)",
+    "batch-mask-other-request": "in a batch, requests after the first get request 0's tree mask",
+    "batch-positions-other-request": "in a batch, requests after the first get request 0's depths as positions",
+}
+COMMIT_FAULTS = {
+    "kv-commit-wrong-rows": "after verify the KV cache keeps the first k tree rows (an integer rewind), not the "
+                            "accepted nodes' rows",
+}
+DRAFTER_FAULTS = {
+    "drafter-wrong-anchor": "the drafter is given the token before the anchor as its anchor",
+    "drafter-mask-slot": "the drafter's position k is read from mask slot k-1 (off by one)",
+    "drafter-features-zero": "the drafter never gets the target's hidden states (zeros)",
+    "drafter-features-stale": "every committed token hands the drafter the step root's features (stale)",
+}
+SAMPLING_FAULTS = {
+    "sampling-greedy": "a request with T > 0 is verified greedily (sampling parameters dropped)",
+    "sampling-temperature-1": "the verifier's rows use temperature 1 instead of the request's",
+    "sampling-other-order": "the verifier's rows apply top-p before top-k (the other filtering order)",
+}
+VERIFIER_FAULTS = {
+    "verifier-p-over-q": "min(1, p/q) with the drafter's marginals on a top-k tree instead of the target-only rule",
+    "verifier-threshold": "a lossy acceptance threshold (threshold_acc 0.5) the output does not report",
+    "verifier-bonus-row": "the bonus is drawn from the final node's parent's row",
+    "verifier-final-coin-reuse": "the final coin reuses the final node's walk coin",
+}
+#: Every planted fault: name -> what it does.
+FAULT_KINDS: dict[str, str] = {**FORWARD_FAULTS, **COMMIT_FAULTS, **DRAFTER_FAULTS, **SAMPLING_FAULTS,
+                               **VERIFIER_FAULTS}
+
+#: The threshold ``verifier-threshold`` runs with.
+LOSSY_THRESHOLD_ACC = 0.5
+
+
+# -- target forward -------------------------------------------------------------------------
+
+
+def forward_input(vi: DDTreeVerifyInput, parents: torch.Tensor, name: str) -> DDTreeVerifyInput:
+    """The buffers the target forward reads under forward fault ``name`` (batch ``[bs, N]``).
+
+    Args:
+        vi: the right buffers (:func:`ddtree_lab.compile_retrieve`).
+        parents: ``[bs, N]`` int64 parents (root and padding -1).
+        name: one of :data:`FORWARD_FAULTS`.
+
+    Returns:
+        a copy of ``vi`` with ``tree_mask`` ``[bs, N, N]`` bool or ``positions`` ``[bs, N]``
+        int64 changed; the root's position and every other field are left as they are.
+    """
+    if name not in FORWARD_FAULTS:
+        raise ValueError(f"unknown forward fault {name!r}; known: {', '.join(FORWARD_FAULTS)}")
+    bs, n = vi.node_token_ids.shape
+    mask, pos = vi.tree_mask.clone(), vi.positions.clone()
+    eye = torch.eye(n, dtype=torch.bool, device=mask.device).expand(bs, n, n)
+    if name == "mask-ancestors-hidden":
+        mask = eye.clone()
+    elif name == "mask-parent-only":
+        mask = eye.clone()
+        b, i = (parents >= 0).nonzero(as_tuple=True)
+        mask[b, i, parents[b, i]] = True
+    elif name == "mask-siblings-visible":
+        same = (parents[:, :, None] == parents[:, None, :]) & (parents[:, :, None] >= 0)
+        earlier = torch.ones(n, n, dtype=torch.bool, device=mask.device).tril(-1)
+        mask = mask | (same & earlier)
+    elif name == "positions-node-index":
+        real = torch.arange(n)[None, :] < vi.num_nodes[:, None]
+        pos = torch.where(real, pos[:, :1] + torch.arange(n)[None, :], pos)
+    elif name == "positions-no-depth":
+        pos = pos[:, :1].expand(bs, n).clone()
+    elif name == "batch-mask-other-request":
+        mask[1:] = vi.tree_mask[:1]
+    elif name == "batch-positions-other-request":
+        pos[1:] = pos[1:, :1] + (vi.positions[:1] - vi.positions[:1, :1])
+    return dataclasses.replace(vi, tree_mask=mask, positions=pos)
+
+
+# -- KV commit ------------------------------------------------------------------------------
+
+
+def kept_rows(paths: Sequence[Sequence[int]], name: str | None) -> list[list[int]]:
+    """The tree rows a KV commit keeps: the accepted paths, or under ``kv-commit-wrong-rows`` the
+    first ``len(path)`` rows ``0 .. k`` (an integer rewind that assumes the path is the spine)."""
+    if name is None:
+        return [list(p) for p in paths]
+    if name != "kv-commit-wrong-rows":
+        raise ValueError(f"unknown commit fault {name!r}")
+    return [list(range(len(p))) for p in paths]
+
+
+# -- sampling plumbing -----------------------------------------------------------------------
+
+
+def sampling_params(params: SamplingParams, name: str) -> SamplingParams:
+    """The parameters the verifier's rows are made with under sampling fault ``name`` (greedy
+    requests are left as they are)."""
+    if name not in SAMPLING_FAULTS:
+        raise ValueError(f"unknown sampling fault {name!r}; known: {', '.join(SAMPLING_FAULTS)}")
+    if params.is_greedy:
+        return params
+    if name == "sampling-greedy":
+        return dataclasses.replace(params, temperature=0.0)
+    if name == "sampling-temperature-1":
+        return dataclasses.replace(params, temperature=1.0)
+    other = "top_p_then_top_k" if params.order == "top_k_then_top_p" else "top_k_then_top_p"
+    return dataclasses.replace(params, order=other)
+
+
+# -- verifier rules ------------------------------------------------------------------------
+
+
+class PQRule:
+    """``min(1, p/q)`` per sibling with one coin per node, ``q`` the drafter's marginal of the
+    child's token at its depth (``exp(logw_child - logw_parent)``), bonus from the target row
+    with the rejected siblings zeroed: the speculative-sampling rule of chain drafts applied to
+    a top-k tree, which is biased there (issue 16). Same interface as the verify rules
+    (:mod:`ddtree_lab.verify.rules`): ``decide`` and ``bonus``."""
+
+    def __init__(self, request: int, tokens: list[int], logws: list[float], row_of, coins: list[float],
+                 final_coin: float, final_mass: float | None = None):
+        self.request, self.tokens, self.logws, self.row_of = request, tokens, logws, row_of
+        self.coins, self.final_coin, self.final_mass = coins, final_coin, final_mass
+
+    def decide(self, node, depth, children):
+        u, row, mass, out = self.coins[node], self.row_of(node), 0.0, []
+        for child in children:
+            p = float(row[self.tokens[child]])
+            q = math.exp(float(self.logws[child]) - float(self.logws[node]))
+            mass = float(np.float32(mass + p))
+            ok = p > 0.0 and u < min(1.0, p / q if q > 0 else math.inf)
+            out.append(Decision(self.request, depth, node, child, self.tokens[child], p, mass, u,
+                                "accept" if ok else "reject"))
+            if ok:
+                break
+        return out
+
+    def bonus(self, node, children, rejected):
+        token, mass, token_p = residual_draw(self.row_of(node), [self.tokens[c] for c in rejected], self.final_coin,
+                                             self.final_mass)
+        kind = "exhausted" if token < 0 else ("residual" if rejected else "leaf")
+        return BonusDraw(self.request, node, token, kind, mass, self.final_coin, token_p)
+
+
+def verify_p_over_q(vi: DDTreeVerifyInput, row_of, node_logws: torch.Tensor, coins: torch.Tensor,
+                    final_coins: torch.Tensor, final_masses: Sequence[float | None] | None = None) -> VerifyOutput:
+    """The walk under :class:`PQRule` for a batch.
+
+    Args:
+        vi: buffers ``[bs, N]``; row_of(b, i): node ``i``'s float32 row ``[V]`` of request ``b``.
+        node_logws: ``[bs, N]`` float32 path log-weights of the tree (root 0).
+        coins ``[bs, N]``, final_coins ``[bs]``: float32 in [0, 1).
+        final_masses: per request, the bonus residual mass when the rows are prefixes (replay).
+    """
+    tokens, logws = vi.node_token_ids.tolist(), node_logws.tolist()
+    c, f = coins.tolist(), final_coins.tolist()
+    return walk_batch(vi, lambda b: PQRule(b, tokens[b], logws[b], lambda i: row_of(b, i), c[b], f[b],
+                                           None if final_masses is None else final_masses[b]), "reference")
+
+
+def _bonus_from_parent_row(vi, probs, out: VerifyOutput) -> VerifyOutput:
+    parents = _parents_of(vi)
+    bonus_tokens, emitted, draws = out.bonus_token.clone(), out.emitted_tokens.clone(), list(out.bonus)
+    for b, draw in enumerate(out.bonus):
+        node = draw.node
+        if node <= 0 or draw.token < 0:
+            continue
+        rejected = [d.token for d in out.decisions[b] if d.parent == node and d.verdict == "reject"]
+        token, mass, token_p = residual_draw(probs[b, parents[b][node]], rejected, float(draw.coin))
+        if token < 0:
+            continue
+        draws[b] = dataclasses.replace(draw, token=token, residual_mass=mass, token_prob=token_p)
+        bonus_tokens[b] = token
+        emitted[b, int(out.accept_length[b])] = token
+    return dataclasses.replace(out, bonus_token=bonus_tokens, emitted_tokens=emitted, bonus=draws)
+
+
+def _parents_of(vi) -> list[list[int]]:
+    from .buffers import decode_retrieve
+
+    parents, _ = decode_retrieve(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes)
+    return parents.tolist()
+
+
+# -- the switches ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, init=False)
+class Faults:
+    """The planted faults of one session (none by default); the session calls each hook at its
+    stage, and every hook is the identity for the faults not planted.
+
+    Args:
+        names: fault names from :data:`FAULT_KINDS` (at most one per stage).
+
+    Raises:
+        ValueError: an unknown name, or two faults of one stage (naming them).
+    """
+
+    names: tuple[str, ...] = ()
+
+    def __init__(self, *names: str):
+        flat = tuple(n for item in names for n in ([item] if isinstance(item, str) else item))
+        for n in flat:
+            if n not in FAULT_KINDS:
+                raise ValueError(f"unknown fault {n!r}; known: {', '.join(FAULT_KINDS)}")
+        for stage in (FORWARD_FAULTS, COMMIT_FAULTS, DRAFTER_FAULTS, SAMPLING_FAULTS, VERIFIER_FAULTS):
+            mine = [n for n in flat if n in stage]
+            if len(mine) > 1:
+                raise ValueError(f"faults {mine} act on the same stage: plant one at a time")
+        object.__setattr__(self, "names", flat)
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def _one(self, stage: dict) -> str | None:
+        return next((n for n in self.names if n in stage), None)
+
+    # hooks, in the order of a step
+    def draft_context(self, context):
+        """The drafter's :class:`~ddtree_lab.models.drafter.DraftContext` (wrong anchor)."""
+        if self._one(DRAFTER_FAULTS) != "drafter-wrong-anchor":
+            return context
+        anchors = torch.tensor([ids[-2] if len(ids) > 1 else ids[-1] for ids in context.committed_ids],
+                               dtype=torch.int64)
+        return dataclasses.replace(context, anchor_token_ids=anchors)
+
+    def draft_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The drafter's ``[bs, L-1, V]`` logits as the tree builder reads them (mask slot)."""
+        if self._one(DRAFTER_FAULTS) != "drafter-mask-slot":
+            return logits
+        out = logits.clone()
+        out[:, 1:] = logits[:, :-1]
+        return out
+
+    def drafter_features(self, features: torch.Tensor, prefill: bool = False) -> torch.Tensor:
+        """The ``[n_new, k*H]`` features handed to ``Drafter.commit`` (zero or stale)."""
+        name = self._one(DRAFTER_FAULTS)
+        if name == "drafter-features-zero":
+            return torch.zeros_like(features)
+        if name == "drafter-features-stale" and not prefill and features.shape[0]:
+            return features[:1].expand_as(features).clone()
+        return features
+
+    def forward_input(self, vi: DDTreeVerifyInput, parents: torch.Tensor) -> DDTreeVerifyInput:
+        """The buffers the target's tree forward reads (:func:`forward_input`)."""
+        name = self._one(FORWARD_FAULTS)
+        return vi if name is None else forward_input(vi, parents, name)
+
+    def verify_params(self, params: list[SamplingParams]) -> list[SamplingParams]:
+        """The parameters the verifier's rows are made with (:func:`sampling_params`)."""
+        name = self._one(SAMPLING_FAULTS)
+        return params if name is None else [sampling_params(p, name) for p in params]
+
+    @property
+    def verifier(self) -> str | None:
+        """The planted verifier fault, if any (the session then verifies with :meth:`verify`)."""
+        return self._one(VERIFIER_FAULTS)
+
+    def verify(self, vi: DDTreeVerifyInput, probs: torch.Tensor, coins: torch.Tensor, final: torch.Tensor,
+               node_logws: torch.Tensor) -> tuple[VerifyOutput, torch.Tensor]:
+        """The planted verifier on full rows ``probs [bs, N, V]``: ``(output, final coins used)``."""
+        name = self.verifier
+        if name == "verifier-p-over-q":
+            return verify_p_over_q(vi, lambda b, i: probs[b, i], node_logws, coins, final), final
+        if name == "verifier-threshold":
+            out = verify_sampled(vi, probs, coins, final, threshold_acc=LOSSY_THRESHOLD_ACC)
+            return dataclasses.replace(out, thresholds=(1.0, 1.0), lossy=False), final
+        if name == "verifier-bonus-row":
+            return _bonus_from_parent_row(vi, probs, verify_sampled(vi, probs, coins, final)), final
+        if name == "verifier-final-coin-reuse":
+            first = verify_sampled(vi, probs, coins, final)
+            last = torch.tensor([[i for i in row if i >= 0][-1] for row in first.accept_index.tolist()])
+            reused = coins[torch.arange(vi.batch_size), last].contiguous()
+            return verify_sampled(vi, probs, coins, reused), reused
+        raise ValueError("no verifier fault planted")
+
+    def kept_rows(self, paths: list[list[int]]) -> list[list[int]]:
+        """The tree rows the target's KV commit keeps (:func:`kept_rows`)."""
+        return kept_rows(paths, self._one(COMMIT_FAULTS))
+
+
+#: No planted fault: every hook is the identity.
+NO_FAULTS = Faults()
+
+
+def as_faults(faults: "Faults | Iterable[str] | str | None") -> Faults:
+    """``None`` -> :data:`NO_FAULTS`; a name or names -> :class:`Faults`."""
+    if faults is None:
+        return NO_FAULTS
+    if isinstance(faults, Faults):
+        return faults
+    if isinstance(faults, str):
+        return Faults(faults)
+    return Faults(*list(faults))
