@@ -19,6 +19,8 @@ terms in the README, "Terms"):
   :func:`save_trace`, :func:`load_trace`, :func:`replay`, :func:`make_step_trace` (the one
   StepTrace constructor), :func:`compare_outputs` (the one output comparator, giving
   :class:`Difference` s); bug-report bundles of one step in ``ddtree_lab.bundle``;
+* diagnosis of a recorded run (the bug named, not the symptom): :func:`diagnose`; planted
+  faults for the zoo and the tests in ``ddtree_lab.faults``;
 * views: ``ddtree_lab.views`` (DOT/SVG/text/HTML) and ``ddtree_lab.lab`` (notebook calls);
 * SGLang interop (package :mod:`ddtree_lab.sglang`; sglang itself is imported only to run
   its kernels): :func:`to_sglang_buffers`,
@@ -94,5 +96,6 @@ from .verify import verify_tree as verify_tree
 from .verify import verify_tree_greedy as verify_tree_greedy
 
 from .session import LiveSession as LiveSession  # noqa: E402  (needs no model package at import)
+from .diagnose import diagnose as diagnose  # noqa: E402  (the function; the checks are ddtree_lab.diagnose.*)
 
 __version__ = "0.1.0"

@@ -1,0 +1,167 @@
+"""Diagnose a recorded run: name the bug (its kind, where, the numbers, how sure), not the symptom.
+
+:func:`diagnose` runs every check the run's contents allow, one module each:
+
+* ``record`` (:func:`ddtree_lab.check.check`): the recorded step's own invariants (buffers,
+  positions against depths, tree, rows, outputs);
+* ``verifier`` (:mod:`.verifier`): the verifier that ran, decision by decision, against the
+  target-only rule on the recorded rows and coins, and which rule it follows instead;
+* ``coins`` (:mod:`.coins`): coins in [0, 1), the final coin never a walk coin;
+* ``sampling`` (:mod:`.sampling`): which transform of the stored raw logits the rows follow;
+* ``greedy`` (:mod:`.greedy`): greedy verdicts take the argmax of the stored raw logits;
+* ``drafter-hits`` (:mod:`.drafter`): the first-position hit rate against the model card;
+
+and, with a model (``model="default"``, a directory, or ``(target, drafter)``):
+
+* ``tree-forward`` (:mod:`.forward`): the first divergent step by bisection, then the mask /
+  positions fault or the KV-commit fault that reproduces its rows;
+* ``drafter`` (:mod:`.drafter`): each draft against the drafter re-run on fresh features;
+* ``greedy-decoding`` (:mod:`.greedy`): greedy requests against plain greedy decoding.
+
+A check that could not run says why (:class:`CheckResult`) and never counts as passing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..step import Run
+from .coins import check_coins
+from .common import CheckResult, Finding
+from .drafter import check_drafter_hits, check_drafter_inputs
+from .forward import check_tree_forward
+from .greedy import check_greedy, check_greedy_decoding
+from .sampling import check_sampling
+from .verifier import check_verifier
+
+__all__ = ["diagnose", "Diagnosis", "Finding", "CheckResult", "check_record", "load_models", "RECORD_CHECKS",
+           "MODEL_CHECKS"]
+
+RECORD_CHECKS = ("record", "verifier", "coins", "sampling", "greedy", "drafter-hits")
+MODEL_CHECKS = ("tree-forward", "drafter", "greedy-decoding")
+
+
+@dataclass
+class Diagnosis:
+    """What :func:`diagnose` found: every check's :class:`CheckResult`, the findings, seconds."""
+
+    results: list[CheckResult]
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [f for r in self.results for f in r.findings]
+
+    @property
+    def faults(self) -> set[str]:
+        """The planted-fault names the findings name."""
+        return {f.fault for f in self.findings if f.fault}
+
+    def text(self) -> str:
+        """One line per finding, then one per check (ran and what it compared, or why not)."""
+        lines = [f.line() for f in self.findings]
+        lines += [r.line() for r in self.results]
+        lines += [f"unreadable: {p}" for p in self.problems]
+        n = len(self.findings)
+        lines.append(f"{n} finding{'s' if n != 1 else ''}; {sum(r.ran for r in self.results)} of "
+                     f"{len(self.results)} checks ran ({self.seconds:.1f} s)")
+        return "\n".join(lines)
+
+
+def check_record(run: Run, steps=None) -> CheckResult:
+    """:func:`ddtree_lab.check.check` on every step, as a diagnose check."""
+    from ..check import check
+
+    steps = run.steps if steps is None else steps
+    result = CheckResult("record", ran=bool(steps), checked=len(steps))
+    if not steps:
+        result.why = "the run has no steps"
+    for s in steps:
+        problems = check(s)
+        if problems:
+            p = problems[0]
+            positions = "position" in p.message
+            kind = ("the buffers' positions are inconsistent with the depths" if positions
+                    else f"the recorded step is inconsistent ({p.part})")
+            result.per_step[(s.step, s.request)] = "unknown"
+            result.findings.append(Finding("record", kind, None, s.step, s.request, p.node,
+                                           f"{p.message} ({len(problems)} problem(s) in the step)", "high",
+                                           f"ddtree-lab doctor RUN --step {s.step} --request {s.request}"))
+    return result
+
+
+def load_models(model, run: Run):
+    """``(target, drafter)`` for ``model``: ``"default"`` (the embedded target and the drafter the
+    run names: ``dflash`` or ``ridge``), a local model directory (drafter None), or a
+    ``(target, drafter)`` pair passed through.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if isinstance(model, tuple) and len(model) == 2:
+        return model
+    if model == "default":
+        from ..models.loading import load_default
+
+        kind = (run.metadata.get("drafter") or {}).get("kind", "")
+        return load_default(drafter="ridge" if "Ridge" in str(kind) else "dflash")
+    if isinstance(model, str) and model:
+        from pathlib import Path
+
+        from ..models import TargetModel
+
+        if not Path(model).is_dir():
+            raise ValueError(f"--model must be 'default' or a model directory, got {model!r}")
+        return TargetModel.from_pretrained(model), None
+    raise ValueError(f"model must be 'default', a directory or (target, drafter), got {model!r}")
+
+
+def diagnose(run: Run, model=None, step: int | None = None, request: int | None = None,
+             confirm: bool = True) -> Diagnosis:
+    """Run every check ``run`` allows (module docstring) and gather the findings.
+
+    Args:
+        run: a :class:`ddtree_lab.Run` (``ddtree_lab.io.load(path)``).
+        model: None (recorded data only), ``"default"``, a model directory, or ``(target, drafter)``.
+        step, request: restrict the checks to one step and/or request (the model checks then
+            re-run only those steps: no bisection).
+        confirm: with a model, re-run a request under a named forward / commit fault to count
+            the steps it reproduces.
+
+    Returns:
+        :class:`Diagnosis`.
+
+    Raises:
+        KeyError: ``step`` / ``request`` not in the run.
+        ValueError: a bad ``model``.
+    """
+    t0 = time.perf_counter()
+    steps = run.steps
+    if request is not None:
+        steps = [s for s in steps if s.request == request]
+        if not steps:
+            raise KeyError(f"request {request}: not in this run (requests: {sorted({s.request for s in run.steps})})")
+    if step is not None:
+        if request is not None:
+            steps = [run.find_step(step, request)]
+        else:
+            steps = [s for s in steps if s.step == step]
+            if not steps:
+                raise KeyError(f"step {step}: not in this run")
+    results = [check_record(run, steps), check_verifier(run, steps), check_coins(run, steps),
+               check_sampling(run, steps), check_greedy(run, steps), check_drafter_hits(run, steps)]
+    if model is None:
+        for name in MODEL_CHECKS:
+            results.append(CheckResult(name, ran=False, why="needs the model (--model default or DIR)"))
+    else:
+        target, drafter = load_models(model, run)
+        results.append(check_tree_forward(run, target, steps, confirm=confirm))
+        if drafter is None:
+            results.append(CheckResult("drafter", ran=False, why="no drafter for a model directory"))
+        else:
+            results.append(check_drafter_inputs(run, target, drafter, steps))
+        results.append(check_greedy_decoding(run, target) if step is None else
+                       CheckResult("greedy-decoding", ran=False, why="compares whole requests (no --step)"))
+    return Diagnosis(results, time.perf_counter() - t0, list(run.problems))

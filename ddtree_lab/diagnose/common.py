@@ -1,0 +1,99 @@
+"""What every diagnose check returns: findings (bug kind, evidence, certainty, next command) and its status."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Finding", "CheckResult", "SURE", "next_command", "group_findings"]
+
+#: How sure a finding is: ``high`` (a named fault reproduces the recorded data exactly),
+#: ``medium`` (an invariant of the rule is broken, the cause is one of a few), ``low`` (a
+#: statistical sign).
+SURE = ("high", "medium", "low")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One bug found in a run.
+
+    Attributes:
+        check: the check that found it (``verifier``, ``coins``, ``sampling``, ``greedy``,
+            ``tree-forward``, ``commit``, ``drafter``, ``record``).
+        kind: the bug kind in plain words (e.g. "the tree mask shows earlier siblings").
+        fault: the planted-fault name (:data:`ddtree_lab.faults.FAULT_KINDS`) the finding names,
+            or None for a kind without one ("unknown mask/positions fault").
+        step, request, node: where (None where it does not apply).
+        evidence: the numbers, in words.
+        sure: one of :data:`SURE`.
+        next: the command (or notebook cell) to look closer.
+        steps: how many steps show it (the first is ``step``).
+    """
+
+    check: str
+    kind: str
+    fault: str | None
+    step: int | None
+    request: int | None
+    node: int | None
+    evidence: str
+    sure: str
+    next: str = ""
+    steps: int = 1
+
+    def line(self) -> str:
+        at = [f"step {self.step}" if self.step is not None else None,
+              f"request {self.request}" if self.request is not None else None,
+              f"node {self.node}" if self.node is not None else None]
+        where = ", ".join(a for a in at if a)
+        more = f" (and {self.steps - 1} more step{'s' if self.steps != 2 else ''})" if self.steps > 1 else ""
+        name = f" [{self.fault}]" if self.fault else ""
+        nxt = f"; next: {self.next}" if self.next else ""
+        return f"FINDING {self.check}: {self.kind}{name} at {where or 'the run'}{more}: {self.evidence}; " \
+               f"sure: {self.sure}{nxt}"
+
+
+@dataclass
+class CheckResult:
+    """What one check did: ``ran`` (it compared ``checked`` items), or not (``why``: it could
+    not run, which never counts as passing), and its findings."""
+
+    check: str
+    ran: bool
+    checked: int = 0
+    why: str = ""
+    findings: list[Finding] = field(default_factory=list)
+    note: str = ""
+    per_step: dict = field(default_factory=dict)  # (step, request) -> the fault name or kind found there
+
+    def line(self) -> str:
+        if not self.ran:
+            return f"could not run {self.check}: {self.why}"
+        if self.findings:
+            return f"{self.check}: {len(self.findings)} finding(s) over {self.checked} item(s){self._note()}"
+        return f"passed {self.check}: {self.checked} item(s), nothing found{self._note()}"
+
+    def _note(self) -> str:
+        return f" ({self.note})" if self.note else ""
+
+
+def next_command(kind: str, step: int | None, request: int | None) -> str:
+    """The command to look at a finding closer: ``render`` of the step's tree (with the
+    decision log), or ``bundle`` for a verifier finding."""
+    if step is None:
+        return "open labs/08_bug_zoo.ipynb (the zoo: what each kind looks like)"
+    where = f"--step {step}" + (f" --request {request}" if request is not None else "")
+    if kind in ("verifier", "coins"):
+        return f"ddtree-lab render RUN {where} --format decisions; ddtree-lab bundle RUN {where} -o BUG"
+    return f"ddtree-lab render RUN {where} -o tree.svg"
+
+
+def group_findings(per_step: list[Finding]) -> list[Finding]:
+    """One finding per (check, kind, fault, request): the first step's, with ``steps`` the count."""
+    out: dict[tuple, Finding] = {}
+    count: dict[tuple, int] = {}
+    for f in per_step:
+        key = (f.check, f.kind, f.fault, f.request)
+        count[key] = count.get(key, 0) + f.steps
+        if key not in out or (f.step is not None and out[key].step is not None and f.step < out[key].step):
+            out[key] = f
+    return [Finding(**{**f.__dict__, "steps": count[k]}) for k, f in out.items()]

@@ -1,0 +1,199 @@
+"""Check: which sampling transform explains the recorded rows (the recorded T / top-k / top-p / min-p, greedy, T = 1, the other order).
+
+At level ``full`` a step stores, per node row, the top-M raw logits (ids and values) and the
+row's log-sum-exp. For a node whose token is among its parent's top-M logits, a candidate
+transform's probability of that token is known exactly (when top-k / top-p cut inside the
+top M) or within a proven interval (the tail's mass under temperature ``T`` is bounded by the
+stored log-sum-exp and the M-th logit, module :func:`prob_interval`). The recorded child
+probability must lie in the interval of the recorded parameters; where it does not, the
+candidates whose intervals hold it at every node of the step are named ("the trace says
+T = 0.8, the rows are T = 1").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from ..sampling import SamplingParams
+from ..step import Run, Step
+from .common import CheckResult, Finding, group_findings, next_command
+
+__all__ = ["check_sampling", "sampling_step", "prob_interval", "candidates"]
+
+#: The recorded probability may sit this far outside a candidate's interval (float32 rows).
+ATOL, RTOL = 2e-5, 1e-3
+#: A top-p cut this close to a running sum is not decided (float32 vs float64 sums).
+CUT_MARGIN = 1e-4
+
+
+def candidates(p: SamplingParams) -> dict[str, SamplingParams | str]:
+    """The transforms tried for a request with parameters ``p`` (T > 0): the recorded ones,
+    greedy, T = 1 (when T != 1), the other filtering order (when both top-k and top-p are on)."""
+    out: dict[str, SamplingParams | str] = {"recorded": p, "sampling-greedy": "greedy"}
+    if p.temperature != 1.0:
+        out["sampling-temperature-1"] = dataclasses.replace(p, temperature=1.0)
+    if p.top_k > 0 and p.top_p < 1.0:
+        other = "top_p_then_top_k" if p.order == "top_k_then_top_p" else "top_k_then_top_p"
+        out["sampling-other-order"] = dataclasses.replace(p, order=other)
+    return out
+
+
+def _top_p_keep(e: torch.Tensor, z_lo: float, z_hi: float, top_p: float, keep: torch.Tensor):
+    """The top-p keep mask over the stored entries under normalisers in ``[z_lo, z_hi]``, or None
+    when the cut is not decided inside the stored entries."""
+    masks = []
+    for z in (z_lo, z_hi):
+        probs = torch.where(keep, e / z, torch.zeros_like(e))
+        order = torch.sort(probs, descending=True, stable=True)
+        cum = order.values.cumsum(0)
+        reach = (cum >= top_p).nonzero()
+        if reach.numel() == 0:
+            return None
+        k = int(reach[0])
+        if abs(float(cum[k]) - top_p) < CUT_MARGIN or (k > 0 and abs(float(cum[k - 1]) - top_p) < CUT_MARGIN):
+            return None
+        masks.append(keep & (probs >= order.values[k]))
+    return masks[0] if bool((masks[0] == masks[1]).all()) else None
+
+
+def prob_interval(ids: torch.Tensor, logits: torch.Tensor, lse: float, token: int, cand, vocab: int):
+    """``(lo, hi)`` bounds of ``token``'s probability under ``cand`` from one stored row, or None.
+
+    Args:
+        ids, logits: ``[M]`` the row's top-M raw logits (descending; ties by ascending id).
+        lse: the row's float64 log-sum-exp over the whole vocabulary.
+        token: the child's token id.
+        cand: :class:`SamplingParams` or ``"greedy"`` (one-hot at the argmax).
+        vocab: V.
+    """
+    ids_l = ids.tolist()
+    if cand == "greedy":
+        return (1.0, 1.0) if token == ids_l[0] else (0.0, 0.0)
+    m, t = len(ids_l), float(cand.temperature)
+    l = logits.double()
+    s = (logits / torch.tensor(t, dtype=torch.float32)).double()
+    e = torch.exp(s - s[0])
+    s1 = max(math.exp(lse - float(l[0])) - float(torch.exp(l - l[0]).sum()), 0.0)  # tail at T = 1 (units of e)
+    gap = float(l[-1] - l[0])
+    if t == 1.0:
+        tail = (s1, s1)
+    elif t < 1.0:
+        tail = (0.0, s1 * math.exp(gap * (1.0 / t - 1.0)))
+    else:
+        tail = (s1, max(vocab - m, 0) * math.exp(gap / t))
+    tail_full = tail
+    all_m = torch.ones(m, dtype=torch.bool)
+    keep = all_m
+    has_k = 0 < cand.top_k < vocab
+    if has_k and cand.top_k <= m:
+        kth = s[cand.top_k - 1]
+        if float(s[-1]) == float(kth) and vocab > m:
+            return None  # ties with the k-th logit may reach past the stored entries
+        keep = s >= kth
+        tail = (0.0, 0.0)
+    elif has_k:
+        tail = (0.0, tail[1])  # the tail is partly cut by top-k
+    if cand.top_p < 1.0:
+        if cand.order == "top_k_then_top_p" or not has_k:
+            base = float(e[keep].sum())
+            mask = _top_p_keep(e, base + tail[0], base + tail[1], cand.top_p, keep)
+        else:  # top-p on the whole tempered row, then top-k among the survivors
+            full = float(e.sum())
+            mask = _top_p_keep(e, full + tail_full[0], full + tail_full[1], cand.top_p, all_m)
+            mask = None if mask is None else mask & keep
+        if mask is None:
+            return None
+        keep, tail = mask, (0.0, 0.0)
+    if cand.min_p:
+        top = float(e[keep].max()) if keep.any() else 0.0
+        keep = keep & (e >= cand.min_p * top)
+        if float(e[-1]) < cand.min_p * top:
+            tail = (0.0, 0.0)
+        else:
+            tail = (0.0, tail[1])
+    if token not in ids_l:
+        return (0.0, 0.0) if tail == (0.0, 0.0) else None
+    k = ids_l.index(token)
+    if not bool(keep[k]):
+        return (0.0, 0.0)
+    base = float(e[keep].sum())
+    return float(e[k]) / (base + tail[1]), float(e[k]) / (base + tail[0])
+
+
+def sampling_step(step: Step, vocab: int) -> tuple[int, dict[str, int], int | None, str] | None:
+    """``(nodes decided, {candidate: nodes contradicting it}, first node contradicting the
+    recorded parameters, its evidence)`` for one sampled step; None when no node was decided."""
+    cands = candidates(step.params)
+    bad = dict.fromkeys(cands, 0)
+    decided, first, evidence = 0, None, ""
+    cp, parents, tokens = step.child_probs, step.parents.tolist(), step.node_token_ids.tolist()
+    ids, logits, lse = step.row_logit_ids, step.row_logits, step.row_logsumexp
+    for i in range(1, step.num_nodes):
+        p = float(cp[i])
+        if math.isnan(p):
+            continue
+        par = parents[i]
+        got = {}
+        for name, c in cands.items():
+            iv = prob_interval(ids[par], logits[par], float(lse[par]), tokens[i], c, vocab)
+            if iv is not None:
+                got[name] = iv
+        if "recorded" not in got:
+            continue
+        decided += 1
+        for name, (lo, hi) in got.items():
+            if not (lo - ATOL - RTOL * lo <= p <= hi + ATOL + RTOL * hi):
+                bad[name] += 1
+                if name == "recorded" and first is None:
+                    first = i
+                    evidence = (f"node {i} (token {tokens[i]}): recorded p = {p:.6g}, the recorded parameters "
+                                f"(T={step.params.temperature:g}, top_k={step.params.top_k}, top_p={step.params.top_p:g}) "
+                                f"give {lo:.6g}" + (f"..{hi:.6g}" if hi - lo > 1e-9 else ""))
+    return (decided, bad, first, evidence) if decided else None
+
+
+_NAMES = {"sampling-greedy": "a request with T > 0 was verified greedily (its sampling parameters were dropped)",
+          "sampling-temperature-1": "the verifier's rows are at temperature 1, not the request's temperature",
+          "sampling-other-order": "the verifier's rows apply the other filtering order (top-p and top-k swapped)"}
+
+
+def check_sampling(run: Run, steps: list[Step] | None = None) -> CheckResult:
+    """:func:`sampling_step` on every sampled step stored at level ``full``; the finding names
+    the transform that explains the rows of the step (or none of the known ones)."""
+    steps = run.steps if steps is None else steps
+    result = CheckResult("sampling", ran=False)
+    vocab = run.vocab_size
+    eligible = [s for s in steps if s.params is not None and not s.params.is_greedy and s.rows is not None
+                and s.row_logits is not None and s.row_logsumexp is not None and s.child_probs is not None]
+    if vocab is None:
+        result.why = "the run does not say its vocabulary size"
+        return result
+    found = []
+    for s in eligible:
+        got = sampling_step(s, vocab)
+        if got is None:
+            continue
+        result.checked += 1
+        decided, bad, first, evidence = got
+        if not bad["recorded"]:
+            continue
+        fits = [n for n, k in bad.items() if n != "recorded" and k == 0]
+        if len(fits) == 1:
+            kind, fault, sure = _NAMES[fits[0]], fits[0], "high"
+        else:
+            kind = ("the rows follow none of the known transforms of the recorded sampling parameters"
+                    if not fits else "the rows do not follow the recorded sampling parameters (" + " or ".join(fits) + ")")
+            fault, sure = None, "medium"
+        result.per_step[(s.step, s.request)] = fault or "unknown"
+        found.append(Finding("sampling", kind, fault, s.step, s.request, first,
+                             f"{evidence}; {bad['recorded']} of {decided} decided node(s) contradict them", sure,
+                             next_command("sampling", s.step, s.request)))
+    result.ran = result.checked > 0
+    if not result.ran:
+        result.why = ("no sampled step (T > 0) stores its top-M raw logits (level full) with a node decided by them"
+                      if not eligible else "no node's token is decided by the stored top-M logits")
+    result.findings = group_findings(found)
+    return result
