@@ -164,4 +164,27 @@ def diagnose(run: Run, model=None, step: int | None = None, request: int | None 
             results.append(check_drafter_inputs(run, target, drafter, steps))
         results.append(check_greedy_decoding(run, target) if step is None else
                        CheckResult("greedy-decoding", ran=False, why="compares whole requests (no --step)"))
+    _fold_consequences(results)
     return Diagnosis(results, time.perf_counter() - t0, list(run.problems))
+
+
+def _fold_consequences(results: list[CheckResult]) -> None:
+    """A wrong tree forward or KV commit feeds the drafter wrong features from its step on: an
+    unnamed drafter-input finding of that request at or after it is its consequence, kept as a
+    note on the drafter check rather than a second bug."""
+    first = {f.request: f.step for r in results if r.check == "tree-forward" for f in r.findings}
+    for r in results:
+        if r.check != "drafter" or not first:
+            continue
+        keep, folded = [], 0
+        for f in r.findings:
+            if f.fault is None and f.request in first and f.step is not None and f.step >= first[f.request]:
+                folded += f.steps
+            else:
+                keep.append(f)
+        if folded:
+            r.findings = keep
+            r.note = (r.note + "; " if r.note else "") + (f"{folded} step(s) whose draft differs after a tree-forward / "
+                                                          "commit finding of the request (its features came from "
+                                                          "that forward): a consequence, not counted")
+

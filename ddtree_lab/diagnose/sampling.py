@@ -171,16 +171,23 @@ def check_sampling(run: Run, steps: list[Step] | None = None) -> CheckResult:
     if vocab is None:
         result.why = "the run does not say its vocabulary size"
         return result
-    found = []
+    stats = []
     for s in eligible:
         got = sampling_step(s, vocab)
         if got is None:
             continue
         result.checked += 1
-        decided, bad, first, evidence = got
+        stats.append((s, got))
+    # the transform must explain every step of a request: candidates never contradicted there
+    fits_of: dict[int, list[str]] = {}
+    for s, (_, bad, _, _) in stats:
+        fits = fits_of.setdefault(s.request, [n for n in bad if n != "recorded"])
+        fits_of[s.request] = [n for n in fits if bad[n] == 0]
+    found = []
+    for s, (decided, bad, first, evidence) in stats:
         if not bad["recorded"]:
             continue
-        fits = [n for n, k in bad.items() if n != "recorded" and k == 0]
+        fits = fits_of[s.request]
         if len(fits) == 1:
             kind, fault, sure = _NAMES[fits[0]], fits[0], "high"
         else:

@@ -64,9 +64,54 @@ def _threshold_interval(step: Step) -> tuple[float, float]:
     return lo, hi
 
 
-def verifier_step(step: Step, vocab: int) -> tuple[str, str, str | None, int | None, str] | None:
+def _walk_follows_rule(step: Step) -> bool:
+    """Whether every recorded decision is the target-only rule's verdict on its own recorded
+    numbers (``p`` = the stored child probability, ``S_k`` its float32 running sum, the coin
+    of the parent), stopping at the first accept."""
+    import numpy as np
+
+    from ..verify.rules import accepts
+
+    cp = step.child_probs
+    mass, parent = 0.0, None
+    for d in step.decisions:
+        if d.parent != parent:
+            mass, parent = 0.0, d.parent
+        mass = float(np.float32(mass + d.target_prob))
+        if d.coin is None or float(step.coins[d.parent]) != d.coin or d.target_prob != float(cp[d.node]):
+            return False
+        want = "accept" if (accepts(d.target_prob, mass, d.coin, 1.0, 1.0) or d.cumulative_mass == 1.0) else "reject"
+        if d.verdict != want or (d.cumulative_mass != mass and d.cumulative_mass != 1.0):
+            return False
+    return True
+
+
+def _bonus_coins(step: Step) -> tuple[bool, list[int], bool]:
+    """``(the final coin draws the bonus, walk nodes whose coin draws it, the bonus has zero
+    residual probability in its node's row)`` from the stored row prefix and residual mass."""
+    b, prefix = step.bonus, step.final_row_prefix
+    t = b.token
+    if t < 0 or prefix is None or prefix.shape[0] != t + 1 or step.final_mass is None:
+        return False, [], False
+    rejected = [d.token for d in step.decisions if d.parent == b.node and d.verdict == "reject"]
+    r = prefix.double().clone()
+    for tok in rejected:
+        if tok <= t:
+            r[tok] = 0.0
+    if float(r[t]) <= 0.0:
+        return False, [], True
+    cum = r.cumsum(0)
+    lo, hi = (float(cum[t - 1]) if t else 0.0), float(cum[t])
+
+    def draws(c: float) -> bool:
+        return lo <= c * step.final_mass < hi
+
+    return draws(float(step.final_coin)), [i for i in range(step.num_nodes) if draws(float(step.coins[i]))], False
+
+
+def verifier_step(step: Step, vocab: int) -> tuple[list[str], str | None, int | None, str] | None:
     """Diagnose one step: None when the recorded walk is the target-only rule's on its rows and
-    coins, else ``(kind, sure, fault, node, evidence)``.
+    coins, else ``(candidate faults reproducing it, a kind for none, node, evidence)``.
 
     Raises:
         ValueError: the step stores nothing to replay (level ``off``, no rows or coins).
@@ -75,42 +120,44 @@ def verifier_step(step: Step, vocab: int) -> tuple[str, str, str | None, int | N
     if not diffs:
         return None
     first = diffs[0]
+    where = f"decision log vs the target-only rule: {first.field}: recorded {first.recorded!r}, the rule gives " \
+            f"{first.replayed!r}"
+    if _walk_follows_rule(step) and step.bonus is not None:
+        node = step.bonus.node
+        ok, walk, zero = _bonus_coins(step)
+        how = ("has zero residual probability in that node's row" if zero else
+               f"is not the draw of that node's residual row with the final coin {step.final_coin:.6g}")
+        text = f"every decision follows the target-only rule, but the bonus {step.bonus_token} at node {node} {how}"
+        if walk and not ok:
+            return ["verifier-final-coin-reuse"], None, node, text + f"; node {walk[0]}'s walk coin draws it"
+        if not ok:
+            return ["verifier-bonus-row"], None, node, text + ", and no walk coin draws it"
+        return [], "the bonus draw departs from the rule (unknown cause)", node, where
     vi, rows = step.verify_input(), _rows(step, vocab)
     coins = step.coins[None].float()
     final = torch.tensor([0.0 if step.final_coin is None else step.final_coin], dtype=torch.float32)
     mass = [step.final_mass if step.final_row_prefix is not None and step.final_row_prefix.numel() else None]
-    where = f"decision log vs the target-only rule: {first.field}: recorded {first.recorded!r}, the rule gives " \
-            f"{first.replayed!r}"
+    names = []
     pq = _try(lambda: verify_p_over_q(vi, lambda b, i: rows[b, i], step.node_logws[None], coins, final, mass))
     if _same(step, pq):
-        return ("the verifier accepts with min(1, p/q) using the drafter's marginals q (biased on a top-k tree; "
-                "the target-only rule is the lossless one)", "high", "verifier-p-over-q", first.node,
-                where + "; the p/q rule reproduces every decision and the bonus")
+        names.append("verifier-p-over-q")
     lo, hi = _threshold_interval(step)
     if hi < 1.0 and lo < hi:
-        t = hi
-        lossy = _try(lambda: verify_sampled(vi, rows, coins, final, final_masses=mass, threshold_acc=t))
+        lossy = _try(lambda: verify_sampled(vi, rows, coins, final, final_masses=mass, threshold_acc=hi))
         if _same(step, lossy):
-            return (f"the verifier runs a lossy acceptance threshold (threshold_acc in ({lo:.3g}, {hi:.3g}]) the "
-                    "output reports as exact", "high", "verifier-threshold", first.node,
-                    where + f"; SGLang's rule u <= S/{t:.3g} reproduces every decision")
-    decisions_same = all(d.field.startswith(("bonus", "emitted", "bonus_token")) for d in diffs)
-    if decisions_same and step.bonus is not None:
-        node = step.bonus.node
-        for i in range(step.num_nodes):
-            c = torch.tensor([float(step.coins[i])], dtype=torch.float32)
-            alt = _try(lambda: verify_sampled(vi, rows, coins, c, final_masses=mass))
-            if _same(step, alt):
-                return ("the final coin reuses a walk coin (the bonus was drawn with node %d's coin, not the "
-                        "recorded final coin)" % i, "high", "verifier-final-coin-reuse", node,
-                        where + f"; coin {float(step.coins[i]):.6g} reproduces the bonus")
-        return ("the bonus token is not drawn from its node's row (the row of another node, e.g. the parent's)",
-                "medium", "verifier-bonus-row", node,
-                f"the accepted path and every decision follow the target-only rule, but the bonus {step.bonus_token} "
-                f"is not the draw of node {node}'s residual row with the final coin {step.final_coin:.6g} "
-                f"(that row gives {first.replayed!r}), and no walk coin gives it either")
-    return ("the verifier departs from the target-only rule (no known rule reproduces it)", "medium", None,
-            first.node, where)
+            names.append("verifier-threshold")
+            where += f"; SGLang's threshold rule reproduces it for threshold_acc in ({lo:.3g}, {hi:.3g}]"
+    return names, "the verifier departs from the target-only rule (no known rule reproduces it)", first.node, where
+
+
+_KINDS = {
+    "verifier-p-over-q": ("the verifier accepts with min(1, p/q) using the drafter's marginals q (biased on a top-k "
+                          "tree; the target-only rule is the lossless one)", "high"),
+    "verifier-threshold": ("the verifier runs a lossy acceptance threshold the output reports as exact", "high"),
+    "verifier-final-coin-reuse": ("the bonus was drawn with a walk coin, not the recorded final coin", "high"),
+    "verifier-bonus-row": ("the bonus token is not drawn from its node's row (another node's row, e.g. the "
+                           "parent's)", "medium"),
+}
 
 
 def check_verifier(run: Run, steps: list[Step] | None = None) -> CheckResult:
@@ -119,7 +166,7 @@ def check_verifier(run: Run, steps: list[Step] | None = None) -> CheckResult:
     steps = run.steps if steps is None else steps
     vocab = run.vocab_size
     result = CheckResult("verifier", ran=False)
-    found, skipped = [], []
+    found, skipped, bounds = [], [], {}
     for s in steps:
         if s.output is None or s.buffers is None or s.rows is None or s.coins is None or s.rows.cannot("replay"):
             skipped.append(s)
@@ -131,12 +178,35 @@ def check_verifier(run: Run, steps: list[Step] | None = None) -> CheckResult:
             result.note = f"step {s.step}, request {s.request}: {exc}"
             continue
         result.checked += 1
-        if got is None:
-            continue
-        kind, sure, fault, node, evidence = got
+        lo, hi = _threshold_interval(s)
+        a, b = bounds.get(s.request, (0.0, float("inf")))
+        bounds[s.request] = (max(a, lo), min(b, hi))
+        if got is not None:
+            found.append((s, got))
+    # a threshold is one constant: every step of the request must admit it
+    for s, (names, _, _, _) in found:
+        a, b = bounds[s.request]
+        if not a < b and "verifier-threshold" in names:
+            names.remove("verifier-threshold")
+    # one rule for the whole request: the candidates reproducing every departing step of it
+    common: dict[int, set] = {}
+    for s, (names, _, _, _) in found:
+        common[s.request] = common.get(s.request, set(names)) & set(names)
+    findings = []
+    for s, (names, unknown, node, evidence) in found:
+        pick = sorted(common[s.request]) or names
+        if len(pick) == 1:
+            fault = pick[0]
+            kind, sure = _KINDS[fault]
+            evidence += f"; the {fault} rule reproduces every decision and the bonus" if fault in (
+                "verifier-p-over-q", "verifier-threshold") else ""
+        else:
+            fault, sure = None, "medium"
+            kind = unknown if not pick else "the verifier follows " + " or ".join(pick)
         result.per_step[(s.step, s.request)] = fault or "unknown"
-        found.append(Finding("verifier", kind, fault, s.step, s.request, node, evidence, sure,
-                             next_command("verifier", s.step, s.request)))
+        findings.append(Finding("verifier", kind, fault, s.step, s.request, node, evidence, sure,
+                                next_command("verifier", s.step, s.request)))
+    found = findings
     result.ran = result.checked > 0
     if not result.ran:
         result.why = (f"no step stores the verify rows, coins and decisions ({len(skipped)} step(s) without them: "
