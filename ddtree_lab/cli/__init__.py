@@ -7,6 +7,7 @@
     ddtree-lab replay  TRACE|BUNDLE|RECORDING [--backend reference|torch-lazy|triton]
     ddtree-lab audit   TRACE --step S [--request R] [--model default] | BUNDLE | --random N
     ddtree-lab doctor  TRACE|BUNDLE|RECORDING [--model default --step S --request R]
+    ddtree-lab diagnose RUN [--model default|DIR] [--step S --request R]   # the bug named
     ddtree-lab sglang  hook-dir | replay RECORDING | convert RECORDING -o TRACE
     ddtree-lab lab                                        # JupyterLab on labs/
 
@@ -23,6 +24,7 @@ import os
 import sys
 
 from .checks import cmd_audit, cmd_doctor
+from .diagnose import cmd_diagnose
 from .common import EXIT_ERROR, CLIError
 from .live import cmd_lab, cmd_record
 from .steps import cmd_bundle, cmd_info, cmd_render, cmd_replay, cmd_sglang
@@ -152,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", type=int, default=8, help="nodes compared with causal forwards")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled nodes")
     p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("diagnose", help="name the bug a run shows (one line per finding)",
+                       description=cmd_diagnose.__doc__)
+    p.add_argument("run", metavar="RUN", help="a trace, bundle or converted recording (ddtree_lab.io.load)")
+    p.add_argument("--model", help="'default' or a model directory: also re-run the target and drafter")
+    _step_args(p)
+    p.set_defaults(func=cmd_diagnose)
 
     p = sub.add_parser("sglang", help="SGLang recordings: hook-dir, replay, convert", description=cmd_sglang.__doc__)
     ss = p.add_subparsers(dest="sglang_cmd", required=True, metavar="COMMAND")

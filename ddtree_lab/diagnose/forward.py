@@ -107,21 +107,23 @@ def first_bad_step(steps: list[Step], bad) -> int | None:
     return hi
 
 
-def _confirm(run, target, steps, start: int, fault: str) -> tuple[int, int]:
+def _confirm(run, target, steps, start: int, fault: str) -> tuple[int, int, list[int]]:
     """Re-run ``steps[start:]`` under ``fault`` with the cache kept as it keeps it: ``(steps
-    reproduced, steps run)``."""
+    reproduced, steps run, the step numbers reproduced)``."""
     prefix = request_prefix(run, steps[start].request)
-    state, ok = None, 0
+    state, ok, which = None, 0, []
     for s in steps[start:]:
         vi = _fault_input(run, s, fault) if fault in FORWARD_FAULTS else s.buffers
         logits, state = _forward(target, prefix[: s.prefix_len], vi, state)
-        ok += int(float(step_rows_diff(s, logits).max()) <= ROW_ATOL)
+        if float(step_rows_diff(s, logits).max()) <= ROW_ATOL:
+            ok += 1
+            which.append(s.step)
         target.keep_paths(state, kept_rows([s.accepted_path], fault if fault in COMMIT_FAULTS else None),
                           int(vi.node_token_ids.shape[1]))
-    return ok, len(steps) - start
+    return ok, len(steps) - start, which
 
 
-def _diagnose_request(run, target, steps: list[Step], confirm: bool):
+def _diagnose_request(run, target, steps: list[Step], confirm: bool, reproduced: list[int]):
     prefix = request_prefix(run, steps[0].request)
     cache: dict[int, torch.Tensor] = {}
 
@@ -160,7 +162,8 @@ def _diagnose_request(run, target, steps: list[Step], confirm: bool):
         name = names[0]
         extra = ""
         if confirm:
-            ok, total = _confirm(run, target, steps, k - 1, name)
+            ok, total, which = _confirm(run, target, steps, k - 1, name)
+            reproduced.extend(which)
             extra = f"; re-running from step {prev.step} under it reproduces {ok} of {total} steps"
         return Finding("commit", COMMIT_FAULTS[name], name, s.step, s.request, 0,
                        base + f"; committing the first {len(prev.accepted_path)} tree rows instead reproduces "
@@ -177,7 +180,8 @@ def _diagnose_request(run, target, steps: list[Step], confirm: bool):
                        node, base, "medium", next_command("tree-forward", s.step, s.request)), len(cache)
     extra = ""
     if confirm:
-        ok, total = _confirm(run, target, steps, k, names[0])
+        ok, total, which = _confirm(run, target, steps, k, names[0])
+        reproduced.extend(which)
         extra = f"; re-running the request from here under it reproduces {ok} of {total} steps"
     kind = FORWARD_FAULTS[names[0]] if len(names) == 1 else " or ".join(FORWARD_FAULTS[n] for n in names)
     return Finding("tree-forward", kind, names[0] if len(names) == 1 else None, s.step, s.request, node,
@@ -205,7 +209,8 @@ def check_tree_forward(run: Run, target, steps: list[Step] | None = None, confir
     for r in sorted({s.request for s in usable}):
         mine = sorted((s for s in usable if s.request == r), key=lambda s: s.step)
         try:
-            finding, checked = _diagnose_request(run, target, mine, confirm)
+            reproduced: list[int] = []
+            finding, checked = _diagnose_request(run, target, mine, confirm, reproduced)
         except ValueError as exc:
             result.note = (result.note + "; " if result.note else "") + f"request {r}: {exc}"
             continue
@@ -213,6 +218,8 @@ def check_tree_forward(run: Run, target, steps: list[Step] | None = None, confir
         if finding is not None:
             result.findings.append(finding)
             result.per_step[(finding.step, r)] = finding.fault or "unknown"
+            for k in reproduced:  # the later steps the named fault reproduces (confirm)
+                result.per_step.setdefault((k, r), finding.fault)
     result.ran = result.checked > 0
     if not result.ran:
         result.why = result.note or "no request could be re-run"

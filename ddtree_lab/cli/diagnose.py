@@ -1,0 +1,33 @@
+"""Verb diagnose: every check a run's contents allow, one line per finding (the bug named, with its evidence)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .common import EXIT_PROBLEM, CLIError, load_run
+
+
+def cmd_diagnose(args) -> int:
+    """Name the bug, not the symptom: each finding gives the bug kind in plain words, where
+    (step, request, node), the numbers, how sure, and the next command. Without --model only the
+    recorded data is used (the verifier that ran, coins, sampling transform, greedy verdicts,
+    drafter hit rate); with --model default (or DIR) the tree forward and KV commit (first
+    divergent step by bisection), the drafter's input and plain greedy decoding are checked too.
+    A check that could not run says so and never counts as passing.
+
+    Exit status: 1 on a finding, 0 when every check that ran found nothing, 2 on bad input."""
+    from ..diagnose import diagnose
+
+    if args.model is not None and args.model != "default" and not Path(args.model).is_dir():
+        raise CLIError(f"--model {args.model}: not 'default' and not a model directory")
+    run = load_run(args.run)
+    if not run.steps:
+        raise CLIError(f"{args.run}: no readable steps")
+    try:
+        result = diagnose(run, model=args.model, step=args.step, request=args.request)
+    except KeyError as exc:
+        raise CLIError(f"{args.run}: {exc.args[0] if exc.args else exc}") from exc
+    print(result.text().replace(" RUN ", f" {args.run} "))
+    if not any(r.ran for r in result.results):
+        raise CLIError(f"{args.run}: no check could run on this run")
+    return EXIT_PROBLEM if result.findings else 0
