@@ -133,21 +133,21 @@ def verifier_step(step: Step, vocab: int) -> tuple[list[str], str | None, int | 
         if not ok:
             return ["verifier-bonus-row"], None, node, text + ", and no walk coin draws it"
         return [], "the bonus draw departs from the rule (unknown cause)", node, where
+    return None, "the verifier departs from the target-only rule (no known rule reproduces it)", first.node, where
+
+
+def reproduces(step: Step, vocab: int, name: str, threshold_acc: float = 1.0) -> bool:
+    """Whether the candidate rule ``name`` (``verifier-p-over-q``, or ``verifier-threshold`` at
+    ``threshold_acc``) re-walked on the step's stored rows and coins gives its recorded output."""
     vi, rows = step.verify_input(), _rows(step, vocab)
     coins = step.coins[None].float()
     final = torch.tensor([0.0 if step.final_coin is None else step.final_coin], dtype=torch.float32)
     mass = [step.final_mass if step.final_row_prefix is not None and step.final_row_prefix.numel() else None]
-    names = []
-    pq = _try(lambda: verify_p_over_q(vi, lambda b, i: rows[b, i], step.node_logws[None], coins, final, mass))
-    if _same(step, pq):
-        names.append("verifier-p-over-q")
-    lo, hi = _threshold_interval(step)
-    if hi < 1.0 and lo < hi:
-        lossy = _try(lambda: verify_sampled(vi, rows, coins, final, final_masses=mass, threshold_acc=hi))
-        if _same(step, lossy):
-            names.append("verifier-threshold")
-            where += f"; SGLang's threshold rule reproduces it for threshold_acc in ({lo:.3g}, {hi:.3g}]"
-    return names, "the verifier departs from the target-only rule (no known rule reproduces it)", first.node, where
+    if name == "verifier-p-over-q":
+        out = _try(lambda: verify_p_over_q(vi, lambda b, i: rows[b, i], step.node_logws[None], coins, final, mass))
+    else:
+        out = _try(lambda: verify_sampled(vi, rows, coins, final, final_masses=mass, threshold_acc=threshold_acc))
+    return _same(step, out)
 
 
 _KINDS = {
@@ -166,13 +166,16 @@ def check_verifier(run: Run, steps: list[Step] | None = None) -> CheckResult:
     steps = run.steps if steps is None else steps
     vocab = run.vocab_size
     result = CheckResult("verifier", ran=False)
-    found, skipped, bounds = [], [], {}
+    found, skipped, bounds, ok_steps, thresholds = [], [], {}, [], {}
+
+    def vocab_of(s):
+        return vocab or max(int(s.node_token_ids.max()), s.final_row_prefix.shape[0]) + 1
     for s in steps:
         if s.output is None or s.buffers is None or s.rows is None or s.coins is None or s.rows.cannot("replay"):
             skipped.append(s)
             continue
         try:
-            got = verifier_step(s, vocab or max(int(s.node_token_ids.max()), s.final_row_prefix.shape[0]) + 1)
+            got = verifier_step(s, vocab_of(s))
         except ValueError as exc:
             skipped.append(s)
             result.note = f"step {s.step}, request {s.request}: {exc}"
@@ -183,23 +186,30 @@ def check_verifier(run: Run, steps: list[Step] | None = None) -> CheckResult:
         bounds[s.request] = (max(a, lo), min(b, hi))
         if got is not None:
             found.append((s, got))
-    # a threshold is one constant: every step of the request must admit it
-    for s, (names, _, _, _) in found:
-        a, b = bounds[s.request]
-        if not a < b and "verifier-threshold" in names:
-            names.remove("verifier-threshold")
-    # one rule for the whole request: the candidates reproducing every departing step of it
-    common: dict[int, set] = {}
-    for s, (names, _, _, _) in found:
-        common[s.request] = common.get(s.request, set(names)) & set(names)
+        else:
+            ok_steps.append(s)
+    # one rule for the whole request: a candidate must reproduce every step of it whose walk
+    # departs or agrees (a threshold is one constant, admitted by every step's decisions)
+    common: dict[int, list[str]] = {}
+    for r in sorted({s.request for s, (names, _, _, _) in found if names is None}):
+        a, b = bounds[r]
+        cands = [("verifier-p-over-q", 1.0)] + ([("verifier-threshold", b)] if a < b < 1.0 else [])
+        mine = [s for s in ok_steps if s.request == r] + [s for s, (n, _, _, _) in found if s.request == r and n is None]
+        common[r] = [name for name, t in cands if all(reproduces(s, vocab_of(s), name, t) for s in mine)]
+        if "verifier-threshold" in common[r]:
+            thresholds[r] = (a, b)
     findings = []
     for s, (names, unknown, node, evidence) in found:
-        pick = sorted(common[s.request]) or names
+        pick = names if names is not None else common.get(s.request, [])
         if len(pick) == 1:
             fault = pick[0]
             kind, sure = _KINDS[fault]
-            evidence += f"; the {fault} rule reproduces every decision and the bonus" if fault in (
-                "verifier-p-over-q", "verifier-threshold") else ""
+            if fault == "verifier-threshold":
+                a, b = thresholds[s.request]
+                evidence += (f"; SGLang's rule u <= S/t with t in ({a:.3g}, {b:.3g}] (admitted by every step) "
+                             "reproduces every step of the request")
+            elif fault == "verifier-p-over-q":
+                evidence += "; the p/q rule reproduces every step of the request"
         else:
             fault, sure = None, "medium"
             kind = unknown if not pick else "the verifier follows " + " or ".join(pick)

@@ -1,0 +1,140 @@
+"""diagnose: each planted fault kind caught and named from a short live run; each clean configuration silent."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import ddtree_lab as dl
+from ddtree_lab.diagnose.coins import coins_step
+from ddtree_lab.diagnose.sampling import prob_interval
+from ddtree_lab.faults import (COMMIT_FAULTS, DRAFTER_FAULTS, FAULT_KINDS, FORWARD_FAULTS, NO_FAULTS,
+                               SAMPLING_FAULTS, VERIFIER_FAULTS, Faults, forward_input)
+
+PROMPTS = ["Tell me about lighthouses.", "What is two plus two?"]
+SAMPLED = dl.SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=1)
+
+
+def live(target, drafter, faults=None, sampling=SAMPLED, tokens=16, record="full", prompts=PROMPTS, budget=12):
+    run = dl.LiveSession(target, drafter, budget=budget, sampling=sampling, faults=faults, record=record).run(
+        prompts, max_new_tokens=tokens)
+    assert run.metadata.pop("planted_faults", None) == (list(Faults(faults).names) if faults else None)
+    return run
+
+
+# -- the switches -----------------------------------------------------------------------------
+
+
+def test_faults_are_off_by_default_and_validated():
+    assert not NO_FAULTS and Faults("mask-parent-only").names == ("mask-parent-only",)
+    with pytest.raises(ValueError, match="unknown fault"):
+        Faults("mask-typo")
+    with pytest.raises(ValueError, match="same stage"):
+        Faults("mask-parent-only", "positions-no-depth")
+    import inspect
+
+    assert inspect.signature(dl.LiveSession).parameters["faults"].default is None
+
+
+def test_forward_faults_change_the_mask_or_positions_only():
+    tree = dl.DDTreeBuildResult(node_token_ids=torch.tensor([[5, 6, 7, 8]]), parents=torch.tensor([[-1, 0, 0, 1]]),
+                                depths=torch.tensor([[0, 1, 1, 2]]), ranks=torch.tensor([[-1, 0, 1, 0]]),
+                                node_logws=torch.tensor([[0.0, -0.1, -0.5, -0.3]]), num_nodes=torch.tensor([4]))
+    vi = dl.compile_retrieve(tree, 10)
+    parent_only = forward_input(vi, tree.parents, "mask-parent-only").tree_mask[0]
+    assert parent_only[3].tolist() == [False, True, False, True] and vi.tree_mask[0, 3].tolist() == [True, True, False, True]
+    assert forward_input(vi, tree.parents, "mask-siblings-visible").tree_mask[0, 2].tolist() == [True, True, True, False]
+    assert forward_input(vi, tree.parents, "mask-ancestors-hidden").tree_mask[0].equal(torch.eye(4, dtype=torch.bool))
+    assert forward_input(vi, tree.parents, "positions-node-index").positions[0].tolist() == [10, 11, 12, 13]
+    assert forward_input(vi, tree.parents, "positions-no-depth").positions[0].tolist() == [10] * 4
+    assert vi.positions[0].tolist() == [10, 11, 11, 12]
+
+
+# -- the checks on their own ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("params", [dl.SamplingParams(temperature=0.8), dl.SamplingParams(temperature=1.0, top_p=0.9),
+                                    dl.SamplingParams(temperature=0.7, top_k=20, top_p=0.8),
+                                    dl.SamplingParams(temperature=1.3, top_k=30, order="top_p_then_top_k", top_p=0.7),
+                                    dl.SamplingParams(temperature=0.9, min_p=0.1)])
+def test_prob_interval_holds_the_exact_probability(params):
+    g = torch.Generator().manual_seed(3)
+    vocab, m = 300, 64
+    separated = 0
+    for _ in range(20):
+        logits = torch.randn(vocab, generator=g) * 3
+        exact = dl.target_probs(logits[None, None], params)[0, 0]
+        top = logits.topk(m)
+        lse = float(torch.logsumexp(logits.double(), 0))
+        for token in top.indices[:40].tolist():
+            iv = prob_interval(top.indices, top.values, lse, token, params, vocab)
+            if iv is not None:
+                lo, hi = iv
+                assert lo - 2e-6 <= float(exact[token]) <= hi + 2e-6, (token, iv, float(exact[token]))
+        # tight enough to tell another temperature apart on some top token
+        other = dataclasses.replace(params, temperature=params.temperature * 0.6)
+        ivs = [(t, prob_interval(top.indices, top.values, lse, t, other, vocab)) for t in top.indices[:5].tolist()]
+        separated += any(iv is not None and not iv[0] - 1e-4 <= float(exact[t]) <= iv[1] + 1e-4 for t, iv in ivs)
+    assert separated >= 5
+
+
+def test_coin_invariant_names_a_reused_final_coin(target, drafter):
+    run = live(target, drafter, tokens=8, prompts=PROMPTS[:1])
+    s = run.steps[0]
+    assert coins_step(s) == []
+    bad = s.replace(final_coin=float(s.coins[0]))
+    assert [k[1] for k in coins_step(bad)] == ["verifier-final-coin-reuse"]
+
+
+# -- each kind caught and named; clean runs silent ---------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", list(SAMPLING_FAULTS) + list(VERIFIER_FAULTS))
+def test_recorded_data_names_the_fault(target, drafter, kind):
+    run = live(target, drafter, [kind])
+    d = dl.diagnose(run)
+    assert kind in d.faults, d.text()
+    assert d.faults == {kind}, d.text()
+
+
+@pytest.mark.parametrize("kind", list(FORWARD_FAULTS) + list(COMMIT_FAULTS) + list(DRAFTER_FAULTS))
+def test_the_model_names_the_fault(target, drafter, kind):
+    run = live(target, drafter, [kind])
+    d = dl.diagnose(run, model=(target, drafter), confirm=False)
+    assert d.faults == {kind}, d.text()
+    assert not dl.diagnose(run).faults & {kind}  # without a model it cannot be named
+
+
+@pytest.mark.parametrize("sampling", [dl.SamplingParams(temperature=0.0), SAMPLED,
+                                      [dl.SamplingParams(temperature=0.0), dl.SamplingParams(temperature=0.8, seed=4)]],
+                         ids=["greedy", "T=0.8 filtered", "mixed batch"])
+def test_clean_runs_are_silent(target, drafter, sampling):
+    run = live(target, drafter, None, sampling=sampling)
+    d = dl.diagnose(run, model=(target, drafter))
+    assert not d.findings, d.text()
+    ran = {r.check for r in d.results if r.ran}
+    assert {"record", "verifier", "coins", "tree-forward", "drafter"} <= ran
+
+
+def test_a_check_that_cannot_run_says_so(target, drafter):
+    run = live(target, drafter, None, record="light", tokens=8)
+    d = dl.diagnose(run)
+    why = {r.check: r.why for r in d.results if not r.ran}
+    assert "sampling" in why and "level full" in why["sampling"] and "tree-forward" in why
+    assert "could not run sampling" in d.text()
+
+
+def test_cli_exit_status(target, drafter, tmp_path, capsys):
+    from ddtree_lab.cli import main
+
+    clean, bad = tmp_path / "clean.ddtrace.safetensors", tmp_path / "bad.ddtrace.safetensors"
+    dl.save_trace(live(target, drafter, None, tokens=8), clean)
+    dl.save_trace(live(target, drafter, ["sampling-temperature-1"], tokens=12), bad)
+    assert main(["diagnose", str(clean)]) == 0
+    assert main(["diagnose", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "FINDING sampling" in out and "temperature 1" in out and f"render {bad}" in out
+    assert main(["diagnose", str(tmp_path / "missing")]) == 2
+    assert main(["diagnose", str(clean), "--step", "999", "--request", "0"]) == 2
+    assert sorted(FAULT_KINDS) == sorted({**FORWARD_FAULTS, **COMMIT_FAULTS, **DRAFTER_FAULTS, **SAMPLING_FAULTS,
+                                          **VERIFIER_FAULTS})
