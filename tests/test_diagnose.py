@@ -99,7 +99,7 @@ def test_recorded_data_names_the_fault(target, drafter, kind):
 
 @pytest.mark.parametrize("kind", list(FORWARD_FAULTS) + list(COMMIT_FAULTS) + list(DRAFTER_FAULTS))
 def test_the_model_names_the_fault(target, drafter, kind):
-    run = live(target, drafter, [kind])
+    run = live(target, drafter, [kind], tokens=12)
     d = dl.diagnose(run, model=(target, drafter), confirm=False)
     assert d.faults == {kind}, d.text()
     assert not dl.diagnose(run).faults & {kind}  # without a model it cannot be named

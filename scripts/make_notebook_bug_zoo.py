@@ -1,0 +1,91 @@
+"""Write labs/08_bug_zoo.ipynb (the bug zoo: each planted fault's symptom and what `diagnose` names)
+and execute it in place so it carries static outputs.
+
+    python scripts/make_notebook_bug_zoo.py [--no-execute]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import nbformat
+from notebook_outputs import execute
+
+LABS = Path(__file__).resolve().parent.parent / "labs"
+
+CELLS = [
+    ("md", """# 08 · The bug zoo: name the bug, not the symptom
+
+Most bugs of tree speculative decoding live outside the verifier rule, and each is first seen as
+a symptom: τ drops, acceptance by depth collapses, a request decodes differently than plain
+greedy. `ddtree-lab diagnose RUN [--model default]` (in Python `ddtree_lab.diagnose(run, model)`)
+runs every check the recording allows and names the cause: the tree mask or positions that
+reproduce the recorded rows, a KV commit that kept the wrong rows, the drafter input that was
+wrong, the sampling transform the rows follow, the rule the verifier that ran follows, a final
+coin that reuses a walk coin.
+
+`ddtree_lab.faults` plants each of those bugs as a named switch on `LiveSession` (off by
+default). `benchmarks/bug_zoo.py` plants every kind in a short live run of the embedded default
+and records what a user sees first and what `diagnose` says; its saved results are read first
+below (the detection matrix: kind × check). Then one fault is planted live: look at its symptom,
+then at the one line `diagnose` prints. To file a bug from your own engine's recording, run
+`ddtree-lab diagnose` on it first and paste its lines."""),
+    ("code", """import json
+
+import ddtree_lab as dl
+from ddtree_lab import lab
+from ddtree_lab.faults import FAULT_KINDS
+
+zoo = json.load(open("../benchmarks/bug_zoo.json"))
+checks = zoo["checks"]
+print(f"clean run: tau {zoo['clean']['tau']}, P(accept >= 1, 2, 3) {zoo['clean']['acceptance_by_depth']}")
+print(f"{'kind':30s} {'tau':>5s} " + " ".join(f"{c[:8]:>8s}" for c in checks) + "  named/observable")
+for r in zoo["zoo"]:
+    print(f"{r['kind']:30s} {r['tau']:5.2f} " + " ".join(f"{r['cells'].get(c, '?'):>8s}" for c in checks)
+          + f"  {r['named']}/{r['observable']}")
+alarms = sum(a["findings"] > 0 for a in zoo["false_alarms"])
+print(f"false alarms: {alarms} of {len(zoo['false_alarms'])} clean runs; timings {zoo['timings']}")"""),
+    ("md", """N: the check names the planted fault; f: it flags something but not with this name; `.`: it
+ran and found nothing; `-`: it could not run (it says why; that never counts as passing). The τ
+column is the symptom: some kinds barely move it (siblings visible, a batch-only mask), some are
+lossless and only slow (a wrong drafter anchor), some change the output law without moving it
+much (the verifier rules). Only the cause tells them apart.
+
+## One fault live: the tree mask shows earlier siblings"""),
+    ("code", """target, drafter = lab.load_default()
+params = dl.SamplingParams(temperature=0.0)
+clean = dl.LiveSession(target, drafter, budget=16, sampling=params).run("Tell me about lighthouses.", max_new_tokens=12)
+buggy = dl.LiveSession(target, drafter, budget=16, sampling=params,
+                       faults=["mask-siblings-visible"]).run("Tell me about lighthouses.", max_new_tokens=12)
+buggy.metadata.pop("planted_faults")   # diagnose never reads it; a real engine's trace has none
+tau = lambda run: sum(s.accept_length + 1 for s in run.steps) / len(run.steps)
+print(f"symptom: tau {tau(buggy):.2f} with the fault, {tau(clean):.2f} without")
+print("clean text:", repr(target.decode(clean.metadata["requests"][0]["generated_token_ids"])))
+print("buggy text:", repr(target.decode(buggy.metadata["requests"][0]["generated_token_ids"])))"""),
+    ("md", "Without the model, the recording alone passes every check (the rows are self-consistent): "
+           "the tree forward can only be judged against a fresh forward of the target."),
+    ("code", """print(dl.diagnose(buggy).text())"""),
+    ("code", """d = dl.diagnose(buggy, model=(target, drafter), confirm=False)
+print(d.text())"""),
+    ("md", "The step it names, drawn (the node it names is the first whose row is wrong):"),
+    ("code", """f = next(f for f in d.findings if f.fault)
+lab.show_step(buggy, next(i for i, s in enumerate(buggy.steps) if s.step == f.step and s.request == f.request))"""),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--no-execute", action="store_true")
+    args = ap.parse_args()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_markdown_cell(s) if k == "md" else nbformat.v4.new_code_cell(s) for k, s in CELLS]
+    if not args.no_execute:
+        execute(nb, LABS, timeout=900)
+    nbformat.write(nb, LABS / "08_bug_zoo.ipynb")
+    print("wrote labs/08_bug_zoo.ipynb")
+
+
+if __name__ == "__main__":
+    main()
