@@ -78,8 +78,12 @@ def check_record(run: Run, steps=None) -> CheckResult:
     result = CheckResult("record", ran=bool(steps), checked=len(steps))
     if not steps:
         result.why = "the run has no steps"
+    rounding = 0
     for s in steps:
         problems = check(s)
+        kept = [p for p in problems if not _float_rounding(p)]
+        rounding += len(problems) - len(kept)
+        problems = kept
         if problems:
             p = problems[0]
             positions = "position" in p.message
@@ -89,7 +93,24 @@ def check_record(run: Run, steps=None) -> CheckResult:
             result.findings.append(Finding("record", kind, None, s.step, s.request, p.node,
                                            f"{p.message} ({len(problems)} problem(s) in the step)", "high",
                                            f"ddtree-lab doctor RUN --step {s.step} --request {s.request}"))
+    if rounding:
+        result.note = (f"{rounding} row mass(es) above 1 by less than {ROUNDING_SLACK:g} (float32 rounding of a "
+                       "softmax over the vocabulary), not counted")
     return result
+
+
+#: A recorded mass above 1 by less than this is float32 rounding over a whole row, not a bug.
+ROUNDING_SLACK = 1e-4
+
+
+def _float_rounding(problem) -> bool:
+    """A ``rows`` problem that is only a mass a little above 1 (``check``'s own slack is 1e-5)."""
+    import re
+
+    if problem.part != "rows" or not ("residual mass" in problem.message or "sum to" in problem.message):
+        return False
+    nums = [float(x) for x in re.findall(r"\d+\.\d+(?:e-?\d+)?", problem.message)]
+    return bool(nums) and 1.0 < nums[0] <= 1.0 + ROUNDING_SLACK
 
 
 def load_models(model, run: Run):

@@ -4,7 +4,8 @@ The bonus draw must use a coin of its own: a walk coin that decided among the fi
 children is conditioned (``u >= S_K`` after a full rejection), so reusing it skews the bonus
 law (:mod:`ddtree_lab.audit.faults`, ``coin-reuse``). A trace that records the coin used
 passes a replay; only this invariant sees it. Two independent float32 uniforms are equal
-with probability about ``2**-24`` per pair, so an exact match is a finding.
+with probability about ``2**-24`` per pair, so an exact match is a finding (sampled steps
+only: a greedy step reads no coin, and engines record zeros there).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def coins_step(step: Step) -> list[tuple[str, str | None, int | None, str]]:
     f = step.final_coin
     if f is not None and not 0.0 <= f < 1.0:
         out.append(("the final coin outside [0, 1)", None, None, f"final coin {f!r}"))
-    if f is not None:
+    if f is not None and step.params is not None and not step.params.is_greedy:  # greedy reads no coin
         same = [i for i, u in enumerate(coins) if u == f]
         if same:
             i = same[0]
