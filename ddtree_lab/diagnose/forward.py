@@ -140,12 +140,21 @@ def _diagnose_request(run, target, steps: list[Step], confirm: bool, reproduced:
     bad_nodes = (d > ROW_ATOL).nonzero().flatten().tolist()
     node = bad_nodes[0]
     if float(d[0]) > ROW_ATOL:  # the cache the step started from is wrong
-        if k == 0:
+        prev = steps[k - 1] if k > 0 else next((p for p in run.for_request(s.request) if p.step == s.step - 1
+                                                 and p.buffers is not None), None)
+        if prev is None:
             return Finding("commit", "the first step's root row differs from a fresh prefill of the prompt "
                            "(prefill or prompt tokens)", None, s.step, s.request, 0,
                            f"root logits differ by {float(d[0]):.3g}", "medium",
                            next_command("commit", s.step, s.request)), len(cache)
-        prev = steps[k - 1]
+        if k == 0:  # a restricted check: were the previous step's rows right?
+            logits, _ = _forward(target, prefix[: prev.prefix_len], prev.buffers)
+            if float(step_rows_diff(prev, logits).max()) > ROW_ATOL:
+                return Finding("tree-forward", "the cache was already wrong before this step (the rows of the "
+                               "previous step are wrong too)", None, s.step, s.request, 0,
+                               f"root logits differ by {float(d[0]):.3g}; step {prev.step} differs as well",
+                               "low", "ddtree-lab diagnose RUN --model default (no --step: finds the first "
+                               "divergent step)"), len(cache)
         names = []
         for name in COMMIT_FAULTS:
             _, state = _forward(target, prefix[: prev.prefix_len], prev.buffers)
@@ -162,7 +171,7 @@ def _diagnose_request(run, target, steps: list[Step], confirm: bool, reproduced:
         name = names[0]
         extra = ""
         if confirm:
-            ok, total, which = _confirm(run, target, steps, k - 1, name)
+            ok, total, which = _confirm(run, target, [prev] + steps[k:], 0, name)
             reproduced.extend(which)
             extra = f"; re-running from step {prev.step} under it reproduces {ok} of {total} steps"
         return Finding("commit", COMMIT_FAULTS[name], name, s.step, s.request, 0,
