@@ -34,6 +34,7 @@ where it cannot, it keeps the whole prefix.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ from .io.lab_trace import TraceFormatError, step_from_json, step_tensors, check_
 from .replay import Difference, compare_outputs, replay_differences
 from .step import RunTrace, StepTrace, TargetRows
 from .verify import VerifyOutput
+from .views.labels import mass_label
 
 __all__ = ["Bundle", "BundleReplay", "make_bundle", "save_bundle", "load_bundle", "replay_bundle", "CHUNK"]
 
@@ -215,6 +217,13 @@ def make_bundle(run: RunTrace, step: int | StepTrace, request: int | None = None
         if isinstance(value, dict):
             meta[key] = {k: v for k, v in value.items() if k in ("name", "dtype", "device", "vocab_size", "block_size")}
     meta["from"] = {"step": s.step, "request": s.request, "request_id": s.request_id, "level": s.level}
+    requests = run.metadata.get("requests") or []
+    if 0 <= s.request < len(requests) and isinstance(requests[s.request], dict):
+        r = requests[s.request]
+        earlier = sum(len(t.emitted) for t in run.for_request(s.request) if t.step < s.step)
+        generated = list(r.get("generated_token_ids") or [])[: 1 + earlier]
+        meta["prompt"] = r.get("prompt")
+        meta["context"] = "".join(run.text(t) for t in generated) if generated else None
     bundle = Bundle(step=keep, final_row_start=c, final_row_base=base, final_row_tail=tail, token_texts=texts,
                     svg=views.step_svg(s, run.token_texts), metadata=meta)
     vocab = run.vocab_size
@@ -236,10 +245,14 @@ def _readme(b: Bundle) -> str:
     params = "greedy" if p.is_greedy else (f"temperature {p.temperature}, top_k {p.top_k}, top_p {p.top_p}"
                                            + (f", min_p {p.min_p}" if p.min_p else ""))
     rows = [f"| {k} | {d.parent} | {d.node} | {d.token} `{b.token_texts.get(d.token, '?')!r}` | {d.target_prob:.6g} | "
-            f"{d.cumulative_mass:.6g} | {'-' if d.coin is None else f'{d.coin:.6g}'} | {d.verdict} |"
+            f"{mass_label(d.cumulative_mass, 6)} | {'-' if d.coin is None else f'{d.coin:.6g}'} | {d.verdict} |"
             for k, d in enumerate(s.decisions)]
     bonus = s.bonus
     target = (b.metadata.get("target") or {}).get("name", "unknown target")
+    prompt, context = b.metadata.get("prompt"), b.metadata.get("context")
+    context = ("" if prompt is None and context is None else
+               "\n## Request\n\n" + (f"Prompt: {json.dumps(prompt, ensure_ascii=False)}\n\n" if prompt is not None else "")
+               + (f"Generated before this step: {json.dumps(context, ensure_ascii=False)}\n" if context else ""))
     exact = ("probabilities within the Triton kernel's tolerance, everything else bit for bit"
              if s.backend.startswith("triton") else "bit for bit")
     return f"""# ddtree-lab bundle: step {s.step}, request {s.request} (`{s.request_id}`)
@@ -248,16 +261,19 @@ One DDTree verify step, reduced to what replays it exactly. Target: {target}; ba
 ran: `{s.backend}`; sampling: {params}; {s.num_nodes} tree nodes; accepted {s.accept_length}
 draft token(s); bonus token {s.bonus_token} `{b.token_texts.get(s.bonus_token, '?')!r}`
 ({bonus.kind if bonus else '-'} draw, coin {s.final_coin}).
-
+{context}
 ## Replay
 
-    ddtree-lab replay DIR
+From inside this directory:
+
+    ddtree-lab replay .
+    ddtree-lab render . -o tree.txt
 
 or in Python:
 
-    from ddtree_lab.bundle import load_bundle, replay_bundle
-    result = replay_bundle(load_bundle("DIR"))
-    print(result.ok, result.lines())
+    import ddtree_lab as dl
+    run = dl.load(".")
+    print(dl.replay_differences(run.steps[0], run.vocab_size)[1])  # [] when it reproduces
 
 Replay runs the lab's reference verifier on the stored tree, buffers, coins and target
 rows and compares every decision, the bonus draw and the output with the recorded ones

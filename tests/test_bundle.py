@@ -79,7 +79,8 @@ def test_bundles_replay_like_the_trace_and_stay_small(sampled, tmp_path):
         back = bd.load_bundle(out)
         assert back.step.decisions == s.decisions and back.step.emitted == s.emitted
         assert back.svg.startswith("<?xml") and "<svg" in back.svg
-        assert "ddtree-lab replay DIR" in (out / "README.md").read_text()
+        readme = (out / "README.md").read_text()
+        assert "ddtree-lab replay ." in readme and "## Request" in readme and "Prompt: " in readme
         assert {t for t in s.node_token_ids.tolist()} <= set(back.token_texts)
         result = bd.replay_bundle(out)
         assert result.ok, result.lines()
