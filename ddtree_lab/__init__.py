@@ -96,4 +96,4 @@ from .verify import verify_tree_greedy as verify_tree_greedy
 
 from .session import LiveSession as LiveSession  # noqa: E402  (needs no model package at import)
 
-__version__ = "0.1.0"
+from .version import __version__ as __version__  # noqa: E402

@@ -373,7 +373,7 @@ class LiveSession:
         """The run so far as a :class:`RunTrace` (metadata, steps, token texts)."""
         import platform
 
-        import ddtree_lab
+        from .version import __version__
 
         seen = set()
         for r in self.requests:
@@ -396,7 +396,7 @@ class LiveSession:
                           "prompt_token_ids": r.prompt_ids, "params": r.params.to_dict(),
                           "generated_token_ids": r.generated, "finish_reason": r.finish_reason}
                          for r in self.requests],
-            "versions": {"ddtree_lab": ddtree_lab.__version__, "torch": torch.__version__,
+            "versions": {"ddtree_lab": __version__, "torch": torch.__version__,
                          "python": platform.python_version()},
         }
         try:
