@@ -255,7 +255,7 @@ class StepView:
 # -- lowering -----------------------------------------------------------------------------------
 
 
-def _texts(texts) -> Callable[[int], str]:
+def text_lookup(texts) -> Callable[[int], str]:
     if isinstance(texts, RunTrace):
         return texts.text
     if texts is None:
@@ -312,17 +312,7 @@ def _greedy_p_known(step: StepTrace) -> bool:
 
 
 def _mode(step: StepTrace) -> str:
-    p = step.params
-    if p.is_greedy:
-        return "greedy"
-    parts = [f"T={p.temperature:g}"]
-    if p.top_k > 0:
-        parts.append(f"top-k {p.top_k}")
-    if p.top_p < 1.0:
-        parts.append(f"top-p {p.top_p:g}")
-    if p.min_p:
-        parts.append(f"min-p {p.min_p:g}")
-    return " ".join(parts)
+    return step.params.label(" ")
 
 
 def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None, collapse_unvisited: bool = False,
@@ -360,7 +350,7 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
     for name, v in (("min_target_p", min_target_p), ("min_drafter_q", min_drafter_q)):
         if v is not None and not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
             raise ValueError(f"{name} must be None or a number in [0, 1], got {v!r}")
-    lookup = _texts(texts)
+    lookup = text_lookup(texts)
     if step.node_token_ids is None or step.child_probs is None or step.bonus is None:
         raise ValueError(f"step {step.step}, request {step.request}: recorded at level {step.level!r}, it stores no "
                          "tree or decision log to draw (record with level 'full' or 'light')")
