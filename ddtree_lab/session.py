@@ -315,7 +315,7 @@ class LiveSession:
             retrieve_next_token=local.retrieve_next_token[0, :n], retrieve_next_sibling=local.retrieve_next_sibling[0, :n],
             positions=vi.positions[b, :n], draft_token_ids=ids[b], draft_logprobs=lps[b], coins=coins[b, :n],
             final_coin=float(final[b]), logits=logits[b, :n], probs=None if probs is None else probs[b, :n],
-            top_m=self.top_m, top_m_logits=getattr(self, "top_m_logits", TOP_M_LOGITS), timings=timings,
+            top_m=self.top_m, top_m_logits=TOP_M_LOGITS, timings=timings,
             backend=out.backend)
 
     def _commit(self, active: list[RequestState], out: VerifyOutput, features: torch.Tensor, num_rows: int,
