@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .row_ops import row_max
+from .row_ops import child_token, log_decision, row_max
 
 
 @triton.jit
@@ -42,28 +42,17 @@ def greedy_verify_kernel(
         acc = tl.full([], -1, tl.int64)
         steps = tl.zeros([], tl.int64)
         while (child >= 0) & (acc < 0) & (err == 0):
-            if steps >= n:
-                err = tl.full([], 4, tl.int32)
-            elif dcount >= N:
-                err = tl.full([], 6, tl.int32)
-            elif child >= n:
-                err = tl.full([], 5, tl.int32)
-            else:
-                tok = tl.load(tok_ptr + base + child)
-                if (tok < 0) | (tok >= V):
-                    err = tl.full([], 5, tl.int32)
-                else:
-                    x = tl.load(row_ptr + tok).to(tl.float32)
-                    p = tl.math.div_rn(tl.exp(x - m), z)
-                    mass = mass + p
-                    ok = tok == amax
-                    tl.store(dnode_ptr + base + dcount, child.to(tl.int32))
-                    tl.store(dprob_ptr + base + dcount, p)
-                    tl.store(dmass_ptr + base + dcount, mass)
-                    dcount += 1
-                    steps += 1
-                    acc = tl.where(ok, child, acc)
-                    child = tl.where(ok, child, tl.load(ns_ptr + base + child))
+            err, tok = child_token(tok_ptr, base, child, steps, dcount, n, N, V)
+            if err == 0:
+                x = tl.load(row_ptr + tok).to(tl.float32)
+                p = tl.math.div_rn(tl.exp(x - m), z)
+                mass = mass + p
+                ok = tok == amax
+                log_decision(dnode_ptr, dprob_ptr, dmass_ptr, base + dcount, child, p, mass)
+                dcount += 1
+                steps += 1
+                acc = tl.where(ok, child, acc)
+                child = tl.where(ok, child, tl.load(ns_ptr + base + child))
         if err != 0:
             going = tl.zeros([], tl.int32)
         elif acc >= 0:

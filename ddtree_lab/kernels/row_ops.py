@@ -223,20 +223,67 @@ def row_state(row_ptr, V, T, K, P, MINP, sx_ptr, si_ptr,
 
 
 @triton.jit
+def child_token(tok_ptr, base, child, steps, dcount, n, N, V):
+    """Guards of one sibling-walk step, then the child's token: ``(err, tok)`` with ``err`` 4 (the
+    walk ran past ``n`` hops: a cycle), 6 (more decisions than ``N``), 5 (a child index or token
+    outside its range), 0 when the child can be judged."""
+    err = tl.zeros([], tl.int32)
+    tok = tl.full([], -1, tl.int64)
+    if steps >= n:
+        err = tl.full([], 4, tl.int32)
+    elif dcount >= N:
+        err = tl.full([], 6, tl.int32)
+    elif child >= n:
+        err = tl.full([], 5, tl.int32)
+    else:
+        tok = tl.load(tok_ptr + base + child)
+        if (tok < 0) | (tok >= V):
+            err = tl.full([], 5, tl.int32)
+    return err, tok
+
+
+@triton.jit
+def log_decision(dnode_ptr, dprob_ptr, dmass_ptr, slot, child, p, mass):
+    """One judged sibling into the decision log: its node, target probability and ``S_k``."""
+    tl.store(dnode_ptr + slot, child.to(tl.int32))
+    tl.store(dprob_ptr + slot, p)
+    tl.store(dmass_ptr + slot, mass)
+
+
+@triton.jit
+def zero_siblings(p, ids, tok_ptr, ns_ptr, base, first_child, n):
+    """``p`` with the tokens of ``first_child`` and its next siblings zeroed (``ids``: the token
+    of each lane), at most ``n`` hops."""
+    child = first_child
+    steps = tl.zeros([], tl.int64)
+    while (child >= 0) & (steps < n):
+        tok = tl.load(tok_ptr + base + child)
+        p = tl.where(ids == tok, 0.0, p)
+        child = tl.load(ns_ptr + base + child)
+        steps += 1
+    return p
+
+
+@triton.jit
+def compact_residual(sx_ptr, si_ptr, count, T, ms, kth_s, z1, cut, z2, mthr, z3, tok_ptr, ns_ptr, base,
+                     first_child, n, KCAP: tl.constexpr):
+    """The residual on the gathered top-k survivors (ids ascending): ``(p, ids, lane)`` with the
+    rejected siblings' tokens zeroed."""
+    lane = tl.arange(0, KCAP)
+    xs = tl.load(sx_ptr + lane, mask=lane < count, other=float("-inf"))
+    ids = tl.load(si_ptr + lane, mask=lane < count, other=-1)
+    p = tl.where(lane < count, p_final(xs, T, ms, kth_s, z1, cut, z2, mthr, z3), 0.0)
+    return zero_siblings(p, ids, tok_ptr, ns_ptr, base, first_child, n), ids, lane
+
+
+@triton.jit
 def residual_block(row_ptr, offs, V, T, ms, kth_s, z1, cut, z2, mthr, z3,
                    tok_ptr, ns_ptr, base, first_child, n):
     """Final probabilities of one block with the rejected siblings' tokens zeroed."""
     x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
     p = p_final(x, T, ms, kth_s, z1, cut, z2, mthr, z3)
     p = tl.where(offs < V, p, 0.0)
-    child = first_child
-    steps = tl.zeros([], tl.int64)
-    while (child >= 0) & (steps < n):
-        tok = tl.load(tok_ptr + base + child)
-        p = tl.where(offs == tok, 0.0, p)
-        child = tl.load(ns_ptr + base + child)
-        steps += 1
-    return p
+    return zero_siblings(p, offs, tok_ptr, ns_ptr, base, first_child, n)
 
 
 @triton.jit
@@ -247,17 +294,8 @@ def residual_total(row_ptr, V, T, ms, kth_s, z1, cut, z2, mthr, z3, tok_ptr, ns_
     total = tl.zeros([], tl.float64)
     if COMPACT:
         if compact != 0:
-            lane = tl.arange(0, KCAP)
-            xs = tl.load(sx_ptr + lane, mask=lane < count, other=float("-inf"))
-            ids = tl.load(si_ptr + lane, mask=lane < count, other=-1)
-            p = tl.where(lane < count, p_final(xs, T, ms, kth_s, z1, cut, z2, mthr, z3), 0.0)
-            child = first_child
-            steps = tl.zeros([], tl.int64)
-            while (child >= 0) & (steps < n):
-                tok = tl.load(tok_ptr + base + child)
-                p = tl.where(ids == tok, 0.0, p)
-                child = tl.load(ns_ptr + base + child)
-                steps += 1
+            p, _ids, _lane = compact_residual(sx_ptr, si_ptr, count, T, ms, kth_s, z1, cut, z2, mthr, z3, tok_ptr,
+                                              ns_ptr, base, first_child, n, KCAP)
             total = tl.sum(p.to(tl.float64), 0)
     if compact == 0:
         offs0 = tl.arange(0, BLOCK)
