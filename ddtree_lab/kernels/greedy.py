@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .row_ops import child_token, log_decision, row_max
+from .row_ops import advance, child_token, log_decision, row_max, store_walk
 
 
 @triton.jit
@@ -53,17 +53,7 @@ def greedy_verify_kernel(
                 steps += 1
                 acc = tl.where(ok, child, acc)
                 child = tl.where(ok, child, tl.load(ns_ptr + base + child))
-        if err != 0:
-            going = tl.zeros([], tl.int32)
-        elif acc >= 0:
-            cur = acc
-            tl.store(path_ptr + base + plen, cur.to(tl.int32))
-            plen += 1
-        else:
-            going = tl.zeros([], tl.int32)
-    tl.store(plen_ptr + b, plen)
-    tl.store(dcount_ptr + b, dcount)
-    tl.store(err_ptr + b, err)
-    tl.store(errnode_ptr + b, cur.to(tl.int32))
+        going, cur, plen = advance(err, acc, cur, plen, path_ptr, base)
+    store_walk(plen_ptr, dcount_ptr, err_ptr, errnode_ptr, b, plen, dcount, err, cur)
     tl.store(btok_ptr + b, amax)
     tl.store(bprob_ptr + b, tl.math.div_rn(1.0, z))

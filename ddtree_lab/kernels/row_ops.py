@@ -167,6 +167,43 @@ def top_p_cut(src_ptr, limit, T, ms, kth_s, z1, P, LOW: tl.constexpr, BLK: tl.co
 
 
 @triton.jit
+def normalisers(src_ptr, limit, T, ms, kth_s, P, MINP, cut, z2, mthr, z3, LOW: tl.constexpr, BLK: tl.constexpr):
+    """The top-k, top-p and min-p normalisers of the rows at ``src_ptr[:limit]`` (the gathered
+    survivors or the whole row): ``(z1, cut, z2, mthr, z3)``, the given ``cut`` .. ``z3`` kept
+    where top-p / min-p are off."""
+    z1 = sum_over(src_ptr, limit, 0, T, ms, kth_s, 1.0, -1.0, -1.0, 1.0, 0.0, BLK)
+    if P < 1.0:
+        cut, z2 = top_p_cut(src_ptr, limit, T, ms, kth_s, z1, P, LOW, BLK)
+    if MINP > 0.0:
+        mthr = MINP * tl.math.div_rn(tl.math.div_rn(1.0, z1), z2)
+        z3 = sum_over(src_ptr, limit, 2, T, ms, kth_s, z1, -1.0, cut, z2, mthr, BLK)
+    return z1, cut, z2, mthr, z3
+
+
+@triton.jit
+def advance(err, acc, cur, plen, path_ptr, base):
+    """After one node's children were judged: move to the accepted child (appending it to the
+    path) or stop the walk. ``(going, cur, plen)``."""
+    going = tl.zeros([], tl.int32)
+    if err == 0:
+        if acc >= 0:
+            cur = acc
+            tl.store(path_ptr + base + plen, cur.to(tl.int32))
+            plen += 1
+            going = tl.full([], 1, tl.int32)
+    return going, cur, plen
+
+
+@triton.jit
+def store_walk(plen_ptr, dcount_ptr, err_ptr, errnode_ptr, b, plen, dcount, err, cur):
+    """A request's walk outputs: path length, decision count, error code and the node it ended at."""
+    tl.store(plen_ptr + b, plen)
+    tl.store(dcount_ptr + b, dcount)
+    tl.store(err_ptr + b, err)
+    tl.store(errnode_ptr + b, cur.to(tl.int32))
+
+
+@triton.jit
 def row_state(row_ptr, V, T, K, P, MINP, sx_ptr, si_ptr,
               LOW: tl.constexpr, BLOCK: tl.constexpr, KCAP: tl.constexpr, COMPACT: tl.constexpr):
     """Everything the sampled transform of one row needs; greedy rows stop after the max.
@@ -206,19 +243,9 @@ def row_state(row_ptr, V, T, K, P, MINP, sx_ptr, si_ptr,
                 tl.debug_barrier()
                 compact = (count <= KCAP).to(tl.int32)
         if compact != 0:
-            z1 = sum_over(sx_ptr, count, 0, T, ms, kth_s, 1.0, -1.0, -1.0, 1.0, 0.0, KCAP)
-            if P < 1.0:
-                cut, z2 = top_p_cut(sx_ptr, count, T, ms, kth_s, z1, P, LOW, KCAP)
-            if MINP > 0.0:
-                mthr = MINP * tl.math.div_rn(tl.math.div_rn(1.0, z1), z2)
-                z3 = sum_over(sx_ptr, count, 2, T, ms, kth_s, z1, -1.0, cut, z2, mthr, KCAP)
+            z1, cut, z2, mthr, z3 = normalisers(sx_ptr, count, T, ms, kth_s, P, MINP, cut, z2, mthr, z3, LOW, KCAP)
         else:
-            z1 = sum_over(row_ptr, V, 0, T, ms, kth_s, 1.0, -1.0, -1.0, 1.0, 0.0, BLOCK)
-            if P < 1.0:
-                cut, z2 = top_p_cut(row_ptr, V, T, ms, kth_s, z1, P, LOW, BLOCK)
-            if MINP > 0.0:
-                mthr = MINP * tl.math.div_rn(tl.math.div_rn(1.0, z1), z2)
-                z3 = sum_over(row_ptr, V, 2, T, ms, kth_s, z1, -1.0, cut, z2, mthr, BLOCK)
+            z1, cut, z2, mthr, z3 = normalisers(row_ptr, V, T, ms, kth_s, P, MINP, cut, z2, mthr, z3, LOW, BLOCK)
     return amax, err, ms, kth_s, z1, cut, z2, mthr, z3, compact, count
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .row_ops import (child_token, compact_residual, log_decision, p_final, residual_block, residual_total,
-                      row_state)
+from .row_ops import (advance, child_token, compact_residual, log_decision, p_final, residual_block,
+                      residual_total, row_state, store_walk)
 
 
 @triton.jit
@@ -107,18 +107,8 @@ def sampled_verify_kernel(
                 dcount = last_j + 1
                 tl.store(dmass_ptr + base + last_j, 1.0)
                 acc = last_c
-        if err != 0:
-            going = tl.zeros([], tl.int32)
-        elif acc >= 0:
-            cur = acc
-            tl.store(path_ptr + base + plen, cur.to(tl.int32))
-            plen += 1
-        else:
-            going = tl.zeros([], tl.int32)
-    tl.store(plen_ptr + b, plen)
-    tl.store(dcount_ptr + b, dcount)
-    tl.store(err_ptr + b, err)
-    tl.store(errnode_ptr + b, cur.to(tl.int32))
+        going, cur, plen = advance(err, acc, cur, plen, path_ptr, base)
+    store_walk(plen_ptr, dcount_ptr, err_ptr, errnode_ptr, b, plen, dcount, err, cur)
     # ---- bonus draw at `cur`
     if err == 0:
         fcoin = tl.load(fcoin_ptr + b)
