@@ -322,7 +322,7 @@ class LiveSession:
             retrieve_next_token=local.retrieve_next_token[0, :n], retrieve_next_sibling=local.retrieve_next_sibling[0, :n],
             positions=vi.positions[b, :n], draft_token_ids=ids[b], draft_logprobs=lps[b], coins=coins[b, :n],
             final_coin=float(final[b]), logits=logits[b, :n], probs=None if probs is None else probs[b, :n],
-            top_m=self.top_m, top_m_logits=getattr(self, "top_m_logits", TOP_M_LOGITS), timings=timings,
+            top_m=self.top_m, top_m_logits=TOP_M_LOGITS, timings=timings,
             backend=out.backend)
 
     def _commit(self, active: list[RequestState], out: VerifyOutput, features: torch.Tensor, num_rows: int,
@@ -380,7 +380,7 @@ class LiveSession:
         """The run so far as a :class:`RunTrace` (metadata, steps, token texts)."""
         import platform
 
-        import ddtree_lab
+        from .version import __version__
 
         seen = set()
         for r in self.requests:
@@ -404,7 +404,7 @@ class LiveSession:
                           "generated_token_ids": r.generated, "finish_reason": r.finish_reason}
                          for r in self.requests],
             **({"planted_faults": list(self.faults.names)} if self.faults else {}),
-            "versions": {"ddtree_lab": ddtree_lab.__version__, "torch": torch.__version__,
+            "versions": {"ddtree_lab": __version__, "torch": torch.__version__,
                          "python": platform.python_version()},
         }
         try:
