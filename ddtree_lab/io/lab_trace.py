@@ -250,6 +250,12 @@ def load_trace(path: str | Path, keep_going: bool = False) -> Run:
             or a missing / badly typed / badly shaped field (one line: file, step, field).
     """
     path = Path(path)
+    from .segments import is_segment_file
+
+    if is_segment_file(path):  # written step by step (ddtree-lab record, LiveSession(record_to=...))
+        from .append_trace import load_append_trace
+
+        return load_append_trace(path)
     damaged: dict | None = {} if keep_going else None
     doc, tensors = read_container(path, FORMAT, (1, VERSION), damaged=damaged)
     version = doc["version"]

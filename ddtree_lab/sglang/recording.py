@@ -141,6 +141,12 @@ def load_recording(path: str | os.PathLike) -> Recording:
     """
     from safetensors import safe_open
 
+    from ..io.segments import is_segment_file
+
+    if is_segment_file(path):  # the append-only file (calls that did not return: metadata["did_not_return"])
+        from .append import load_append_recording
+
+        return load_append_recording(path)[0]
     json_path, st_path = recording_paths(path)
     for p in (json_path, st_path):
         if not p.is_file():
