@@ -186,6 +186,7 @@ class LiveSession:
         self.num_steps = 0
         self._batch = None  # BatchCache of the active requests
         self._rows: list[int] = []  # request index of each batch row
+        self.extra_metadata: dict = {}  # merged into trace()'s metadata (e.g. the CLI's thread count)
         self.recorder = None
         if record_to is not None:
             from .io.live_record import SessionRecorder
@@ -427,6 +428,7 @@ class LiveSession:
             "versions": {"ddtree_lab": ddtree_lab.__version__, "torch": torch.__version__,
                          "python": platform.python_version()},
         }
+        meta.update(self.extra_metadata)
         try:
             import transformers
 

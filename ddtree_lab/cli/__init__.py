@@ -93,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace")
     p.set_defaults(func=cmd_info)
 
+    from .export import cmd_export
+
+    p = sub.add_parser("export", help="per-step and per-node Parquet tables of a run", description=cmd_export.__doc__)
+    p.add_argument("trace", metavar="RUN")
+    p.add_argument("--parquet", required=True, metavar="DIR", help="directory for steps.parquet and nodes.parquet")
+    p.set_defaults(func=cmd_export)
+
     p = sub.add_parser("render", help="draw one step's tree", description=cmd_render.__doc__)
     p.add_argument("trace")
     _step_args(p, required=True)

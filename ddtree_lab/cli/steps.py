@@ -14,6 +14,9 @@ from .common import (EXIT_PROBLEM, CLIError, bundle_module, check_out_file, chec
 def cmd_info(args) -> int:
     """Requests with prompts, parameters and mean tau; then each request's steps."""
     run = load_run(args.trace)
+    if hasattr(run, "info_lines"):  # an append-only recording: from its index, no step decoded
+        print("\n".join(run.info_lines()))
+        return 0
     meta = run.metadata
     target = meta.get("target", {})
     drafter = meta.get("drafter", {})
