@@ -209,7 +209,8 @@ def replay_pending(step, backend: str = "reference"):
     t, vi = call["tensors"], step_verify_input(call, row)
     if call["kind"] == "greedy":
         pred = t["target_predict"][row : row + 1]
-        logits = torch.zeros(1, pred.shape[1], int(pred.max()) + 1 if pred.numel() else 1)
+        width = max(int(pred.max()), int(vi.node_token_ids.max())) + 1  # covers every id the verifier reads
+        logits = torch.zeros(1, pred.shape[1], width)
         logits.scatter_(-1, pred[..., None].clamp(min=0), 1.0)
         return verify_tree_greedy(vi, logits, backend=backend)
     if "target_prob_rows" not in t:
