@@ -162,6 +162,10 @@ class AppendRun(Run):
             cache.popitem(last=False)
         return steps
 
+    def keys(self) -> list[tuple[int, int]]:
+        """``(step, request)`` of every record, from the index (nothing decoded)."""
+        return [(r[2], r[3]) for r in self.records]
+
     def for_request(self, request: int) -> list[Step]:
         return [self.steps[i] for i, r in enumerate(self.records) if r[3] == request]
 
