@@ -72,6 +72,10 @@ def source_of(path: str | Path) -> str:
 
         if is_segment_file(p):
             return _source_of_segments(p, first_doc(p))
+    if not p.exists() and Path(str(p) + ".ddrec").is_file():  # the SGLang recorder's NAME.ddrec, named NAME
+        from .segments import first_doc
+
+        return _source_of_segments(p, first_doc(str(p) + ".ddrec"))
     if not p.exists():
         if Path(str(p) + ".json").is_file() and _json_format(Path(str(p) + ".json")) == RECORDING_FORMAT:
             return "sglang recording"
@@ -154,7 +158,7 @@ def load(path: str | Path) -> Run:
     elif kind == "sglang recording (append-only)":
         from ..sglang.append import load_append_recording_run
 
-        run = load_append_recording_run(path)
+        run = load_append_recording_run(path if Path(path).exists() else str(path) + ".ddrec")
     elif kind == "bundle":
         from ..bundle import bundle_run, load_bundle
 

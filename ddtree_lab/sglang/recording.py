@@ -143,6 +143,8 @@ def load_recording(path: str | os.PathLike) -> Recording:
 
     from ..io.segments import is_segment_file
 
+    if not Path(path).exists() and is_segment_file(str(path) + ".ddrec"):  # NAME for NAME.ddrec
+        path = str(path) + ".ddrec"
     if is_segment_file(path):  # the append-only file (calls that did not return: metadata["did_not_return"])
         from .append import load_append_recording
 
