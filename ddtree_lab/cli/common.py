@@ -119,6 +119,8 @@ def kind_of(path: str) -> str:
         return "bundle"
     if p.suffix == ".json" or (not p.exists() and Path(str(p) + ".json").exists()):
         return "recording"
+    if p.suffix == ".ddrec" or (not p.exists() and Path(str(p) + ".ddrec").exists()):
+        return "recording"  # the SGLang recorder's append-only file
     if p.exists():
         try:
             from safetensors import safe_open
