@@ -153,12 +153,20 @@ def test_export_and_duckdb_acceptance_by_depth_match_the_in_memory_numbers(tmp_p
     assert acceptance_by_depth_sql(tmp_path / "pq2") == acceptance_by_depth(made)
 
 
-def test_info_of_an_append_only_file_reads_the_index(tmp_path, capsys):
+def test_info_of_a_large_append_only_file_reads_the_index(tmp_path, capsys, monkeypatch):
+    import ddtree_lab.io.append_trace as at
+
     path = tmp_path / "run.ddtrace"
     _synthetic_file(path)
+    assert main(["info", str(path)]) == 0  # a small file: the usual info, every step read
+    assert "request 2 (id 2): 6 steps" in capsys.readouterr().out
+    monkeypatch.setattr(at, "EAGER_BYTES", 0)  # as a file larger than memory would be
+    decoded = []
+    monkeypatch.setattr(at, "_decode", lambda *a: decoded.append(a) or [])
     assert main(["info", str(path)]) == 0
     out = capsys.readouterr().out
     assert "18 records in 8 segments, 3 requests" in out and "request 2 (id 2): 6 steps" in out
+    assert decoded == []  # from the index alone
 
 
 def test_scale_benchmark_at_its_smallest_size(tmp_path):

@@ -26,6 +26,7 @@ kept), so a run larger than memory opens in the time it takes to read its index.
 from __future__ import annotations
 
 import collections.abc
+import json
 from pathlib import Path
 
 import torch
@@ -186,6 +187,10 @@ class AppendRun(Run):
         lines = [f"{SOURCE} {self.path}: {len(self.records)} records in {len(self.entries)} segments, "
                  f"{len(by_request)} requests" + ("" if self.closed else "; not closed (the recorder stopped before "
                                                   "its end)")]
+        for role in ("target", "drafter"):
+            m = meta.get(role)
+            if isinstance(m, dict) and m.get("name"):
+                lines.append(f"{role}: {m['name']}")
         lines += [f"problem: {p}" for p in self.problems]
         for r in hung:
             lines.append(f"did not return: step {r[2]}, request {r[3]} (its verify inputs are on disk; check / "
@@ -195,7 +200,9 @@ class AppendRun(Run):
             taus = [r[4] + (0 if r[5] else 1) for r in rs]
             rid = reqs.get(req, {}).get("request_id", str(req))
             mean = f"{sum(taus) / len(taus):.3f}" if taus else "-"
-            lines.append(f"request {req} (id {rid}): {len(rs)} steps, mean tau {mean}")
+            prompt = reqs.get(req, {}).get("prompt")
+            lines.append(f"request {req} (id {rid}): {len(rs)} steps, mean tau {mean}"
+                         + (f", prompt {json.dumps(prompt)}" if prompt else ""))
         return lines
 
 
