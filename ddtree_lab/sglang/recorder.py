@@ -370,8 +370,7 @@ class SGLangRecorder:
             step = self._fields(keep, kind, index, kernel)
             step["tensors"] = dict(step["tensors"])
             if kind != "greedy" and self.filter.prob_rows == "all":  # every row the kernel could read
-                probs = keep["target_probs"]
-                probs = probs.reshape(keep["bs"], keep["n"], int(probs.shape[-1]))
+                probs = keep["target_probs"].reshape(keep["bs"], keep["n"], int(keep["target_probs"].shape[-1]))
                 step["tensors"]["target_prob_rows"] = _cpu(probs.index_select(0, keep["sel"])).float()
                 step["tensors"]["target_prob_nodes"] = torch.arange(keep["n"]).expand(len(keep["rows"]), -1).clone()
             if not self.sink.inputs(step):
@@ -380,10 +379,9 @@ class SGLangRecorder:
             self.errors.append(f"call {index}: could not write the inputs: {type(err).__name__}: {err}")
 
     def _sink_stopped(self) -> None:
-        why = self.sink.stopped
-        if why and why not in self.errors:
-            self.errors.append(why)
-            print(f"[ddtree-lab] SGLang recorder {why}; SGLang goes on", file=sys.stderr)
+        if self.sink.stopped and self.sink.stopped not in self.errors:
+            self.errors.append(self.sink.stopped)
+            print(f"[ddtree-lab] SGLang recorder {self.sink.stopped}; SGLang goes on", file=sys.stderr)
 
     def _keep_prompt(self, req: Any) -> None:
         rid = str(getattr(req, "rid", ""))
@@ -515,7 +513,6 @@ def _default_metadata() -> dict:
         meta["sglang"] = None
     meta["triton_interpret"] = os.environ.get("TRITON_INTERPRET") == "1"
     return meta
-
 
 
 # ---- switching on from the environment -------------------------------------------------------
