@@ -3,7 +3,7 @@
 VENV := .venv
 READY := $(VENV)/.ddtree-lab-ready
 
-.PHONY: lab test setup bench
+.PHONY: lab test test-fast setup bench
 
 $(READY): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -15,6 +15,11 @@ lab: $(READY)
 
 test: $(READY)
 	$(VENV)/bin/python -m pytest
+
+# The edit loop: everything but the real-model, notebook, browser and long statistical tests
+# (marked slow). `make test` and CI still run everything.
+test-fast: $(READY)
+	$(VENV)/bin/python -m pytest -m "not slow" -q
 
 bench: $(READY)
 	$(VENV)/bin/python benchmarks/tree_build.py

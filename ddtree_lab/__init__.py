@@ -75,6 +75,7 @@ from .replay import compare_outputs as compare_outputs
 from .record import make_step_trace as make_step_trace
 from .io.lab_trace import load_trace as load_trace
 from .replay import replay as replay
+from .replay import replay_differences as replay_differences
 from .io.lab_trace import save_trace as save_trace
 from .verify import BonusDraw as BonusDraw
 from .verify import Decision as Decision
@@ -95,4 +96,4 @@ from .verify import verify_tree_greedy as verify_tree_greedy
 
 from .session import LiveSession as LiveSession  # noqa: E402  (needs no model package at import)
 
-__version__ = "0.1.0"
+from .version import __version__ as __version__  # noqa: E402

@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ._checks import check_shape, check_tensor
-from .build import DDTreeBuildResult
+from .build import DDTreeBuildResult, TreeBatch
 
 __all__ = [
     "DDTreeVerifyInput",
@@ -89,7 +89,7 @@ class RetrieveProblem:
 
 
 @dataclass(frozen=True)
-class DDTreeVerifyInput:
+class DDTreeVerifyInput(TreeBatch):
     """Everything a verifier and the target's tree forward need for one batch.
 
     Attributes (``N`` rows per request, padding rows past ``num_nodes``):
@@ -113,14 +113,6 @@ class DDTreeVerifyInput:
     positions: torch.Tensor
     depths: torch.Tensor
     num_nodes: torch.Tensor
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.node_token_ids.shape[0])
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.node_token_ids.shape[1])
 
     def request(self, b: int) -> "DDTreeVerifyInput":
         """Request ``b`` as a batch of one; ``retrieve_index`` is re-based to row 0."""

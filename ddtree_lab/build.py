@@ -55,8 +55,23 @@ __all__ = [
 ]
 
 
+class TreeBatch:
+    """What every per-request ``[bs, N]`` record of trees shares (its ``node_token_ids``):
+    ``batch_size`` (``bs``) and ``num_rows`` (``N``, rows per request, padding included)."""
+
+    node_token_ids: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.node_token_ids.shape[0])
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.node_token_ids.shape[1])
+
+
 @dataclass(frozen=True)
-class DDTreeBuildResult:
+class DDTreeBuildResult(TreeBatch):
     """The draft trees of a batch, nodes in tree order (see module docstring).
 
     ``N = 1 + max budget``. Row 0 is the root (the anchor token). Rows at or past
@@ -78,15 +93,6 @@ class DDTreeBuildResult:
     ranks: torch.Tensor
     node_logws: torch.Tensor
     num_nodes: torch.Tensor
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.node_token_ids.shape[0])
-
-    @property
-    def num_rows(self) -> int:
-        """``N``: rows per request, padding included."""
-        return int(self.node_token_ids.shape[1])
 
     def request(self, b: int) -> "DDTreeBuildResult":
         """The tree of request ``b`` as a batch of one (same ``N``)."""

@@ -1,4 +1,4 @@
-"""Bug-report bundles: a minimal, self-contained repro of ONE verify step.
+"""Bug-report bundles: make, write and replay a minimal, self-contained repro of ONE verify step.
 
 A bundle directory holds
 
@@ -34,66 +34,22 @@ where it cannot, it keeps the whole prefix.
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from .io.container import read_container, write_container
-from .io.lab_trace import TraceFormatError, step_from_json, step_tensors, check_step_tensors, step_json
+from .io.bundle import (CHUNK, FILES, FORMAT, VERSION, Bundle, bundle_run, bundle_step,  # noqa: F401  (re-exported)
+                        load_bundle, reduce_bonus_row)
+from .io.container import write_container
+from .io.lab_trace import step_json, step_tensors
 from .replay import Difference, compare_outputs, replay_differences
 from .step import RunTrace, StepTrace, TargetRows
 from .verify import VerifyOutput
+from .views.labels import mass_label
 
-__all__ = ["Bundle", "BundleReplay", "make_bundle", "save_bundle", "load_bundle", "replay_bundle", "CHUNK"]
-
-FORMAT = "ddtree-lab-bundle"
-VERSION = 1
-CHUNK = 64  # tokens of the bonus row kept verbatim (at most)
-FILES = ("bundle.safetensors", "tree.svg", "README.md")
-
-
-@dataclass
-class Bundle:
-    """One verify step, reduced to what replays it exactly (module docstring).
-
-    Attributes:
-        step: the :class:`StepTrace` (level ``"light"``; ``final_row_prefix`` is None, the
-            bonus row is the three fields below).
-        final_row_start: ``c``, the first token of the stored tail.
-        final_row_base: float64, the residual's running sum over tokens ``[0, c)``.
-        final_row_tail: ``[t + 1 - c]`` float32, the bonus row at tokens ``c .. t``.
-        token_texts: texts of the tokens the step mentions.
-        svg: the step's diagram.
-        metadata: source trace, target / tokenizer / drafter names, ``vocab_size``.
-    """
-
-    step: StepTrace
-    final_row_start: int
-    final_row_base: float
-    final_row_tail: torch.Tensor
-    token_texts: dict[int, str] = field(default_factory=dict)
-    svg: str = ""
-    metadata: dict = field(default_factory=dict)
-
-    @property
-    def vocab_size(self) -> int | None:
-        v = self.metadata.get("vocab_size")
-        return None if v is None else int(v)
-
-    def rejected_tokens(self) -> list[int]:
-        """Tokens of the children of the bonus node (all rejected: the walk ended there)."""
-        return _children_tokens(self.step, self.step.bonus.node)
-
-    def final_row_prefix(self) -> torch.Tensor:
-        """``[t + 1]`` float32: a bonus row prefix the reference draw reads exactly as the
-        original (module docstring); empty when the support was exhausted."""
-        tail, c = self.final_row_tail, self.final_row_start
-        if self.step.bonus_token < 0:
-            return torch.zeros(0)
-        return _dense_prefix(c, self.final_row_base, tail, self.rejected_tokens())
+__all__ = ["Bundle", "BundleReplay", "make_bundle", "save_bundle", "load_bundle", "replay_bundle", "bundle_run", "CHUNK"]
 
 
 @dataclass
@@ -111,70 +67,6 @@ class BundleReplay:
 
     def lines(self) -> list[str]:
         return [str(d) for d in self.differences]
-
-
-def _children_tokens(step: StepTrace, node: int) -> list[int]:
-    nt, ns, tokens = step.retrieve_next_token.tolist(), step.retrieve_next_sibling.tolist(), step.node_token_ids.tolist()
-    out, child, hops = [], nt[node], 0
-    while child != -1 and hops <= len(tokens):
-        out.append(tokens[child])
-        child, hops = ns[child], hops + 1
-    return out
-
-
-def _pieces(base: float) -> list[np.float32]:
-    """float32 values whose sequential float64 sum is exactly ``base`` (each the float32
-    truncation toward zero of what is left), or [] for 0."""
-    out, rest = [], float(base)
-    while rest != 0.0 and len(out) < 6:
-        p = np.float32(rest)
-        if float(p) > rest:
-            p = np.nextafter(p, np.float32(0))
-        out.append(p)
-        rest = rest - float(p)  # exact: p is a leading-digit truncation of rest
-    return out
-
-
-def _dense_prefix(start: int, base: float, tail: torch.Tensor, rejected: list[int]) -> torch.Tensor:
-    prefix = torch.zeros(start + tail.shape[0], dtype=torch.float32)
-    prefix[start:] = tail
-    pieces = _pieces(base)
-    banned = set(rejected)
-    free = [j for j in range(start) if j not in banned][: len(pieces)]
-    if len(free) < len(pieces):
-        raise TraceFormatError(f"bundle: no room below token {start} for the running sum {base!r}")
-    for j, p in zip(free, pieces):
-        prefix[j] = float(p)
-    return prefix
-
-
-def _residual_cumsum(prefix: torch.Tensor, rejected: list[int]) -> torch.Tensor:
-    residual = prefix.double().clone()  # as ddtree_lab.verify.residual_draw does
-    idx = [t for t in rejected if t < residual.shape[0]]
-    if idx:
-        residual[torch.tensor(idx, dtype=torch.int64)] = 0.0
-    return residual.cumsum(0)
-
-
-def _reduce(step: StepTrace) -> tuple[int, float, torch.Tensor]:
-    """``(c, base, tail)`` for the step's bonus row (module docstring)."""
-    prefix = step.final_row_prefix
-    t = prefix.shape[0] - 1
-    if t < 0:
-        return 0, 0.0, torch.zeros(0)
-    rejected = _children_tokens(step, step.bonus.node)
-    cum = _residual_cumsum(prefix, rejected)
-    c = (t // CHUNK) * CHUNK
-    if c > 0:
-        base = float(cum[c - 1])
-        tail = prefix[c:].clone()
-        try:
-            dense = _dense_prefix(c, base, tail, rejected)
-        except TraceFormatError:
-            dense = None
-        if dense is not None and torch.equal(_residual_cumsum(dense, rejected)[c - 1:], cum[c - 1:]):
-            return c, base, tail
-    return 0, 0.0, prefix.clone()
 
 
 def make_bundle(run: RunTrace, step: int | StepTrace, request: int | None = None) -> Bundle:
@@ -200,7 +92,7 @@ def make_bundle(run: RunTrace, step: int | StepTrace, request: int | None = None
         s = run.find_step(step, request)
     if s.child_probs is None or s.final_row_prefix is None:
         raise ValueError(f"step {step}, request {request}: recorded at level {s.level!r}: no verify rows to bundle")
-    c, base, tail = _reduce(s)
+    c, base, tail = reduce_bonus_row(s)
     kept_rows = TargetRows(kind="bundle", child_probs=s.child_probs, final_mass=s.final_mass,
                            row_logsumexp=s.row_logsumexp, node_logits=s.node_logits)
     keep = dataclasses.replace(s, rows=kept_rows, level="light", timings=dict(s.timings), extra=dict(s.extra))
@@ -215,6 +107,13 @@ def make_bundle(run: RunTrace, step: int | StepTrace, request: int | None = None
         if isinstance(value, dict):
             meta[key] = {k: v for k, v in value.items() if k in ("name", "dtype", "device", "vocab_size", "block_size")}
     meta["from"] = {"step": s.step, "request": s.request, "request_id": s.request_id, "level": s.level}
+    requests = run.metadata.get("requests") or []
+    if 0 <= s.request < len(requests) and isinstance(requests[s.request], dict):
+        r = requests[s.request]
+        earlier = sum(len(t.emitted) for t in run.for_request(s.request) if t.step < s.step)
+        generated = list(r.get("generated_token_ids") or [])[: 1 + earlier]
+        meta["prompt"] = r.get("prompt")
+        meta["context"] = "".join(run.text(t) for t in generated) if generated else None
     bundle = Bundle(step=keep, final_row_start=c, final_row_base=base, final_row_tail=tail, token_texts=texts,
                     svg=views.step_svg(s, run.token_texts), metadata=meta)
     vocab = run.vocab_size
@@ -236,10 +135,14 @@ def _readme(b: Bundle) -> str:
     params = "greedy" if p.is_greedy else (f"temperature {p.temperature}, top_k {p.top_k}, top_p {p.top_p}"
                                            + (f", min_p {p.min_p}" if p.min_p else ""))
     rows = [f"| {k} | {d.parent} | {d.node} | {d.token} `{b.token_texts.get(d.token, '?')!r}` | {d.target_prob:.6g} | "
-            f"{d.cumulative_mass:.6g} | {'-' if d.coin is None else f'{d.coin:.6g}'} | {d.verdict} |"
+            f"{mass_label(d.cumulative_mass, 6)} | {'-' if d.coin is None else f'{d.coin:.6g}'} | {d.verdict} |"
             for k, d in enumerate(s.decisions)]
     bonus = s.bonus
     target = (b.metadata.get("target") or {}).get("name", "unknown target")
+    prompt, context = b.metadata.get("prompt"), b.metadata.get("context")
+    context = ("" if prompt is None and context is None else
+               "\n## Request\n\n" + (f"Prompt: {json.dumps(prompt, ensure_ascii=False)}\n\n" if prompt is not None else "")
+               + (f"Generated before this step: {json.dumps(context, ensure_ascii=False)}\n" if context else ""))
     exact = ("probabilities within the Triton kernel's tolerance, everything else bit for bit"
              if s.backend.startswith("triton") else "bit for bit")
     return f"""# ddtree-lab bundle: step {s.step}, request {s.request} (`{s.request_id}`)
@@ -248,16 +151,19 @@ One DDTree verify step, reduced to what replays it exactly. Target: {target}; ba
 ran: `{s.backend}`; sampling: {params}; {s.num_nodes} tree nodes; accepted {s.accept_length}
 draft token(s); bonus token {s.bonus_token} `{b.token_texts.get(s.bonus_token, '?')!r}`
 ({bonus.kind if bonus else '-'} draw, coin {s.final_coin}).
-
+{context}
 ## Replay
 
-    ddtree-lab replay DIR
+From inside this directory:
+
+    ddtree-lab replay .
+    ddtree-lab render . -o tree.txt
 
 or in Python:
 
-    from ddtree_lab.bundle import load_bundle, replay_bundle
-    result = replay_bundle(load_bundle("DIR"))
-    print(result.ok, result.lines())
+    import ddtree_lab as dl
+    run = dl.load(".")
+    print(dl.replay_differences(run.steps[0], run.vocab_size)[1])  # [] when it reproduces
 
 Replay runs the lab's reference verifier on the stored tree, buffers, coins and target
 rows and compares every decision, the bonus draw and the output with the recorded ones
@@ -311,44 +217,6 @@ def save_bundle(bundle: Bundle, directory: str | Path) -> Path:
     return directory
 
 
-def load_bundle(directory: str | Path) -> Bundle:
-    """Read a bundle written by :func:`save_bundle` (checksums, shapes and ranges checked).
-
-    Raises:
-        FileNotFoundError: no bundle there.
-        TraceFormatError: a corrupted or inconsistent bundle (one line naming file and field).
-    """
-    directory = Path(directory)
-    path = directory / "bundle.safetensors" if directory.is_dir() else directory
-    doc, tensors = read_container(path, FORMAT, (VERSION,), what="bundle")
-    try:
-        js = doc["steps"][0]
-        row = doc["final_row"]
-        start, base = int(row["start"]), float(row["base"])
-        t = {k.partition(".")[2]: v for k, v in tensors.items()}
-        tail = t.pop("final_row_tail")
-        meta = doc.get("metadata") or {}
-        vocab = meta.get("vocab_size")
-        check_step_tensors(f"{path}: step 0", js, t, int(vocab) if isinstance(vocab, int) else None, 2,
-                           exempt=("final_row_prefix",))
-        step = step_from_json(js, t, f"{path}: step 0")
-        step.rows.kind = "bundle"
-        step.source = "bundle"
-        texts = {int(k): str(v) for k, v in (doc.get("token_texts") or {}).items()}
-    except TraceFormatError:
-        raise
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-        raise TraceFormatError(f"{path}: bad field ({exc!r})") from exc
-    bonus = int(js["bonus_token"])
-    if tail.dim() != 1 or (bonus >= 0 and start + tail.shape[0] != bonus + 1) or start < 0 or not math.isfinite(base):
-        raise TraceFormatError(f"{path}: field 'final_row_tail': tokens {start}..{start + tail.shape[0] - 1} do not "
-                               f"end at the bonus token {bonus}")
-    svg_path = directory / "tree.svg" if directory.is_dir() else path.with_name("tree.svg")
-    svg = svg_path.read_text(encoding="utf-8") if svg_path.is_file() else ""
-    return Bundle(step=step, final_row_start=start, final_row_base=base, final_row_tail=tail, token_texts=texts,
-                  svg=svg, metadata=meta)
-
-
 def replay_bundle(bundle: Bundle | str | Path, backend: str = "reference") -> BundleReplay:
     """Re-verify a bundle's step with the reference verifier and compare it with the recorded
     output, decision by decision (:func:`ddtree_lab.replay.compare_outputs`).
@@ -370,17 +238,3 @@ def replay_bundle(bundle: Bundle | str | Path, backend: str = "reference") -> Bu
     return BundleReplay(out, diffs)
 
 
-def bundle_step(bundle: Bundle) -> StepTrace:
-    """The bundle's step with its bonus row rebuilt from the reduction (rows kind ``"bundle"``):
-    what :func:`ddtree_lab.replay` and the views read."""
-    rows = dataclasses.replace(bundle.step.rows, final_row_prefix=bundle.final_row_prefix())
-    return dataclasses.replace(bundle.step, rows=rows, source="bundle")
-
-
-def bundle_run(bundle: Bundle) -> RunTrace:
-    """A bundle as a :class:`~ddtree_lab.step.Run` of its one step (:func:`ddtree_lab.io.load`)."""
-    meta = dict(bundle.metadata)
-    meta.setdefault("source", "bundle")
-    meta["bundle_source"] = bundle.metadata.get("source")
-    meta["source"] = "bundle"
-    return RunTrace(metadata=meta, steps=[bundle_step(bundle)], token_texts=dict(bundle.token_texts))

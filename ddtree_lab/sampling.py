@@ -126,6 +126,20 @@ class SamplingParams:
             return f"order must be one of {ORDERS}, got {self.order!r}"
         return None
 
+    def label(self, sep: str = "=") -> str:
+        """Short text of the setting: ``"greedy"`` or ``"T=0.8 top-k=50 top-p=0.9 min-p=0.05"``
+        (parameters that are off left out; ``sep`` between a filter's name and value)."""
+        if self.is_greedy:
+            return "greedy"
+        parts = [f"T={self.temperature:g}"]
+        if self.top_k > 0:
+            parts.append(f"top-k{sep}{self.top_k}")
+        if self.top_p < 1.0:
+            parts.append(f"top-p{sep}{self.top_p:g}")
+        if self.min_p:
+            parts.append(f"min-p{sep}{self.min_p:g}")
+        return " ".join(parts)
+
     def to_dict(self) -> dict:
         """JSON-able dict (:meth:`from_dict` reads it back)."""
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
@@ -223,10 +237,16 @@ def filtered_probs(rows: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         if p.top_p < 1.0 or top_k:
             probs = probs * keep
             probs = probs / probs.sum(-1, keepdim=True)
-    if p.min_p:
-        probs = probs * (probs >= p.min_p * probs.max(-1, keepdim=True).values)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    return apply_min_p(probs, p.min_p)
+
+
+def apply_min_p(probs: torch.Tensor, min_p: float | None) -> torch.Tensor:
+    """The min-p cut (vLLM / SGLang ``min_p``): zero every probability below ``min_p`` times the
+    row's largest, renormalise. ``probs [..., V]`` float32; ``min_p`` None or 0: unchanged."""
+    if not min_p:
+        return probs
+    probs = probs * (probs >= min_p * probs.max(-1, keepdim=True).values)
+    return probs / probs.sum(-1, keepdim=True)
 
 
 def target_probs(

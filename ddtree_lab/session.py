@@ -336,7 +336,7 @@ class LiveSession:
             retrieve_next_token=local.retrieve_next_token[0, :n], retrieve_next_sibling=local.retrieve_next_sibling[0, :n],
             positions=vi.positions[b, :n], draft_token_ids=ids[b], draft_logprobs=lps[b], coins=coins[b, :n],
             final_coin=float(final[b]), logits=logits[b, :n], probs=None if probs is None else probs[b, :n],
-            top_m=self.top_m, top_m_logits=getattr(self, "top_m_logits", TOP_M_LOGITS), timings=timings,
+            top_m=self.top_m, top_m_logits=TOP_M_LOGITS, timings=timings,
             backend=out.backend)
 
     def _commit(self, active: list[RequestState], out: VerifyOutput, features: torch.Tensor, num_rows: int,
@@ -402,7 +402,7 @@ class LiveSession:
         """The run so far as a :class:`RunTrace` (metadata, steps, token texts)."""
         import platform
 
-        import ddtree_lab
+        from .version import __version__
 
         seen = set()
         for r in self.requests:
@@ -425,7 +425,7 @@ class LiveSession:
                           "prompt_token_ids": r.prompt_ids, "params": r.params.to_dict(),
                           "generated_token_ids": r.generated, "finish_reason": r.finish_reason}
                          for r in self.requests],
-            "versions": {"ddtree_lab": ddtree_lab.__version__, "torch": torch.__version__,
+            "versions": {"ddtree_lab": __version__, "torch": torch.__version__,
                          "python": platform.python_version()},
         }
         meta.update(self.extra_metadata)

@@ -54,8 +54,8 @@ if [[ $DRY == 1 ]]; then
   (( total <= BUDGET )) && note "budget: declared limits ${total}s <= ${BUDGET}s" || miss "budget: declared limits ${total}s > ${BUDGET}s"
   (( BUDGET <= 480 )) && note "budget: ${BUDGET}s fits 8 minutes" || miss "budget: ${BUDGET}s is over 8 minutes"
   # imports the checks need (the kernels under the interpreter: there is no device here)
-  if TRITON_INTERPRET=1 "$PY" -c "import torch, triton, pytest, ddtree_lab, ddtree_lab.verify_backends, ddtree_lab.kernels.tree_verify, ddtree_lab.kernels.resources" 2>"${TMPDIR:-/tmp}/gpu_check_import.err"; then
-    note "imports: torch triton pytest ddtree_lab (verify_backends, kernels) with $PY"
+  if TRITON_INTERPRET=1 "$PY" -c "import torch, triton, pytest, ddtree_lab, ddtree_lab.verify.backends, ddtree_lab.kernels.tree_verify, ddtree_lab.kernels.resources" 2>"${TMPDIR:-/tmp}/gpu_check_import.err"; then
+    note "imports: torch triton pytest ddtree_lab (verify.backends, kernels) with $PY"
   else
     miss "imports with $PY: $(tail -n 1 "${TMPDIR:-/tmp}/gpu_check_import.err")"
   fi

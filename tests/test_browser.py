@@ -48,7 +48,7 @@ CELL_TIMEOUT_MS = 600_000
 pytestmark = pytest.mark.slow
 
 
-def _missing_browser() -> str | None:
+def missing_browser() -> str | None:
     if not Path(CHROMIUM).exists():
         return f"Chromium not found at {CHROMIUM} (apt-get install chromium; scripts/setup.sh does it as root)"
     try:
@@ -59,7 +59,7 @@ def _missing_browser() -> str | None:
 
 
 def _require_browser() -> None:
-    why = _missing_browser()
+    why = missing_browser()
     if why is None:
         return
     if os.environ.get("CI"):

@@ -442,7 +442,7 @@ def test_saving_never_creates_a_directory(tmp_path):
 def test_converted_trace_lists_its_requests_and_summarises(tmp_path):
     from ddtree_lab import lab, views
 
-    out = sr.convert(FIXTURE, tmp_path / "sglang.ddtrace.safetensors")
+    out = dl.io.convert(FIXTURE, tmp_path / "sglang.ddtrace.safetensors")
     run = dl.load_trace(out)
     ids = [r["request_id"] for r in run.metadata["requests"]]
     assert ids == [f"req-{i}" for i in range(6)]

@@ -99,11 +99,24 @@ def test_replay_detects_a_tampered_step():
         dl.replay(step)
 
 
-def test_truncation_bound_reported():
+def test_truncation_bound_covers_every_child_outside_the_display_rows():
+    """The bound is the mass outside a row's display top-m: every child token the display row
+    leaves out carries at most that much, summed over the row's children."""
     run = dl.load_trace(SAMPLED)
-    bound = run.steps[0].truncation_bound()
-    assert bound.shape == (run.steps[0].num_nodes,)
-    assert bool((bound >= 0).all()) and bool((bound <= 1).all())
+    checked = 0
+    for step in run.steps[:20]:
+        bound = step.truncation_bound()
+        assert bound.shape == (step.num_nodes,)
+        torch.testing.assert_close(bound, (1.0 - step.top_probs.double().sum(-1)).clamp(min=0.0))
+        outside: dict[int, float] = {}
+        for i in range(1, step.num_nodes):
+            parent = int(step.parents[i])
+            if int(step.node_token_ids[i]) not in step.top_token_ids[parent].tolist():
+                outside[parent] = outside.get(parent, 0.0) + float(step.child_probs[i])
+        for parent, mass in outside.items():
+            assert mass <= float(bound[parent]) + 1e-6, (step.step, step.request, parent, mass, float(bound[parent]))
+            checked += 1
+    assert checked > 0  # some children lie outside their parent's display rows
 
 
 # -- make_step_trace on synthetic steps --------------------------------------------------------

@@ -107,16 +107,7 @@ def step_table(steps: Sequence) -> list[dict]:
 
 def setting_label(params: SamplingParams) -> str:
     """Parameters as a short label: ``greedy`` or ``T=0.7 top-k=20 top-p=0.9 min-p=0.05``."""
-    if params.is_greedy:
-        return "greedy"
-    parts = [f"T={params.temperature:g}"]
-    if params.top_k > 0:
-        parts.append(f"top-k={params.top_k}")
-    if params.top_p < 1.0:
-        parts.append(f"top-p={params.top_p:g}")
-    if params.min_p:
-        parts.append(f"min-p={params.min_p:g}")
-    return " ".join(parts)
+    return params.label("=")
 
 
 def sibling_ranks(parents: torch.Tensor) -> torch.Tensor:

@@ -101,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("render", help="draw one step's tree", description=cmd_render.__doc__)
-    p.add_argument("trace")
-    _step_args(p, required=True)
+    p.add_argument("trace", help="any source (trace, bundle, recording, ...); a bundle needs no --step")
+    _step_args(p)
     p.add_argument("-o", "--out", help="output file; .svg .png .dot .txt (default: text on standard output)")
     p.add_argument("--format", choices=["svg", "png", "dot", "text", "decisions"], help="overrides the suffix")
     p.add_argument("--collapse", action="store_true", help="draw each parent's unvisited children as one node")

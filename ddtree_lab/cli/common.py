@@ -161,8 +161,11 @@ def sglang_module():
 
 
 def find_step(run, step: int | None, request: int | None, path: str):
-    """The StepTrace of decoding step ``step`` of ``request``."""
+    """The Step of decoding step ``step`` of ``request`` (a source of one step, e.g. a bundle:
+    that step when ``--step`` is left out)."""
     if step is None:
+        if len(run.steps) == 1 and request in (None, run.steps[0].request):
+            return run.steps[0]
         raise CLIError(f"{path}: --step is required")
     matches = select_steps(run, step, request, path)
     if len(matches) > 1:

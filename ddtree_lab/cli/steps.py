@@ -214,7 +214,9 @@ def cmd_sglang(args) -> int:
     if args.sglang_cmd == "convert":
         out = Path(args.out)
         check_out_file(args.out)
-        path = sg.convert(args.recording, out)
+        from ..io import convert
+
+        path = convert(args.recording, out)
         print(f"{args.recording} -> {path}")
         return 0
     raise CLIError(f"unknown sglang command {args.sglang_cmd!r}")

@@ -26,7 +26,7 @@ from ..step import Run
 from .container import TraceFormatError
 from .lab_trace import load_trace, save_trace
 
-__all__ = ["load", "source_of", "SOURCES", "save_trace", "load_trace", "TraceFormatError"]
+__all__ = ["load", "convert", "source_of", "SOURCES", "save_trace", "load_trace", "TraceFormatError"]
 
 SOURCES = ("lab trace", "lab trace (append-only)", "bundle", "sglang recording", "sglang recording (append-only)",
            "ddtree reference", "engine summary")
@@ -160,7 +160,7 @@ def load(path: str | Path) -> Run:
 
         run = load_append_recording_run(path if Path(path).exists() else str(path) + ".ddrec")
     elif kind == "bundle":
-        from ..bundle import bundle_run, load_bundle
+        from .bundle import bundle_run, load_bundle
 
         run = bundle_run(load_bundle(Path(path).parent if Path(path).is_file() else path))
     elif kind == "sglang recording":
@@ -181,3 +181,19 @@ def load(path: str | Path) -> Run:
     run.metadata.setdefault("source", kind)
     run.metadata.setdefault("path", str(path))
     return run
+
+
+def convert(path: str | Path, out: str | Path) -> Path:
+    """Write any source :func:`load` opens (an SGLang recording, say) as a lab trace file
+    ``out`` (:func:`save_trace`; never creates directories); returns the written path.
+
+    Raises:
+        as :func:`load` and :func:`save_trace`; ``ValueError`` for a source whose steps the trace
+        format cannot hold (no verify output).
+    """
+    run = load(path)
+    lacking = [f"step {s.step}, request {s.request}" for s in run.steps if s.output is None]
+    if lacking:
+        raise ValueError(f"{path}: {run.source} steps without a verify output cannot be written as a trace "
+                         f"({lacking[0]}{' and more' if len(lacking) > 1 else ''})")
+    return save_trace(run, out)

@@ -15,6 +15,8 @@ from typing import Sequence
 
 import torch
 
+from ..checksums import tensor_sha256
+
 __all__ = ["TraceFormatError", "tensor_sha256", "write_container", "read_container"]
 
 _DTYPE_NAMES = {torch.int64: "int64", torch.float32: "float32", torch.float64: "float64"}
@@ -23,11 +25,6 @@ _DTYPE_NAMES = {torch.int64: "int64", torch.float32: "float32", torch.float64: "
 class TraceFormatError(ValueError):
     """A trace or bundle file that is not one, is corrupted, or has a missing or bad field."""
 
-
-
-def tensor_sha256(t: torch.Tensor) -> str:
-    """SHA-256 of a CPU tensor's bytes (C order)."""
-    return hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
 def _field_of(key: str) -> str:

@@ -167,6 +167,43 @@ def top_p_cut(src_ptr, limit, T, ms, kth_s, z1, P, LOW: tl.constexpr, BLK: tl.co
 
 
 @triton.jit
+def normalisers(src_ptr, limit, T, ms, kth_s, P, MINP, cut, z2, mthr, z3, LOW: tl.constexpr, BLK: tl.constexpr):
+    """The top-k, top-p and min-p normalisers of the rows at ``src_ptr[:limit]`` (the gathered
+    survivors or the whole row): ``(z1, cut, z2, mthr, z3)``, the given ``cut`` .. ``z3`` kept
+    where top-p / min-p are off."""
+    z1 = sum_over(src_ptr, limit, 0, T, ms, kth_s, 1.0, -1.0, -1.0, 1.0, 0.0, BLK)
+    if P < 1.0:
+        cut, z2 = top_p_cut(src_ptr, limit, T, ms, kth_s, z1, P, LOW, BLK)
+    if MINP > 0.0:
+        mthr = MINP * tl.math.div_rn(tl.math.div_rn(1.0, z1), z2)
+        z3 = sum_over(src_ptr, limit, 2, T, ms, kth_s, z1, -1.0, cut, z2, mthr, BLK)
+    return z1, cut, z2, mthr, z3
+
+
+@triton.jit
+def advance(err, acc, cur, plen, path_ptr, base):
+    """After one node's children were judged: move to the accepted child (appending it to the
+    path) or stop the walk. ``(going, cur, plen)``."""
+    going = tl.zeros([], tl.int32)
+    if err == 0:
+        if acc >= 0:
+            cur = acc
+            tl.store(path_ptr + base + plen, cur.to(tl.int32))
+            plen += 1
+            going = tl.full([], 1, tl.int32)
+    return going, cur, plen
+
+
+@triton.jit
+def store_walk(plen_ptr, dcount_ptr, err_ptr, errnode_ptr, b, plen, dcount, err, cur):
+    """A request's walk outputs: path length, decision count, error code and the node it ended at."""
+    tl.store(plen_ptr + b, plen)
+    tl.store(dcount_ptr + b, dcount)
+    tl.store(err_ptr + b, err)
+    tl.store(errnode_ptr + b, cur.to(tl.int32))
+
+
+@triton.jit
 def row_state(row_ptr, V, T, K, P, MINP, sx_ptr, si_ptr,
               LOW: tl.constexpr, BLOCK: tl.constexpr, KCAP: tl.constexpr, COMPACT: tl.constexpr):
     """Everything the sampled transform of one row needs; greedy rows stop after the max.
@@ -206,20 +243,64 @@ def row_state(row_ptr, V, T, K, P, MINP, sx_ptr, si_ptr,
                 tl.debug_barrier()
                 compact = (count <= KCAP).to(tl.int32)
         if compact != 0:
-            z1 = sum_over(sx_ptr, count, 0, T, ms, kth_s, 1.0, -1.0, -1.0, 1.0, 0.0, KCAP)
-            if P < 1.0:
-                cut, z2 = top_p_cut(sx_ptr, count, T, ms, kth_s, z1, P, LOW, KCAP)
-            if MINP > 0.0:
-                mthr = MINP * tl.math.div_rn(tl.math.div_rn(1.0, z1), z2)
-                z3 = sum_over(sx_ptr, count, 2, T, ms, kth_s, z1, -1.0, cut, z2, mthr, KCAP)
+            z1, cut, z2, mthr, z3 = normalisers(sx_ptr, count, T, ms, kth_s, P, MINP, cut, z2, mthr, z3, LOW, KCAP)
         else:
-            z1 = sum_over(row_ptr, V, 0, T, ms, kth_s, 1.0, -1.0, -1.0, 1.0, 0.0, BLOCK)
-            if P < 1.0:
-                cut, z2 = top_p_cut(row_ptr, V, T, ms, kth_s, z1, P, LOW, BLOCK)
-            if MINP > 0.0:
-                mthr = MINP * tl.math.div_rn(tl.math.div_rn(1.0, z1), z2)
-                z3 = sum_over(row_ptr, V, 2, T, ms, kth_s, z1, -1.0, cut, z2, mthr, BLOCK)
+            z1, cut, z2, mthr, z3 = normalisers(row_ptr, V, T, ms, kth_s, P, MINP, cut, z2, mthr, z3, LOW, BLOCK)
     return amax, err, ms, kth_s, z1, cut, z2, mthr, z3, compact, count
+
+
+@triton.jit
+def child_token(tok_ptr, base, child, steps, dcount, n, N, V):
+    """Guards of one sibling-walk step, then the child's token: ``(err, tok)`` with ``err`` 4 (the
+    walk ran past ``n`` hops: a cycle), 6 (more decisions than ``N``), 5 (a child index or token
+    outside its range), 0 when the child can be judged."""
+    err = tl.zeros([], tl.int32)
+    tok = tl.full([], -1, tl.int64)
+    if steps >= n:
+        err = tl.full([], 4, tl.int32)
+    elif dcount >= N:
+        err = tl.full([], 6, tl.int32)
+    elif child >= n:
+        err = tl.full([], 5, tl.int32)
+    else:
+        tok = tl.load(tok_ptr + base + child)
+        if (tok < 0) | (tok >= V):
+            err = tl.full([], 5, tl.int32)
+    return err, tok
+
+
+@triton.jit
+def log_decision(dnode_ptr, dprob_ptr, dmass_ptr, slot, child, p, mass):
+    """One judged sibling into the decision log: its node, target probability and ``S_k``."""
+    tl.store(dnode_ptr + slot, child.to(tl.int32))
+    tl.store(dprob_ptr + slot, p)
+    tl.store(dmass_ptr + slot, mass)
+
+
+@triton.jit
+def zero_siblings(p, ids, tok_ptr, ns_ptr, base, first_child, n):
+    """``p`` with the tokens of ``first_child`` and its next siblings zeroed (``ids``: the token
+    of each lane), at most ``n`` hops."""
+    child = first_child
+    steps = tl.zeros([], tl.int64)
+    while (child >= 0) & (steps < n):
+        tok = tl.load(tok_ptr + base + child)
+        p = tl.where(ids == tok, 0.0, p)
+        child = tl.load(ns_ptr + base + child)
+        steps += 1
+    return p
+
+
+@triton.jit
+def compact_residual(sx_ptr, si_ptr, count, T, ms, kth_s, z1, cut, z2, mthr, z3, tok_ptr, ns_ptr, base,
+                     first_child, n, KCAP: tl.constexpr):
+    """The residual on the gathered top-k survivors (ids ascending): ``(p, ids, lane)`` with the
+    rejected siblings' tokens zeroed."""
+    lane = tl.arange(0, KCAP)
+    xs = tl.load(sx_ptr + lane, mask=lane < count, other=float("-inf"))
+    ids = tl.load(si_ptr + lane, mask=lane < count, other=-1)
+    p = tl.where(lane < count, p_final(xs, T, ms, kth_s, z1, cut, z2, mthr, z3), 0.0)
+    return zero_siblings(p, ids, tok_ptr, ns_ptr, base, first_child, n), ids, lane
 
 
 @triton.jit
@@ -229,14 +310,7 @@ def residual_block(row_ptr, offs, V, T, ms, kth_s, z1, cut, z2, mthr, z3,
     x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
     p = p_final(x, T, ms, kth_s, z1, cut, z2, mthr, z3)
     p = tl.where(offs < V, p, 0.0)
-    child = first_child
-    steps = tl.zeros([], tl.int64)
-    while (child >= 0) & (steps < n):
-        tok = tl.load(tok_ptr + base + child)
-        p = tl.where(offs == tok, 0.0, p)
-        child = tl.load(ns_ptr + base + child)
-        steps += 1
-    return p
+    return zero_siblings(p, offs, tok_ptr, ns_ptr, base, first_child, n)
 
 
 @triton.jit
@@ -247,17 +321,8 @@ def residual_total(row_ptr, V, T, ms, kth_s, z1, cut, z2, mthr, z3, tok_ptr, ns_
     total = tl.zeros([], tl.float64)
     if COMPACT:
         if compact != 0:
-            lane = tl.arange(0, KCAP)
-            xs = tl.load(sx_ptr + lane, mask=lane < count, other=float("-inf"))
-            ids = tl.load(si_ptr + lane, mask=lane < count, other=-1)
-            p = tl.where(lane < count, p_final(xs, T, ms, kth_s, z1, cut, z2, mthr, z3), 0.0)
-            child = first_child
-            steps = tl.zeros([], tl.int64)
-            while (child >= 0) & (steps < n):
-                tok = tl.load(tok_ptr + base + child)
-                p = tl.where(ids == tok, 0.0, p)
-                child = tl.load(ns_ptr + base + child)
-                steps += 1
+            p, _ids, _lane = compact_residual(sx_ptr, si_ptr, count, T, ms, kth_s, z1, cut, z2, mthr, z3, tok_ptr,
+                                              ns_ptr, base, first_child, n, KCAP)
             total = tl.sum(p.to(tl.float64), 0)
     if compact == 0:
         offs0 = tl.arange(0, BLOCK)

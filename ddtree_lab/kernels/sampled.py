@@ -8,7 +8,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .row_ops import p_final, residual_block, residual_total, row_state
+from .row_ops import (advance, child_token, compact_residual, log_decision, p_final, residual_block,
+                      residual_total, row_state, store_walk)
 
 
 @triton.jit
@@ -75,37 +76,26 @@ def sampled_verify_kernel(
         last_c = tl.full([], -1, tl.int64)
         have_total = tl.zeros([], tl.int32)
         while (child >= 0) & (acc < 0) & (err == 0):
-            if steps >= n:
-                err = tl.full([], 4, tl.int32)
-            elif dcount >= N:
-                err = tl.full([], 6, tl.int32)
-            elif child >= n:
-                err = tl.full([], 5, tl.int32)
-            else:
-                tok = tl.load(tok_ptr + base + child)
-                if (tok < 0) | (tok >= V):
-                    err = tl.full([], 5, tl.int32)
+            err, tok = child_token(tok_ptr, base, child, steps, dcount, n, N, V)
+            if err == 0:
+                x = tl.load(row_ptr + tok).to(tl.float32)
+                if T > 0:
+                    p = p_final(x, T, ms, kth_s, z1, cut, z2, mthr, z3)
                 else:
-                    x = tl.load(row_ptr + tok).to(tl.float32)
-                    if T > 0:
-                        p = p_final(x, T, ms, kth_s, z1, cut, z2, mthr, z3)
-                    else:
-                        p = tl.where(tok == amax, 1.0, 0.0)
-                    mass = mass + p
-                    # lossless: p > 0 and (u < S or p >= threshold_single); lossy: SGLang's rule,
-                    # u <= S / threshold_acc or p >= threshold_single in float32, no p > 0 guard
-                    ok_exact = (p > 0.0) & ((u < mass) | (p >= t_single))
-                    ok_sglang = (u <= tl.math.div_rn(mass, t_acc)) | (p >= t_single)
-                    ok = tl.where(lossy, ok_sglang, ok_exact)
-                    last_j = tl.where(p > 0.0, dcount, last_j)
-                    last_c = tl.where(p > 0.0, child, last_c)
-                    tl.store(dnode_ptr + base + dcount, child.to(tl.int32))
-                    tl.store(dprob_ptr + base + dcount, p)
-                    tl.store(dmass_ptr + base + dcount, mass)
-                    dcount += 1
-                    steps += 1
-                    acc = tl.where(ok, child, acc)
-                    child = tl.where(ok, child, tl.load(ns_ptr + base + child))
+                    p = tl.where(tok == amax, 1.0, 0.0)
+                mass = mass + p
+                # lossless: p > 0 and (u < S or p >= threshold_single); lossy: SGLang's rule,
+                # u <= S / threshold_acc or p >= threshold_single in float32, no p > 0 guard
+                ok_exact = (p > 0.0) & ((u < mass) | (p >= t_single))
+                ok_sglang = (u <= tl.math.div_rn(mass, t_acc)) | (p >= t_single)
+                ok = tl.where(lossy, ok_sglang, ok_exact)
+                last_j = tl.where(p > 0.0, dcount, last_j)
+                last_c = tl.where(p > 0.0, child, last_c)
+                log_decision(dnode_ptr, dprob_ptr, dmass_ptr, base + dcount, child, p, mass)
+                dcount += 1
+                steps += 1
+                acc = tl.where(ok, child, acc)
+                child = tl.where(ok, child, tl.load(ns_ptr + base + child))
         if (err == 0) & (acc < 0) & (last_j >= 0) & (T > 0) & (lossy == 0):
             # every child rejected on float32 sums: if they hold the whole row, exact arithmetic
             # has S_K = 1 > u and takes the last child with p > 0 (the reference's rule; the
@@ -117,18 +107,8 @@ def sampled_verify_kernel(
                 dcount = last_j + 1
                 tl.store(dmass_ptr + base + last_j, 1.0)
                 acc = last_c
-        if err != 0:
-            going = tl.zeros([], tl.int32)
-        elif acc >= 0:
-            cur = acc
-            tl.store(path_ptr + base + plen, cur.to(tl.int32))
-            plen += 1
-        else:
-            going = tl.zeros([], tl.int32)
-    tl.store(plen_ptr + b, plen)
-    tl.store(dcount_ptr + b, dcount)
-    tl.store(err_ptr + b, err)
-    tl.store(errnode_ptr + b, cur.to(tl.int32))
+        going, cur, plen = advance(err, acc, cur, plen, path_ptr, base)
+    store_walk(plen_ptr, dcount_ptr, err_ptr, errnode_ptr, b, plen, dcount, err, cur)
     # ---- bonus draw at `cur`
     if err == 0:
         fcoin = tl.load(fcoin_ptr + b)
@@ -176,17 +156,8 @@ def sampled_verify_kernel(
         elif T > 0:
             if COMPACT:
                 # the residual lives on the gathered survivors (ids ascending)
-                lane = tl.arange(0, KCAP)
-                xs = tl.load(sx_ptr + lane, mask=lane < count, other=float("-inf"))
-                ids = tl.load(si_ptr + lane, mask=lane < count, other=-1)
-                p = tl.where(lane < count, p_final(xs, T, ms, kth_s, z1, cut, z2, mthr, z3), 0.0)
-                child = first_child
-                steps = tl.zeros([], tl.int64)
-                while (child >= 0) & (steps < n):
-                    tok = tl.load(tok_ptr + base + child)
-                    p = tl.where(ids == tok, 0.0, p)
-                    child = tl.load(ns_ptr + base + child)
-                    steps += 1
+                p, ids, lane = compact_residual(sx_ptr, si_ptr, count, T, ms, kth_s, z1, cut, z2, mthr, z3,
+                                                tok_ptr, ns_ptr, base, first_child, n, KCAP)
                 p64 = p.to(tl.float64)
                 total = tl.sum(p64, 0)
                 if total > 0.0:

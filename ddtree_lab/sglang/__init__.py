@@ -14,7 +14,7 @@
   :func:`step_verify_input`) and the doctor's check of a recording (:func:`recording_problems`);
 * :mod:`.replay` -- :func:`replay_recording` with any lab backend, :func:`recording_to_trace`
   (lab traces, which the lab's views draw), and the command-line functions :func:`replay`,
-  :func:`replay_report`, :func:`convert`.
+  :func:`replay_report` (``ddtree_lab.io.convert`` writes a recording as a lab trace).
 """
 
 from .buffers import SGLangVerifyBuffers as SGLangVerifyBuffers
@@ -41,7 +41,6 @@ from .recording import save_recording as save_recording
 from .recording import step_parts as step_parts
 from .recording import step_verify_input as step_verify_input
 from .replay import ReplayResult as ReplayResult
-from .replay import convert as convert
 from .replay import count_verdicts as count_verdicts
 from .replay import recording_to_trace as recording_to_trace
 from .replay import replay as replay  # the function (the module stays importable as ddtree_lab.sglang.replay)

@@ -23,15 +23,14 @@ by-design difference accounts for it) or ``"not replayable"`` (SGLang ran someth
 does not implement: rejection sampling with real draft probabilities, block verification).
 
 Plain functions for the command line: :func:`replay` (a path, a backend -> results),
-:func:`replay_report` (the lines to print), :func:`convert` (a recording file -> a lab trace
-file).
+:func:`replay_report` (the lines to print); :func:`ddtree_lab.io.convert` turns a recording
+into a lab trace file.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
@@ -49,7 +48,6 @@ __all__ = [
     "replay_report",
     "count_verdicts",
     "recording_to_trace",
-    "convert",
     "output_differences",
 ]
 
@@ -376,11 +374,3 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
             "target": {"name": str(recording.metadata.get("target", "unknown (SGLang)"))}, "vocab_size": vocab or None,
             "generated_from": "the first converted row's root token, then SGLang's emitted tokens per converted row"}
     return RunTrace(metadata=meta, steps=steps, token_texts={})
-
-
-def convert(path: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Convert the recording at ``path`` into a lab trace file ``out`` (:func:`recording_to_trace`,
-    :func:`ddtree_lab.save_trace`); returns the written path."""
-    from ..io.lab_trace import save_trace
-
-    return save_trace(recording_to_trace(load_recording(path)), out)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import SamplingParams, filtered_probs
+from ..sampling import SamplingParams, apply_min_p, filtered_probs
 from .reference import walk_sampled_batch
 from .triton import KERNEL_ORDER
 from .types import VerifyOutput
@@ -59,10 +59,7 @@ def lazy_row_probs(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
             keep = probs >= 0.0  # the reference's cut lands on a zero: keep all
         probs = probs * keep
         probs = probs / probs.sum(-1, keepdim=True)
-    if params.min_p:
-        probs = probs * (probs >= params.min_p * probs.max(-1, keepdim=True).values)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    return apply_min_p(probs, params.min_p)
 
 
 def row_problem(row: torch.Tensor) -> str | None:

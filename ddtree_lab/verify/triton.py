@@ -162,17 +162,24 @@ def _expand(vi: DDTreeVerifyInput, out: dict, coins: list | None, final: list | 
                       backend, thresholds)
 
 
+def _launch_inputs(verify_input, target_logits):
+    """What both launchers start from: the kernels, row-contiguous logits, the compact output
+    buffers and the tree buffers on the logits' device (raises where the kernels cannot run)."""
+    _require_triton(target_logits.device)
+    module, interpreted = triton_kernels()
+    bs, n, _vocab = target_logits.shape
+    logits = target_logits if target_logits.stride(-1) == 1 else target_logits.contiguous()
+    return (module, interpreted, logits, _compact_buffers(bs, n, logits.device),
+            _tree_buffers(verify_input, logits.device))
+
+
 def sampled_launcher(verify_input, target_logits, items, coins, final_coins, *, threshold_single=1.0, threshold_acc=1.0):
     """``(launch, out)``: a no-argument function that runs the sampled kernel once into the
     compact buffers ``out`` (no checks, no expansion; for benchmarks and custom pipelines).
     Arguments as :func:`verify_tree` with ``items`` one :class:`SamplingParams` per request."""
-    _require_triton(target_logits.device)
-    module, interpreted = triton_kernels()
-    device = target_logits.device
-    bs, n, vocab = target_logits.shape
-    logits = target_logits if target_logits.stride(-1) == 1 else target_logits.contiguous()
-    out = _compact_buffers(bs, n, device)
-    tok, nt, ns, nn = _tree_buffers(verify_input, device)
+    module, interpreted, logits, out, (tok, nt, ns, nn) = _launch_inputs(verify_input, target_logits)
+    device = logits.device
+    bs, n, vocab = logits.shape
     temperature, top_k, top_p, min_p = _params_tensors(items, vocab, device)
     # [threshold_single, max(threshold_acc, 1e-9)] as float32 values (SGLang's kernel arithmetic),
     # then the rule: 1.0 = SGLang's lossy rule, 0.0 = the lossless one (ddtree_lab.verify.rules)
@@ -200,13 +207,9 @@ def sampled_launcher(verify_input, target_logits, items, coins, final_coins, *, 
 
 def greedy_launcher(verify_input, target_logits):
     """``(launch, out)`` for the greedy kernel, as :func:`sampled_launcher`."""
-    _require_triton(target_logits.device)
-    module, interpreted = triton_kernels()
-    device = target_logits.device
-    bs, n, vocab = target_logits.shape
-    logits = target_logits if target_logits.stride(-1) == 1 else target_logits.contiguous()
-    out = _compact_buffers(bs, n, device)
-    tok, nt, ns, nn = _tree_buffers(verify_input, device)
+    module, interpreted, logits, out, (tok, nt, ns, nn) = _launch_inputs(verify_input, target_logits)
+    device = logits.device
+    bs, n, vocab = logits.shape
     extra = launch_options(module, interpreted)
 
     def launch():

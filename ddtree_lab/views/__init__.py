@@ -30,7 +30,7 @@ from .html import mass_bar_svg as mass_bar_svg
 from .model import BonusView as BonusView
 from .model import Cursor as Cursor
 from .model import DecisionRow as DecisionRow
-from .model import NodeView as NodeView
+from .nodes import NodeView as NodeView
 from .model import StepView as StepView
 from .model import step_view as step_view
 from .model import token_label as token_label

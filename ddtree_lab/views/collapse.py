@@ -17,7 +17,7 @@ def collapse_nodes(nodes: dict, unvisited: bool, max_depth, min_target_p, min_dr
     ``max_children``: draw at most this many children per parent (a wide fan): the accepted
     child and the ``keep`` nodes always, then the first ones in sibling order; the others, even
     visited and rejected ones, go into the summary, which says how many of them were rejected."""
-    from .model import NodeView
+    from .nodes import NodeView
 
     keep = set(keep or ())
     if not (unvisited or max_depth is not None or min_target_p is not None or min_drafter_q is not None

@@ -17,7 +17,8 @@ import re
 
 from .labels import LOSSY_COLOR, mass_label, token_label
 from .labels import number_label as _num
-from .model import NodeView, StepView, step_view
+from .model import StepView, step_view
+from .nodes import NodeView
 
 __all__ = ["to_dot", "step_svg", "render_svg", "svg_size", "STATUS_STYLE", "WHAT_IF_COLOR"]
 

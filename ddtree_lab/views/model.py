@@ -45,63 +45,12 @@ import torch
 
 from ..step import RunTrace, StepTrace
 from .collapse import collapse_nodes
+from .nodes import STATUSES, NodeView
 from .labels import LOSSY_COLOR, lossy_mark, mass_label, number_label, token_label
 
 __all__ = ["NodeView", "DecisionRow", "BonusView", "Cursor", "StepView", "WalkEvent", "step_view", "token_label",
            "lossy_mark", "walk_events", "STATUSES", "number_label", "mass_label",
            "LOSSY_COLOR"]
-
-#: node statuses: root, accepted (on the accepted path), rejected (visited and rejected),
-#: unvisited (never reached), pending (cursor views: not judged yet), collapsed (a summary).
-STATUSES = ("root", "accepted", "rejected", "unvisited", "pending", "collapsed", "bonus")
-
-@dataclass
-class NodeView:
-    """One drawn node.
-
-    ``index`` is the tree node index (the bonus: ``-1``; collapsed summaries: ``-2, -3, ...``).
-    Probabilities follow the module docstring; ``None`` where they do not apply or are
-    unknown. ``target_p_upper``: ``target_p`` is an upper bound (token outside the stored
-    top-M). ``hidden``: for a summary node, how many tree nodes it stands for. Decision
-    fields (``order``, ``coin``, ``mass_before``, ``mass``) are set on visited siblings:
-    ``order`` is the position of the node's decision in the walk (0-based), ``mass`` the
-    verifier's ``S_k``. ``child_coin``: the coin that decides among this node's children
-    (sampled only).
-    """
-
-    index: int
-    token: int
-    text: str
-    status: str
-    depth: int
-    rank: int
-    logw: float
-    parent: int = -1
-    target_p: float | None = None
-    target_p_upper: bool = False
-    drafter_q: float | None = None
-    accept_p: float | None = None
-    path_p: float | None = None
-    residual_p: float | None = None
-    children: list[int] = field(default_factory=list)
-    hidden: int = 0
-    order: int | None = None
-    coin: float | None = None
-    mass_before: float | None = None
-    mass: float | None = None
-    child_coin: float | None = None
-
-    def target_p_text(self, digits: int = 3) -> str:
-        """``p=0.123`` / ``p<1e-05`` (upper bound) / ``p=?`` (not recorded)."""
-        if self.target_p is None:
-            return "p=?"
-        return f"p{'<' if self.target_p_upper else '='}{self.target_p:.{digits}g}"
-
-    def drafter_q_text(self, digits: int = 2) -> str:
-        return "" if self.drafter_q is None or math.isnan(self.drafter_q) else f"q={self.drafter_q:.{digits}g}"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -306,7 +255,7 @@ class StepView:
 # -- lowering -----------------------------------------------------------------------------------
 
 
-def _texts(texts) -> Callable[[int], str]:
+def text_lookup(texts) -> Callable[[int], str]:
     if isinstance(texts, RunTrace):
         return texts.text
     if texts is None:
@@ -363,17 +312,7 @@ def _greedy_p_known(step: StepTrace) -> bool:
 
 
 def _mode(step: StepTrace) -> str:
-    p = step.params
-    if p.is_greedy:
-        return "greedy"
-    parts = [f"T={p.temperature:g}"]
-    if p.top_k > 0:
-        parts.append(f"top-k {p.top_k}")
-    if p.top_p < 1.0:
-        parts.append(f"top-p {p.top_p:g}")
-    if p.min_p:
-        parts.append(f"min-p {p.min_p:g}")
-    return " ".join(parts)
+    return step.params.label(" ")
 
 
 def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None, collapse_unvisited: bool = False,
@@ -411,7 +350,7 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
     for name, v in (("min_target_p", min_target_p), ("min_drafter_q", min_drafter_q)):
         if v is not None and not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
             raise ValueError(f"{name} must be None or a number in [0, 1], got {v!r}")
-    lookup = _texts(texts)
+    lookup = text_lookup(texts)
     if step.node_token_ids is None or step.child_probs is None or step.bonus is None:
         raise ValueError(f"step {step.step}, request {step.request}: recorded at level {step.level!r}, it stores no "
                          "tree or decision log to draw (record with level 'full' or 'light')")

@@ -158,7 +158,7 @@ def reach_tree_dot(data: TunerData, result: TunerResult, k: int, texts=None, max
     draws at most ``max_children`` children (None: all); the rest and their subtrees become one
     grey note with their count and total reach."""
     from .dot import STATUS_STYLE
-    from .model import _texts, token_label
+    from .model import text_lookup, token_label
 
     def esc(text: str) -> str:
         return text.replace("&", "&amp;").replace("\\", "\\\\").replace('"', '\\"')
@@ -166,7 +166,7 @@ def reach_tree_dot(data: TunerData, result: TunerResult, k: int, texts=None, max
     def attrs(style: dict) -> str:
         return ", ".join(f'{a}="{v}"' for a, v in style.items())
 
-    lookup = _texts(texts)
+    lookup = text_lookup(texts)
     step = data.steps[k]
     sl = data.step_nodes(k)
     n = min(step.num_nodes, result.budget + 1)
