@@ -197,7 +197,7 @@ HANG = textwrap.dedent("""
 """)
 
 
-def test_a_kernel_that_never_returns_leaves_its_inputs_on_disk(tmp_path):
+def test_a_kernel_that_never_returns_leaves_its_inputs_on_disk(tmp_path, capsys):
     from ddtree_lab.check import check
     from ddtree_lab.sglang.append import replay_pending
 
@@ -214,7 +214,7 @@ def test_a_kernel_that_never_returns_leaves_its_inputs_on_disk(tmp_path):
         child.communicate(timeout=60)
     run = load(path)
     assert run.metadata["source"] == "sglang recording (append-only)"
-    assert any("call 2" in p and "did not return" in p for p in run.problems), run.problems
+    assert run.metadata["did_not_return"] == [2] and not run.problems, run.problems
     hung = [s for s in run.steps if s.extra.get("did_not_return")]
     done = [s for s in run.steps if not s.extra.get("did_not_return")]
     assert len(hung) == 2 and len(done) == 4 and all(s.output is None for s in hung)
@@ -229,6 +229,11 @@ def test_a_kernel_that_never_returns_leaves_its_inputs_on_disk(tmp_path):
             assert out.emitted_tokens[0].tolist()[: int(out.accept_length[0]) + 1] == \
                 want.emitted_tokens[b].tolist()[: int(want.accept_length[b]) + 1]
     assert dl.sglang.load_recording(path).metadata["did_not_return"] == [2]
+    from ddtree_lab.cli import main
+
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "did not return: step 2, request 0" in out and "did not return: step 2, request 1" in out
 
 
 class _FullDisk:

@@ -91,7 +91,8 @@ class AppendSink:
 
 def load_append_recording(path: str | Path) -> tuple[Recording, list[dict], list[str]]:
     """``(recording of completed calls, calls that did not return, problems)`` of an append-only
-    file. A cut tail is one line in ``problems``; every complete segment before it loads.
+    file. A cut tail is one line in ``problems``; every complete segment before it loads. The
+    recording's ``metadata["did_not_return"]`` lists the calls that did not return.
 
     Raises:
         FileNotFoundError: no such file.
@@ -133,9 +134,6 @@ def load_append_recording(path: str | Path) -> tuple[Recording, list[dict], list
                                    + (f" ({tail.why})" if tail.why else ""))
     done = [calls[c] for c in order if calls[c].pop("returned", False)]
     pending = [calls[c] for c in order if calls[c] not in done]
-    for s in pending:
-        problems.append(f"{path}: call {s['call']} ({s['kind']}, {s['kernel']}) did not return: its inputs are on "
-                        "disk, its outputs never were (a hang or a crash in the kernel)")
     meta = dict(meta)
     meta["did_not_return"] = [s["call"] for s in pending]
     return Recording(meta, done), pending, problems
@@ -227,8 +225,8 @@ def replay_pending(step, backend: str = "reference"):
 def load_append_recording_run(path: str | Path):
     """The lab :class:`~ddtree_lab.step.Run` of an append-only recording: completed calls as
     :func:`~ddtree_lab.sglang.replay.recording_to_trace` converts them, then one step per row
-    of each call that did not return (:func:`pending_steps`); ``run.problems`` names the cut
-    tail and every call that did not return.
+    of each call that did not return (:func:`pending_steps`; their calls in
+    ``run.metadata["did_not_return"]``); ``run.problems`` names a cut tail.
 
     Raises:
         as :func:`load_append_recording`.
@@ -250,4 +248,5 @@ def load_append_recording_run(path: str | Path):
                                              "params": None, "generated_token_ids": [], "finish_reason": None})
     run.problems.extend(problems)
     run.metadata["source"] = "sglang recording (append-only)"
+    run.metadata["did_not_return"] = [c["call"] for c in pending]  # their rows: steps with extra["did_not_return"]
     return run
