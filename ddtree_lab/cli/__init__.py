@@ -8,6 +8,7 @@
     ddtree-lab audit   TRACE --step S [--request R] [--model default] | BUNDLE | --random N
     ddtree-lab doctor  TRACE|BUNDLE|RECORDING [--model default --step S --request R]
     ddtree-lab sglang  hook-dir | replay RECORDING | convert RECORDING -o TRACE
+    ddtree-lab export  RUN --parquet DIR                  # per-step and per-node tables for DuckDB
     ddtree-lab lab                                        # JupyterLab on labs/
 
 Steps are addressed as decoding steps (``--step``, 0-based, as ``info`` lists them) of a
