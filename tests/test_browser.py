@@ -389,7 +389,14 @@ def check_04_step_controls(page) -> None:
     handle = page.locator(".ddtree-tuner-step .noUi-handle").first
     _press(page, handle, "ArrowRight", 3)
     deadline = time.time() + 60
-    while _selected_bar(page) == before and time.time() < deadline:
+
+    def settled() -> bool:  # each key press redraws the chart: wait for the last one to land
+        k = _selected_bar(page)
+        position = int(_readout(page, "ddtree-tuner-step"))
+        steps = run.for_request(run.steps[k].request)
+        return k != before and position < len(steps) and steps[position] is run.steps[k]
+
+    while not settled() and time.time() < deadline:
         page.wait_for_timeout(200)
     position = int(_readout(page, "ddtree-tuner-step"))
     k = _selected_bar(page)

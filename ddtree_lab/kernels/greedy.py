@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .row_ops import advance, child_token, log_decision, row_max, store_walk
+from .row_ops import advance, child_token, log_decision, row_max, store_walk, walk_start
 
 
 @triton.jit
@@ -25,12 +25,7 @@ def greedy_verify_kernel(
     b = tl.program_id(0).to(tl.int64)
     base = b * N
     n = tl.load(nn_ptr + b)
-    cur = tl.zeros([], tl.int64)
-    plen = tl.full([], 1, tl.int32)
-    dcount = tl.zeros([], tl.int32)
-    err = tl.zeros([], tl.int32)
-    going = tl.full([], 1, tl.int32)
-    tl.store(path_ptr + base, 0)
+    cur, plen, dcount, err, going = walk_start(path_ptr, base)
     m = tl.zeros([], tl.float32)
     amax = tl.zeros([], tl.int32)
     z = tl.full([], 1.0, tl.float32)

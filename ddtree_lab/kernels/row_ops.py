@@ -181,6 +181,15 @@ def normalisers(src_ptr, limit, T, ms, kth_s, P, MINP, cut, z2, mthr, z3, LOW: t
 
 
 @triton.jit
+def walk_start(path_ptr, base):
+    """A request's walk before its first step: at the root (path ``[0]``), no decisions, no error.
+    ``(cur, plen, dcount, err, going)``."""
+    tl.store(path_ptr + base, 0)
+    return (tl.zeros([], tl.int64), tl.full([], 1, tl.int32), tl.zeros([], tl.int32), tl.zeros([], tl.int32),
+            tl.full([], 1, tl.int32))
+
+
+@triton.jit
 def advance(err, acc, cur, plen, path_ptr, base):
     """After one node's children were judged: move to the accepted child (appending it to the
     path) or stop the walk. ``(going, cur, plen)``."""

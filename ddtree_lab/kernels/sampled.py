@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from .row_ops import (advance, child_token, compact_residual, log_decision, p_final, residual_block,
-                      residual_total, row_state, store_walk)
+                      residual_total, row_state, store_walk, walk_start)
 
 
 @triton.jit
@@ -43,12 +43,7 @@ def sampled_verify_kernel(
     t_single = tl.load(thr_ptr).to(tl.float32)
     t_acc = tl.load(thr_ptr + 1).to(tl.float32)
     lossy = tl.load(thr_ptr + 2) > 0.5
-    cur = tl.zeros([], tl.int64)
-    plen = tl.full([], 1, tl.int32)
-    dcount = tl.zeros([], tl.int32)
-    err = tl.zeros([], tl.int32)
-    going = tl.full([], 1, tl.int32)
-    tl.store(path_ptr + base, 0)
+    cur, plen, dcount, err, going = walk_start(path_ptr, base)
     # state of the last visited row (used by the bonus draw)
     amax = tl.zeros([], tl.int32)
     ms = tl.zeros([], tl.float32)
