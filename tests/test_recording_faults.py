@@ -18,7 +18,7 @@ import torch
 import ddtree_lab as dl
 from ddtree_lab.io import load, source_of
 from ddtree_lab.io.append_trace import TraceWriter, load_append_trace
-from ddtree_lab.io.segments import SegmentWriter, index_path, rebuild_index, scan
+from ddtree_lab.store.segments import SegmentWriter, index_path, rebuild_index, scan
 from ddtree_lab.io.synthetic import SyntheticShape, synthetic_steps
 from ddtree_lab.io.lab_trace import step_json, step_tensors
 
@@ -199,7 +199,7 @@ HANG = textwrap.dedent("""
 
 def test_a_kernel_that_never_returns_leaves_its_inputs_on_disk(tmp_path, capsys):
     from ddtree_lab.check import check
-    from ddtree_lab.sglang.append import replay_pending
+    from ddtree_lab.sglang.pending import replay_pending
 
     path = tmp_path / "hang.ddrec"
     child = subprocess.Popen([sys.executable, "-c", HANG.format(tests=str(ROOT / "tests")), str(path)], env=_env(),

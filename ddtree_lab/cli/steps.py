@@ -194,7 +194,7 @@ def _replay_recording(path: str, backend: str, args=None) -> int:
     for line in sg.replay_report(results):
         print(line)
     for call in rec.metadata.get("did_not_return") or []:  # an append-only recording's hung calls
-        print(f"call {call}: did not return (its inputs are on disk: ddtree_lab.sglang.append.replay_pending)")
+        print(f"call {call}: did not return (its inputs are on disk: ddtree_lab.sglang.pending.replay_pending)")
     counts = sg.count_verdicts(results)
     return EXIT_PROBLEM if counts.get("differs", 0) - counts.get("by design", 0) > 0 else 0
 

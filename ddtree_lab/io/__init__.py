@@ -23,8 +23,9 @@ import json
 from pathlib import Path
 
 from ..step import Run
-from .container import TraceFormatError
-from .lab_trace import load_trace, save_trace
+from ..store.container import TraceFormatError
+from .lab_trace import load_trace as load_trace_file
+from .lab_trace import save_trace
 
 __all__ = ["load", "convert", "source_of", "SOURCES", "save_trace", "load_trace", "TraceFormatError"]
 
@@ -68,12 +69,12 @@ def source_of(path: str | Path) -> str:
             return _source_of_json_dir(p)
         raise TraceFormatError(f"{p}: is not a bundle (no bundle.safetensors in it)")
     if p.is_file():
-        from .segments import first_doc, is_segment_file
+        from ..store.segments import first_doc, is_segment_file
 
         if is_segment_file(p):
             return _source_of_segments(p, first_doc(p))
     if not p.exists() and Path(str(p) + ".ddrec").is_file():  # the SGLang recorder's NAME.ddrec, named NAME
-        from .segments import first_doc
+        from ..store.segments import first_doc
 
         return _source_of_segments(p, first_doc(str(p) + ".ddrec"))
     if not p.exists():
@@ -156,7 +157,7 @@ def load(path: str | Path) -> Run:
 
         run = load_append_trace(path)
     elif kind == "sglang recording (append-only)":
-        from ..sglang.append import load_append_recording_run
+        from ..sglang.pending import load_append_recording_run
 
         run = load_append_recording_run(path if Path(path).exists() else str(path) + ".ddrec")
     elif kind == "bundle":
@@ -181,6 +182,19 @@ def load(path: str | Path) -> Run:
     run.metadata.setdefault("source", kind)
     run.metadata.setdefault("path", str(path))
     return run
+
+
+def load_trace(path: str | Path, keep_going: bool = False) -> Run:
+    """A lab trace in either layout: the one-document file (:func:`.lab_trace.load_trace`,
+    strict unless ``keep_going``) or the append-only one written step by step
+    (:func:`.append_trace.load_append_trace`: a cut tail is named in ``run.problems``)."""
+    from ..store.segments import is_segment_file
+
+    if is_segment_file(path):  # ddtree-lab record, LiveSession(record_to=...)
+        from .append_trace import load_append_trace
+
+        return load_append_trace(path)
+    return load_trace_file(path, keep_going=keep_going)
 
 
 def convert(path: str | Path, out: str | Path) -> Path:

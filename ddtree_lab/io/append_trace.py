@@ -33,9 +33,9 @@ import torch
 
 from ..sampling import SamplingParams
 from ..step import Run, Step
-from .container import TraceFormatError
+from ..store.container import TraceFormatError
 from .lab_trace import check_step_tensors, step_from_json, step_json, step_tensors
-from .segments import SegmentEntry, SegmentWriteError, SegmentWriter, read_segment, scan
+from ..store.segments import SegmentEntry, SegmentWriteError, SegmentWriter, read_segment, scan
 
 __all__ = ["FORMAT", "VERSION", "SOURCE", "TraceWriter", "load_append_trace", "AppendRun", "replay_inputs",
            "INPUT_FIELDS"]
@@ -56,10 +56,10 @@ class TraceWriter:
 
     Args:
         path: the file (replaced if it exists); ``metadata``: the run's metadata so far.
-        fsync, opener: as :class:`~ddtree_lab.io.segments.SegmentWriter`.
+        fsync, opener: as :class:`~ddtree_lab.store.segments.SegmentWriter`.
 
     Raises:
-        FileNotFoundError, IsADirectoryError: as :class:`~ddtree_lab.io.segments.SegmentWriter`.
+        FileNotFoundError, IsADirectoryError: as :class:`~ddtree_lab.store.segments.SegmentWriter`.
     """
 
     def __init__(self, path: str | Path, metadata: dict, *, fsync: bool = False, opener=open):
@@ -141,7 +141,7 @@ class AppendRun(Run):
     Attributes:
         records: one tuple per step record, in file order: ``(segment, index in segment, step,
             request, accept_length, support_exhausted, num_nodes, did_not_return)``.
-        entries: the complete segments (:class:`~ddtree_lab.io.segments.SegmentEntry`).
+        entries: the complete segments (:class:`~ddtree_lab.store.segments.SegmentEntry`).
         closed: whether the writer closed the file (an ``end`` segment).
     """
 

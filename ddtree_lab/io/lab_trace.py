@@ -65,7 +65,7 @@ import torch
 from ..sampling import SamplingParams
 from ..step import LEVELS, Run, Step, normalize_timings
 from ..verify import BonusDraw, Decision, VerifyOutput, is_lossy
-from .container import TraceFormatError, read_container, write_container
+from ..store.container import TraceFormatError, read_container, write_container
 
 __all__ = ["save_trace", "load_trace", "check_step_tensors", "step_from_json", "step_tensors", "step_json",
            "TraceFormatError", "FORMAT", "VERSION", "TENSOR_FIELDS"]
@@ -253,12 +253,6 @@ def load_trace(path: str | Path, keep_going: bool = False) -> Run:
             or a missing / badly typed / badly shaped field (one line: file, step, field).
     """
     path = Path(path)
-    from .segments import is_segment_file
-
-    if is_segment_file(path):  # written step by step (ddtree-lab record, LiveSession(record_to=...))
-        from .append_trace import load_append_trace
-
-        return load_append_trace(path)
     damaged: dict | None = {} if keep_going else None
     doc, tensors = read_container(path, FORMAT, (1, VERSION), damaged=damaged)
     version = doc["version"]

@@ -11,7 +11,7 @@
   switch :func:`install_from_env` and :func:`hook_dir` for ``PYTHONPATH``;
 * :mod:`.append` -- the append-only recording file (:class:`~.append.AppendSink`: a call's
   inputs before its kernel runs, outputs after; calls that did not return are kept and can be
-  checked and replayed, :func:`~.append.replay_pending`);
+  checked and replayed, :func:`~.pending.replay_pending`);
 * :mod:`.recording` -- the recording file (:func:`save_recording`, :func:`load_recording`,
   checksummed), lab objects from one recorded row (:func:`step_parts`,
   :func:`step_verify_input`) and the doctor's check of a recording (:func:`recording_problems`);

@@ -2,7 +2,7 @@
 
 Source ``"sglang recording (append-only)"`` of :func:`ddtree_lab.io.load`, written by
 :class:`AppendSink` (what :func:`~ddtree_lab.sglang.recorder.install_from_env` uses). A
-segment file (:mod:`ddtree_lab.io.segments`) whose segments are:
+segment file (:mod:`ddtree_lab.store.segments`) whose segments are:
 
 * ``run``: ``{"format", "version", "metadata"}`` (the recorder's metadata; later ``run``
   segments update it: errors, calls seen, prompts);
@@ -17,12 +17,12 @@ segment file (:mod:`ddtree_lab.io.segments`) whose segments are:
   the rows of the accepted path, read after the call as before).
 
 A call with ``inputs`` and no ``outputs`` **did not return** (its kernel hung or crashed the
-process). :func:`load_append_recording` returns the completed calls as a
+process). :func:`ddtree_lab.sglang.recording.load_append_recording` returns the completed calls as a
 :class:`~ddtree_lab.sglang.recording.Recording` and the others apart;
-:func:`load_append_recording_run` the lab :class:`~ddtree_lab.step.Run` (completed calls
+:func:`ddtree_lab.sglang.pending.load_append_recording_run` the lab :class:`~ddtree_lab.step.Run` (completed calls
 converted as :func:`~ddtree_lab.sglang.replay.recording_to_trace` does; each row of a call
 that did not return a step with ``output=None`` that :func:`ddtree_lab.check.check` checks and
-:func:`replay_pending` verifies with any lab backend: greedy always, sampled when the rows were
+:func:`ddtree_lab.sglang.pending.replay_pending` verifies with any lab backend: greedy always, sampled when the rows were
 stored, ``prob_rows="all"``).
 """
 
@@ -32,15 +32,12 @@ from pathlib import Path
 
 import torch
 
-from ..io.container import TraceFormatError
-from ..io.segments import SegmentWriteError, SegmentWriter, read_segment, scan
-from .recording import Recording, RecordingFormatError, step_verify_input
+from ..store.segments import SegmentWriteError, SegmentWriter
+from .recording import APPEND_FORMAT as FORMAT
+from .recording import APPEND_VERSION as VERSION
 
-__all__ = ["FORMAT", "VERSION", "AppendSink", "load_append_recording", "load_append_recording_run",
-           "pending_steps", "replay_pending"]
+__all__ = ["FORMAT", "VERSION", "AppendSink"]
 
-FORMAT = "ddtree-lab/sglang-recording-segments"
-VERSION = 1
 _OUTPUTS = ("predicts", "accept_index", "accept_token_num", "target_prob_rows", "target_prob_nodes")
 
 
@@ -89,164 +86,3 @@ class AppendSink:
         self._seg.close()
 
 
-def load_append_recording(path: str | Path) -> tuple[Recording, list[dict], list[str]]:
-    """``(recording of completed calls, calls that did not return, problems)`` of an append-only
-    file. A cut tail is one line in ``problems``; every complete segment before it loads. The
-    recording's ``metadata["did_not_return"]`` lists the calls that did not return.
-
-    Raises:
-        FileNotFoundError: no such file.
-        RecordingFormatError: not this format, or a damaged segment before the tail (naming it).
-    """
-    path = Path(path)
-    try:
-        entries, tail = scan(path)
-    except TraceFormatError as exc:
-        raise RecordingFormatError(str(exc)) from exc
-    problems = [] if tail.why is None else [tail.why]
-    meta, calls, order = None, {}, []
-    with open(path, "rb") as f:
-        for e in entries:
-            try:
-                kind, doc, tensors = read_segment(path, e, f)
-            except TraceFormatError as exc:
-                raise RecordingFormatError(str(exc)) from exc
-            if kind == "run":
-                if doc.get("format") != FORMAT or doc.get("version") != VERSION:
-                    raise RecordingFormatError(f"{path}: format {doc.get('format')!r} version {doc.get('version')!r} "
-                                               f"is not {FORMAT!r} version {VERSION}")
-                meta = doc.get("metadata") or {}
-            elif kind == "inputs":
-                step = dict(doc)
-                step["tensors"] = dict(tensors)
-                calls[doc["call"]] = step
-                order.append(doc["call"])
-            elif kind == "outputs":
-                step = calls.get(doc["call"])
-                if step is None:
-                    problems.append(f"{path}: outputs of call {doc['call']} without its inputs (left out)")
-                    continue
-                step["num_speculative_tokens"] = int(doc["num_speculative_tokens"])
-                step["tensors"].update(tensors)
-                step["returned"] = True
-    if meta is None:
-        raise RecordingFormatError(f"{path}: no complete run segment at the start"
-                                   + (f" ({tail.why})" if tail.why else ""))
-    done = [calls[c] for c in order if calls[c].pop("returned", False)]
-    pending = [calls[c] for c in order if calls[c] not in done]
-    meta = dict(meta)
-    meta["did_not_return"] = [s["call"] for s in pending]
-    return Recording(meta, done), pending, problems
-
-
-def _params(step: dict, row: int):
-    from ..sampling import SamplingParams
-
-    s = {k: v[row] for k, v in (step.get("sampling") or {}).items()}
-    if step["kind"] == "greedy" or float(s.get("temperature", 1.0)) == 0.0:
-        return SamplingParams(temperature=0.0)
-    top_k = int(s.get("top_k", 0))
-    return SamplingParams(temperature=float(s.get("temperature", 1.0)), top_k=max(top_k, 0),
-                          top_p=float(s.get("top_p", 1.0)))
-
-
-def pending_steps(step: dict, index: int, request_of: dict[str, int]) -> list:
-    """The lab steps of a call that did not return, one per recorded row: buffers, tree,
-    coins, parameters, no output (``extra["did_not_return"]``); ``request_of`` maps request ids
-    to request numbers (new ids are added)."""
-    from ..buffers import decode_retrieve
-    from ..step import Step
-
-    out = []
-    for row, rid in enumerate(step["request_ids"]):
-        vi = step_verify_input(step, row)
-        n = int(vi.num_nodes[0])
-        parents, depths = decode_retrieve(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes)
-        t = step["tensors"]
-        sampled = step["kind"] != "greedy"
-        s = Step.from_fields(
-            step=index, request=request_of.setdefault(str(rid), len(request_of)), request_id=str(rid),
-            prefix_len=int(vi.positions[0, 0]), params=_params(step, row), output=None,
-            node_token_ids=vi.node_token_ids[0, :n], parents=parents[0, :n], depths=depths[0, :n],
-            ranks=torch.full((n,), -1, dtype=torch.int64), node_logws=torch.full((n,), float("nan")),
-            retrieve_index=vi.retrieve_index[0, :n], retrieve_next_token=vi.retrieve_next_token[0, :n],
-            retrieve_next_sibling=vi.retrieve_next_sibling[0, :n], positions=vi.positions[0, :n],
-            coins=t["uniform_samples"][row, :n].float() if sampled else torch.zeros(n),
-            final_coin=float(t["uniform_samples_final"][row]) if sampled else 0.0,
-            level="light", backend=f"sglang-{step['kind']}", source="sglang recording (append-only)",
-            extra={"did_not_return": True, "kind": step["kind"], "kernel": step["kernel"], "call": step["call"],
-                   "row": row, "rows_stored": "target_prob_rows" in t or not sampled,
-                   "why": "its inputs were written before the kernel ran and its outputs never were"})
-        s.stored_inputs = {"step": step, "row": row}  # the recorded call, for replay_pending
-        out.append(s)
-    return out
-
-
-def replay_pending(step, backend: str = "reference"):
-    """Verify a row of a call that did not return with a lab backend, from its stored inputs:
-    greedy rows on one-hot logits at SGLang's ``target_predict``
-    (:func:`ddtree_lab.verify.verify_tree_greedy`); sampled rows on the log of the stored
-    probability rows at temperature 1 (:func:`ddtree_lab.verify.verify_tree`), as
-    :func:`ddtree_lab.sglang.replay.replay_step` replays a call that returned.
-
-    Returns:
-        the lab's :class:`~ddtree_lab.verify.VerifyOutput` (a batch of one).
-
-    Raises:
-        ValueError: not such a step, or a sampled call recorded with ``prob_rows="path"`` (its
-            rows are read only after the kernel returns).
-    """
-    from ..sampling import SamplingParams
-    from ..verify import verify_tree, verify_tree_greedy
-
-    stored = getattr(step, "stored_inputs", None)
-    where = f"step {step.step}, request {step.request}"
-    if not step.extra.get("did_not_return") or stored is None:
-        raise ValueError(f"{where}: not a call that did not return (replay it with ddtree_lab.sglang.replay_step)")
-    call, row = stored["step"], stored["row"]
-    t, vi = call["tensors"], step_verify_input(call, row)
-    if call["kind"] == "greedy":
-        pred = t["target_predict"][row : row + 1]
-        width = max(int(pred.max()), int(vi.node_token_ids.max())) + 1  # covers every id the verifier reads
-        logits = torch.zeros(1, pred.shape[1], width)
-        logits.scatter_(-1, pred[..., None].clamp(min=0), 1.0)
-        return verify_tree_greedy(vi, logits, backend=backend)
-    if "target_prob_rows" not in t:
-        raise ValueError(f"{where}: a sampled call recorded with prob_rows='path': its target rows are read after "
-                         "the kernel returns, so none are on disk (record with prob_rows='all'); check() runs on its "
-                         "buffers and coins")
-    probs = t["target_prob_rows"][row : row + 1].double()
-    ts, ta = float(call.get("threshold_single", 1.0)), float(call.get("threshold_acc", 1.0))
-    return verify_tree(vi, probs.log().float(), SamplingParams(temperature=1.0),
-                       t["uniform_samples"][row : row + 1].float(), t["uniform_samples_final"][row : row + 1].float(),
-                       backend=backend, threshold_single=ts, threshold_acc=ta)
-
-
-def load_append_recording_run(path: str | Path):
-    """The lab :class:`~ddtree_lab.step.Run` of an append-only recording: completed calls as
-    :func:`~ddtree_lab.sglang.replay.recording_to_trace` converts them, then one step per row
-    of each call that did not return (:func:`pending_steps`; their calls in
-    ``run.metadata["did_not_return"]``); ``run.problems`` names a cut tail.
-
-    Raises:
-        as :func:`load_append_recording`.
-    """
-    from .replay import recording_to_trace
-
-    recording, pending, problems = load_append_recording(path)
-    run = recording_to_trace(recording)
-    for s in run.steps:
-        s.source = "sglang recording (append-only)"
-    request_of = {r["request_id"]: r["request"] for r in run.metadata["requests"]}
-    base = len(recording.steps)
-    for k, call in enumerate(pending):
-        run.steps.extend(pending_steps(call, base + k, request_of))
-    known = {r["request_id"] for r in run.metadata["requests"]}
-    for rid, q in request_of.items():
-        if rid not in known:
-            run.metadata["requests"].append({"request": q, "request_id": rid, "prompt": None, "prompt_token_ids": None,
-                                             "params": None, "generated_token_ids": [], "finish_reason": None})
-    run.problems.extend(problems)
-    run.metadata["source"] = "sglang recording (append-only)"
-    run.metadata["did_not_return"] = [c["call"] for c in pending]  # their rows: steps with extra["did_not_return"]
-    return run
