@@ -35,7 +35,7 @@ from ..sampling import SamplingParams
 from ..step import Run, Step
 from ..store.container import TraceFormatError
 from .lab_trace import check_step_tensors, step_from_json, step_json, step_tensors
-from ..store.segments import SegmentEntry, SegmentWriteError, SegmentWriter, read_segment, scan
+from ..store.segments import SegmentEntry, SegmentWriter, read_segment, scan
 
 __all__ = ["FORMAT", "VERSION", "SOURCE", "TraceWriter", "load_append_trace", "AppendRun", "replay_inputs",
            "INPUT_FIELDS"]
@@ -65,21 +65,17 @@ class TraceWriter:
     def __init__(self, path: str | Path, metadata: dict, *, fsync: bool = False, opener=open):
         self.path = Path(path)
         self._seg = SegmentWriter(self.path, fsync=fsync, opener=opener)
-        self.stopped: str | None = None
         self.records = 0
         self.texts_written: set[int] = set()  # token ids whose text is in the file
         self._write("run", {"format": FORMAT, "version": VERSION, "metadata": metadata, "token_texts": {}})
 
     def _write(self, kind: str, doc: dict, tensors: dict | None = None, summary: dict | None = None) -> bool:
-        if self.stopped is not None:
-            return False
-        try:
-            self._seg.append(kind, doc, tensors, summary)
-            return True
-        except SegmentWriteError as exc:
-            self.stopped = f"recording stopped: {exc}"
-            self._seg.close()
-            return False
+        return self._seg.try_append(kind, doc, tensors, summary)
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the recording stopped (a failed write), or None while it records."""
+        return self._seg.stopped
 
     def write_inputs(self, records: list[dict], tensors: list[dict[str, torch.Tensor]]) -> bool:
         """One step's verify inputs, before the verifier runs (``records[i]`` JSON and

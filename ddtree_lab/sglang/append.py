@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ..store.segments import SegmentWriteError, SegmentWriter
+from ..store.segments import SegmentWriter
 from .recording import APPEND_FORMAT as FORMAT
 from .recording import APPEND_VERSION as VERSION
 
@@ -53,19 +53,15 @@ class AppendSink:
     def __init__(self, path: str | Path, metadata: dict, *, fsync: bool = False, opener=open):
         self.path = Path(path)
         self._seg = SegmentWriter(self.path, fsync=fsync, opener=opener)
-        self.stopped: str | None = None
         self._write("run", {"format": FORMAT, "version": VERSION, "metadata": metadata})
 
     def _write(self, kind: str, doc: dict, tensors: dict | None = None, summary: dict | None = None) -> bool:
-        if self.stopped is not None:
-            return False
-        try:
-            self._seg.append(kind, doc, tensors, summary)
-            return True
-        except SegmentWriteError as exc:
-            self.stopped = f"stopped recording: {exc}"
-            self._seg.close()
-            return False
+        return self._seg.try_append(kind, doc, tensors, summary)
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the recording stopped (a failed write), or None while it records."""
+        return self._seg.stopped
 
     def inputs(self, step: dict) -> bool:
         """A call's fields and input tensors (``step["tensors"]``), before the kernel runs."""

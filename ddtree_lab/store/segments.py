@@ -143,6 +143,7 @@ class SegmentWriter:
         self.fsync = fsync
         self.segments = 0
         self.bytes_written = 0
+        self.stopped: str | None = None  # why try_append stopped the writer, or None
         if append and self.path.exists():
             entries, tail = scan(self.path)
             self._file = opener(self.path, "r+b")
@@ -184,6 +185,20 @@ class SegmentWriter:
         self.segments += 1
         self.bytes_written += len(data)
         return entry
+
+    def try_append(self, kind: str, doc: dict, tensors: dict | None = None, summary: dict | None = None) -> bool:
+        """:meth:`append`, except that a failed write stops the writer (``stopped`` says why, the
+        file is closed) instead of raising: a recorder must never stop the run it records.
+        Returns whether the segment was written."""
+        if self.stopped is not None:
+            return False
+        try:
+            self.append(kind, doc, tensors, summary)
+            return True
+        except SegmentWriteError as exc:
+            self.stopped = f"stopped recording: {exc}"
+            self.close()
+            return False
 
     def close(self) -> None:
         """Close the file and the index (errors while closing are ignored: every segment was
