@@ -75,7 +75,7 @@ from .check import check as check
 from .io.lab_trace import TraceFormatError as TraceFormatError
 from .replay import compare_outputs as compare_outputs
 from .record import make_step_trace as make_step_trace
-from .io.lab_trace import load_trace as load_trace
+from .io import load_trace as load_trace
 from .replay import replay as replay
 from .replay import replay_differences as replay_differences
 from .io.lab_trace import save_trace as save_trace

@@ -4,7 +4,7 @@ A bundle directory holds
 
 * ``bundle.safetensors``: the step (tree, buffers, draft top-k, parameters, coins, recorded
   output and decision log, timings) in the trace container (every tensor and the JSON
-  document checksummed, :func:`ddtree_lab.io.container.read_container`), the token texts of the
+  document checksummed, :func:`ddtree_lab.store.container.read_container`), the token texts of the
   tokens involved, and where it came from;
 * ``tree.svg``: the step's diagram (:func:`ddtree_lab.views.step_svg`);
 * ``README.md``: what it is and how to replay it (``ddtree-lab replay DIR``).
@@ -42,7 +42,7 @@ import torch
 
 from .io.bundle import (CHUNK, FILES, FORMAT, VERSION, Bundle, bundle_run, bundle_step,  # noqa: F401  (re-exported)
                         load_bundle, reduce_bonus_row)
-from .io.container import write_container
+from .store.container import write_container
 from .io.lab_trace import step_json, step_tensors
 from .replay import Difference, compare_outputs, replay_differences
 from .step import RunTrace, StepTrace, TargetRows

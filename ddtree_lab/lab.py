@@ -120,7 +120,7 @@ def fixture_trace(name: str = "smollm2_t08_b32") -> RunTrace:
     """
     from pathlib import Path
 
-    from .io.lab_trace import load_trace
+    from .io import load_trace
 
     folder = Path(__file__).resolve().parent.parent / "fixtures" / "traces"
     path = folder / f"{name}.ddtrace.safetensors"

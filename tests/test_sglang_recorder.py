@@ -261,13 +261,16 @@ def test_environment_hook_records_in_a_fresh_process(tmp_path):
         "DDTREE_LAB_SGLANG_RECORD_MAX_STEPS": "2",
         "DDTREE_LAB_SGLANG_RECORD_FLUSH": "1",
     })
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    files = sorted(tmp_path.glob("sglang-rank0-pid*.json"))
-    assert len(files) == 1, (list(tmp_path.iterdir()), done.stderr)
-    recording = sr.load_recording(files[0])
-    assert len(recording) == 2 and recording.metadata["calls_seen"] >= 2
-    assert all(r.agrees for r in sr.replay_recording(recording))
+    for layout, pattern in (("append", "sglang-rank0-pid*.ddrec"), ("files", "sglang-rank0-pid*.json")):
+        out = tmp_path / layout
+        env.update({"DDTREE_LAB_SGLANG_RECORD": str(out), "DDTREE_LAB_SGLANG_RECORD_FORMAT": layout})
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        files = sorted(out.glob(pattern))
+        assert len(files) == 1, (list(out.iterdir()), done.stderr)
+        recording = sr.load_recording(files[0])  # either layout
+        assert len(recording) == 2 and recording.metadata["calls_seen"] >= 2
+        assert all(r.agrees for r in sr.replay_recording(recording))
 
 
 def test_notebook_06_runs_top_to_bottom(monkeypatch):

@@ -9,6 +9,7 @@
     ddtree-lab doctor  TRACE|BUNDLE|RECORDING [--model default --step S --request R]
     ddtree-lab diagnose RUN [--model default|DIR] [--step S --request R]   # the bug named
     ddtree-lab sglang  hook-dir | replay RECORDING | convert RECORDING -o TRACE
+    ddtree-lab export  RUN --parquet DIR                  # per-step and per-node tables for DuckDB
     ddtree-lab lab                                        # JupyterLab on labs/
 
 Steps are addressed as decoding steps (``--step``, 0-based, as ``info`` lists them) of a
@@ -94,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="requests, prompts, tau and steps of a trace", description=cmd_info.__doc__)
     p.add_argument("trace")
     p.set_defaults(func=cmd_info)
+
+    from .export import cmd_export
+
+    p = sub.add_parser("export", help="per-step and per-node Parquet tables of a run", description=cmd_export.__doc__)
+    p.add_argument("trace", metavar="RUN")
+    p.add_argument("--parquet", required=True, metavar="DIR", help="directory for steps.parquet and nodes.parquet")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("render", help="draw one step's tree", description=cmd_render.__doc__)
     p.add_argument("trace", help="any source (trace, bundle, recording, ...); a bundle needs no --step")

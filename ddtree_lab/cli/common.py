@@ -72,19 +72,22 @@ def select_steps(run, step: int | None, request: int | None, path: str) -> list:
         only = run.steps[0]
         if (step is not None and step != only.step) or (request is not None and request != only.request):
             raise CLIError(f"{path}: the bundle holds step {only.step} of request {only.request} only")
+    # (step, request) of every record; an append-only run gives them from its index (nothing decoded)
+    keys = run.keys() if hasattr(run, "keys") else [(s.step, s.request) for s in steps]
+    chosen = list(range(len(keys)))
     if request is not None:
-        reqs = sorted({s.request for s in run.steps})
-        steps = [s for s in steps if s.request == request]
-        if not steps:
+        reqs = sorted({q for _, q in keys})
+        chosen = [i for i in chosen if keys[i][1] == request]
+        if not chosen:
             raise CLIError(f"{path}: --request {request} does not exist (requests: {', '.join(map(str, reqs))})")
     if step is not None:
-        have = sorted({s.step for s in steps})
-        steps = [s for s in steps if s.step == step]
-        if not steps:
+        have = sorted({keys[i][0] for i in chosen})
+        chosen = [i for i in chosen if keys[i][0] == step]
+        if not chosen:
             who = f"request {request}" if request is not None else "the trace"
             span = f"steps {have[0]}..{have[-1]}" if have else "no steps"
             raise CLIError(f"{path}: --step {step} is out of range for {who} ({span})")
-    return steps
+    return steps if len(chosen) == len(keys) else [steps[i] for i in chosen]
 
 
 def check_bundle_selection(b, args, path: str) -> None:
@@ -116,6 +119,8 @@ def kind_of(path: str) -> str:
         return "bundle"
     if p.suffix == ".json" or (not p.exists() and Path(str(p) + ".json").exists()):
         return "recording"
+    if p.suffix == ".ddrec" or (not p.exists() and Path(str(p) + ".ddrec").exists()):
+        return "recording"  # the SGLang recorder's append-only file
     if p.exists():
         try:
             from safetensors import safe_open

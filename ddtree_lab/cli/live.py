@@ -86,8 +86,6 @@ def cmd_record(args) -> int:
 
     from ..sampling import SamplingParams
     from ..session import LiveSession
-    from ..io.lab_trace import save_trace
-
     out = Path(args.out)
     check_out_file(args.out)
     if args.max_new_tokens < 1:
@@ -144,24 +142,33 @@ def cmd_record(args) -> int:
     kw = {"record": args.level, "threshold_single": args.threshold_single, "threshold_acc": args.threshold_acc}
     if args.backend is not None:
         kw["verify_backend"] = args.backend
-    session = LiveSession(target, drafter, budget=args.budget, sampling=params, seed=args.seed, **kw)
+    session = LiveSession(target, drafter, budget=args.budget, sampling=params, seed=args.seed, record_to=out, **kw)
+    session.extra_metadata["threads"] = threads
     from tqdm import tqdm
 
     bar = tqdm(total=len(prompts) * args.max_new_tokens, unit="tok", desc="record", disable=args.quiet,
                file=sys.stderr)
     done = 0
+    interrupted = False
     try:
         for _ in session.generate(prompts, max_new_tokens=args.max_new_tokens, chat=not args.no_chat,
                                   request_ids=ids):
             now = sum(len(r.generated) for r in session.requests)
             bar.update(now - done)
             done = now
+    except KeyboardInterrupt:  # every finished step is on disk already (append-only)
+        interrupted = True
     finally:
         bar.close()  # ends the bar's line, so an error prints on its own line
-    run = session.trace()
-    run.metadata["threads"] = threads
-    save_trace(run, out)
-    print(f"{count(len(run.steps), 'record')}, {count(len(prompts), 'request')} -> {out}")
+    session.close_recording("interrupted" if interrupted else "closed")  # no-op when generate closed it
+    stopped = session.recorder.stopped
+    if stopped is not None:
+        print(f"ddtree-lab record: {stopped}; the file holds the steps written before", file=sys.stderr)
+    n = len(session.steps)
+    if interrupted:
+        print(f"interrupted: kept {count(session.num_steps, 'step')} ({count(n, 'record')}) written so far -> {out}")
+        return 130
+    print(f"{count(n, 'record')}, {count(len(prompts), 'request')} -> {out}")
     return 0
 
 

@@ -14,6 +14,10 @@ from .common import (EXIT_PROBLEM, CLIError, bundle_module, check_out_file, chec
 def cmd_info(args) -> int:
     """Requests with prompts, parameters and mean tau; then each request's steps."""
     run = load_run(args.trace)
+    if hasattr(run, "info_lines") and (run.metadata.get("lazy") or any(r[7] for r in run.records)):
+        # a large append-only recording (from its index, no step decoded), or one with steps that did not return
+        print("\n".join(run.info_lines()))
+        return 0
     meta = run.metadata
     target = meta.get("target", {})
     drafter = meta.get("drafter", {})
@@ -38,8 +42,11 @@ def cmd_info(args) -> int:
         print(run_summary_text(run).rstrip())
         return 0
     requests = {int(r.get("request", i)): r for i, r in enumerate(meta.get("requests", []))}
+    for s in run.steps:  # an append-only recording: the verify call never returned, its inputs are on disk
+        if s.extra.get("did_not_return"):
+            print(f"did not return: step {s.step}, request {s.request} (its inputs are on disk: check / replay them)")
     for req in sorted({s.request for s in run.steps} | set(requests)):
-        steps = run.for_request(req)
+        steps = [s for s in run.for_request(req) if not s.extra.get("did_not_return")]
         taus = [s.accept_length + (0 if s.output is not None and bool(s.output.support_exhausted[0]) else 1)
                 for s in steps]
         r = requests.get(req, {})
@@ -186,6 +193,8 @@ def _replay_recording(path: str, backend: str, args=None) -> int:
         results = [replay_step(rec.steps[step], r, backend, step) for r in range(len(rec.steps[step]["rows"]))]
     for line in sg.replay_report(results):
         print(line)
+    for call in rec.metadata.get("did_not_return") or []:  # an append-only recording's hung calls
+        print(f"call {call}: did not return (its inputs are on disk: ddtree_lab.sglang.pending.replay_pending)")
     counts = sg.count_verdicts(results)
     return EXIT_PROBLEM if counts.get("differs", 0) - counts.get("by design", 0) > 0 else 0
 

@@ -3,6 +3,10 @@
 Sources (:data:`SOURCES`, told apart by their content, never by running anything from them):
 
 * ``"lab trace"`` -- a ``.ddtrace.safetensors`` file (format v1 / v2, :mod:`.lab_trace`);
+* ``"lab trace (append-only)"`` -- a live run written step by step (:mod:`.append_trace`, on
+  :mod:`.segments`); a cut tail is named in ``Run.problems``, large files open lazily;
+* ``"sglang recording (append-only)"`` -- the SGLang recorder's append-only file
+  (:mod:`ddtree_lab.sglang.append`): calls that did not return are steps without output;
 * ``"bundle"`` -- a bug-report bundle directory or its ``bundle.safetensors``
   (:mod:`ddtree_lab.bundle`): one step whose bonus row is the bundle's exact reduction;
 * ``"sglang recording"`` -- ``NAME.json`` + ``NAME.safetensors`` written by the SGLang recorder,
@@ -19,12 +23,14 @@ import json
 from pathlib import Path
 
 from ..step import Run
-from .container import TraceFormatError
-from .lab_trace import load_trace, save_trace
+from ..store.container import TraceFormatError
+from .lab_trace import load_trace as load_trace_file
+from .lab_trace import save_trace
 
 __all__ = ["load", "convert", "source_of", "SOURCES", "save_trace", "load_trace", "TraceFormatError"]
 
-SOURCES = ("lab trace", "bundle", "sglang recording", "ddtree reference", "engine summary")
+SOURCES = ("lab trace", "lab trace (append-only)", "bundle", "sglang recording", "sglang recording (append-only)",
+           "ddtree reference", "engine summary")
 
 
 def _safetensors_meta(p: Path) -> dict | None:
@@ -62,6 +68,15 @@ def source_of(path: str | Path) -> str:
         if any(p.glob("*.json")) or any(p.glob("*.jsonl")):
             return _source_of_json_dir(p)
         raise TraceFormatError(f"{p}: is not a bundle (no bundle.safetensors in it)")
+    if p.is_file():
+        from ..store.segments import first_doc, is_segment_file
+
+        if is_segment_file(p):
+            return _source_of_segments(p, first_doc(p))
+    if not p.exists() and Path(str(p) + ".ddrec").is_file():  # the SGLang recorder's NAME.ddrec, named NAME
+        from ..store.segments import first_doc
+
+        return _source_of_segments(p, first_doc(str(p) + ".ddrec"))
     if not p.exists():
         if Path(str(p) + ".json").is_file() and _json_format(Path(str(p) + ".json")) == RECORDING_FORMAT:
             return "sglang recording"
@@ -101,6 +116,19 @@ def _source_of_json(p: Path) -> str:
     return kind
 
 
+def _source_of_segments(p: Path, doc: dict | None) -> str:
+    from ..sglang.append import FORMAT as SGLANG_SEGMENTS
+    from .append_trace import FORMAT as TRACE_SEGMENTS
+
+    fmt = None if doc is None else doc.get("format")
+    if fmt == TRACE_SEGMENTS:
+        return "lab trace (append-only)"
+    if fmt == SGLANG_SEGMENTS:
+        return "sglang recording (append-only)"
+    raise TraceFormatError(f"{p}: an append-only file whose first segment is "
+                           f"{'damaged or cut' if doc is None else f'of format {fmt!r}'}: not a lab trace or recording")
+
+
 def _source_of_json_dir(p: Path) -> str:
     raise TraceFormatError(f"{p}: a directory: give the file itself (a bundle directory holds bundle.safetensors)")
 
@@ -124,6 +152,14 @@ def load(path: str | Path) -> Run:
     kind = source_of(path)
     if kind == "lab trace":
         run = load_trace(path, keep_going=True)
+    elif kind == "lab trace (append-only)":
+        from .append_trace import load_append_trace
+
+        run = load_append_trace(path)
+    elif kind == "sglang recording (append-only)":
+        from ..sglang.pending import load_append_recording_run
+
+        run = load_append_recording_run(path if Path(path).exists() else str(path) + ".ddrec")
     elif kind == "bundle":
         from .bundle import bundle_run, load_bundle
 
@@ -146,6 +182,19 @@ def load(path: str | Path) -> Run:
     run.metadata.setdefault("source", kind)
     run.metadata.setdefault("path", str(path))
     return run
+
+
+def load_trace(path: str | Path, keep_going: bool = False) -> Run:
+    """A lab trace in either layout: the one-document file (:func:`.lab_trace.load_trace`,
+    strict unless ``keep_going``) or the append-only one written step by step
+    (:func:`.append_trace.load_append_trace`: a cut tail is named in ``run.problems``)."""
+    from ..store.segments import is_segment_file
+
+    if is_segment_file(path):  # ddtree-lab record, LiveSession(record_to=...)
+        from .append_trace import load_append_trace
+
+        return load_append_trace(path)
+    return load_trace_file(path, keep_going=keep_going)
 
 
 def convert(path: str | Path, out: str | Path) -> Path:

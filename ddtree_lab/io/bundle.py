@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..step import Run, Step
-from .container import read_container
+from ..store.container import read_container
 from .lab_trace import TraceFormatError, check_step_tensors, step_from_json
 
 __all__ = ["Bundle", "FORMAT", "VERSION", "CHUNK", "FILES", "load_bundle", "bundle_step", "bundle_run",

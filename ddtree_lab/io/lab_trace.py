@@ -65,7 +65,7 @@ import torch
 from ..sampling import SamplingParams
 from ..step import LEVELS, Run, Step, normalize_timings
 from ..verify import BonusDraw, Decision, VerifyOutput, is_lossy
-from .container import TraceFormatError, read_container, write_container
+from ..store.container import TraceFormatError, read_container, write_container
 
 __all__ = ["save_trace", "load_trace", "check_step_tensors", "step_from_json", "step_tensors", "step_json",
            "TraceFormatError", "FORMAT", "VERSION", "TENSOR_FIELDS"]
@@ -241,7 +241,10 @@ def load_trace(path: str | Path, keep_going: bool = False) -> Run:
 
     ``keep_going``: a step whose tensors or record are damaged is left out and named in
     ``Run.problems`` (one line each: file, step, field) instead of refusing the file; the
-    undamaged steps load as usual. The JSON document itself must be intact.
+    undamaged steps load as usual. The JSON document itself must be intact. An append-only
+    file (``LiveSession(record_to=...)``, ``ddtree-lab record``) is read by
+    :func:`~ddtree_lab.io.append_trace.load_append_trace`: a cut tail is named in
+    ``Run.problems`` whatever ``keep_going`` says.
 
     Raises:
         FileNotFoundError: no such file.

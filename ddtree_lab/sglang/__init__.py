@@ -9,6 +9,9 @@
   and the lab's verifiers by backend (:func:`lab_verifiers`);
 * :mod:`.recorder` -- :class:`SGLangRecorder` (wrapping, the import hook), the environment
   switch :func:`install_from_env` and :func:`hook_dir` for ``PYTHONPATH``;
+* :mod:`.append` -- the append-only recording file (:class:`~.append.AppendSink`: a call's
+  inputs before its kernel runs, outputs after; calls that did not return are kept and can be
+  checked and replayed, :func:`~.pending.replay_pending`);
 * :mod:`.recording` -- the recording file (:func:`save_recording`, :func:`load_recording`,
   checksummed), lab objects from one recorded row (:func:`step_parts`,
   :func:`step_verify_input`) and the doctor's check of a recording (:func:`recording_problems`);

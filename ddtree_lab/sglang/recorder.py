@@ -31,8 +31,11 @@ recorder is switched on by environment variables that every subprocess inherits,
     PYTHONPATH=$(ddtree-lab sglang hook-dir):$PYTHONPATH \\
     python -m sglang.launch_server --model-path ... --speculative-algorithm EAGLE ...
 
-Each recording process writes ``/tmp/rec/sglang-rank{R}-pid{P}.json`` + ``.safetensors``
-(every ``DDTREE_LAB_SGLANG_RECORD_FLUSH`` steps, at the step limit and at exit). Other
+Each recording process writes ``/tmp/rec/sglang-rank{R}-pid{P}.ddrec``, append-only
+(:mod:`ddtree_lab.sglang.append`): each call's inputs before its kernel runs, its outputs after,
+so a hang or a kill leaves every finished call and the inputs of the one that did not return on
+disk; the recorder then keeps no steps in memory. ``..._FORMAT=files`` writes the older
+``.json`` + ``.safetensors`` pair instead, rewritten every ``..._FLUSH`` (8) steps. Other
 variables: ``..._RANK`` (default 0), ``..._MAX_STEPS`` (64), ``..._CALLS`` (``start:stop``),
 ``..._REQUESTS`` (comma-separated request ids), ``..._ROWS`` (rows per call, 8),
 ``..._PROB_ROWS`` (``path`` or ``all``), ``..._TARGETS`` (override the patch points, see
@@ -161,11 +164,13 @@ class SGLangRecorder:
         self.prompts: dict[str, dict] = {}  # request id -> {"prompt", "prompt_token_ids"}, where known
         self.errors: list[str] = []
         self.calls_seen = 0
+        self.calls_recorded = 0
         self.on_step = on_step
         self._context = threading.local()
         self._patched: list[tuple[Any, str, Any]] = []
         self._finder: _PatchFinder | None = None
         self._lock = threading.Lock()
+        self.sink = None  # an append-only file (:class:`~ddtree_lab.sglang.append.AppendSink`), or None
 
     # -- context --------------------------------------------------------------------------
     def set_context(self, request_ids: Sequence[str] | None = None, seq_lens: torch.Tensor | None = None,
@@ -187,7 +192,7 @@ class SGLangRecorder:
         """Whether verify call ``index`` (default: the next one) is recorded (rank, call range, step limit)."""
         f = self.filter
         index = self.calls_seen if index is None else index
-        if len(self.steps) >= f.max_steps:
+        if self.calls_recorded >= f.max_steps:
             return False
         if f.calls is not None and not f.calls[0] <= index < f.calls[1]:
             return False
@@ -218,6 +223,8 @@ class SGLangRecorder:
                 before = recorder._before(bound, kind) if bound is not None else None
             except Exception as err:  # noqa: BLE001 -- never break SGLang
                 recorder.errors.append(f"call {index}: could not read the arguments: {type(err).__name__}: {err}")
+            if before is not None and recorder.sink is not None:
+                recorder._write_inputs(before, kind, index, getattr(fn, "__name__", str(fn)))  # before the kernel
             result = fn(*args, **kwargs)
             if before is not None:
                 try:
@@ -316,6 +323,21 @@ class SGLangRecorder:
                 gathered[r, : int(valid.sum())] = probs[b].index_select(0, idx).float().cpu()
             t["target_prob_rows"] = gathered
             t["target_prob_nodes"] = nodes
+        step = self._fields(keep, kind, index, kernel)
+        step["num_speculative_tokens"] = s
+        with self._lock:
+            self.steps.append(step)
+            self.calls_recorded += 1
+        if self.sink is not None:
+            out = {k: v for k, v in t.items() if self.filter.prob_rows == "path" or not k.startswith("target_prob_")}
+            if not self.sink.outputs(index, s, out):
+                self._sink_stopped()
+        if self.on_step is not None:
+            self.on_step(self)
+
+    def _fields(self, keep: dict, kind: str, index: int, kernel: str) -> dict:
+        """A recorded step's fields known before the kernel runs (its tensors: ``keep["t"]``)."""
+        t, sel, n, rows = keep["t"], keep["sel"], keep["n"], keep["rows"]
         ctx = self._get_context()
         step = {
             "kind": kind,
@@ -325,7 +347,6 @@ class SGLangRecorder:
             "rows": rows,
             "request_ids": [keep["request_ids"][b] for b in rows] if keep["request_ids"] else [f"row{b}" for b in rows],
             "draft_token_num": n,
-            "num_speculative_tokens": s,
             "time": time.time(),
             "tensors": t,
         }
@@ -341,10 +362,26 @@ class SGLangRecorder:
             if reqs is not None and len(reqs) == keep["bs"]:
                 for b in rows:
                     self._keep_prompt(reqs[b])
-        with self._lock:
-            self.steps.append(step)
-        if self.on_step is not None:
-            self.on_step(self)
+        return step
+
+    def _write_inputs(self, keep: dict, kind: str, index: int, kernel: str) -> None:
+        """Write a call's inputs to :attr:`sink` before its kernel runs (never raises)."""
+        try:
+            step = self._fields(keep, kind, index, kernel)
+            step["tensors"] = dict(step["tensors"])
+            if kind != "greedy" and self.filter.prob_rows == "all":  # every row the kernel could read
+                probs = keep["target_probs"].reshape(keep["bs"], keep["n"], int(keep["target_probs"].shape[-1]))
+                step["tensors"]["target_prob_rows"] = _cpu(probs.index_select(0, keep["sel"])).float()
+                step["tensors"]["target_prob_nodes"] = torch.arange(keep["n"]).expand(len(keep["rows"]), -1).clone()
+            if not self.sink.inputs(step):
+                self._sink_stopped()
+        except Exception as err:  # noqa: BLE001 -- never break SGLang
+            self.errors.append(f"call {index}: could not write the inputs: {type(err).__name__}: {err}")
+
+    def _sink_stopped(self) -> None:
+        if self.sink.stopped and self.sink.stopped not in self.errors:
+            self.errors.append(self.sink.stopped)
+            print(f"[ddtree-lab] SGLang recorder {self.sink.stopped}; SGLang goes on", file=sys.stderr)
 
     def _keep_prompt(self, req: Any) -> None:
         rid = str(getattr(req, "rid", ""))
@@ -406,13 +443,17 @@ class SGLangRecorder:
         self.uninstall()
 
     # -- output ---------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike, metadata: dict | None = None) -> tuple[Path, Path]:
-        """Write the steps to ``path.json`` + ``path.safetensors`` (:func:`save_recording`)."""
+    def run_metadata(self, metadata: dict | None = None) -> dict:
+        """The recording's metadata now: versions, filter, errors, calls seen, prompts, plus ``metadata``."""
         meta = _default_metadata()
         meta.update({"filter": _filter_dict(self.filter), "errors": list(self.errors), "calls_seen": self.calls_seen,
                      "prompts": dict(self.prompts)})
         meta.update(metadata or {})
-        return save_recording(self.steps, path, meta)
+        return meta
+
+    def save(self, path: str | os.PathLike, metadata: dict | None = None) -> tuple[Path, Path]:
+        """Write the steps to ``path.json`` + ``path.safetensors`` (:func:`save_recording`)."""
+        return save_recording(self.steps, path, self.run_metadata(metadata))
 
     def recording(self, metadata: dict | None = None) -> Recording:
         """The steps recorded so far as a :class:`~ddtree_lab.sglang.recording.Recording`."""
@@ -474,7 +515,6 @@ def _default_metadata() -> dict:
     return meta
 
 
-
 # ---- switching on from the environment -------------------------------------------------------
 
 ENV_PREFIX = "DDTREE_LAB_SGLANG_RECORD"
@@ -517,6 +557,9 @@ def install_from_env(environ: dict | None = None) -> SGLangRecorder | None:
         prob_rows=env.get(f"{ENV_PREFIX}_PROB_ROWS", "path"),
     )
     flush = max(1, int(env.get(f"{ENV_PREFIX}_FLUSH", 8)))
+    layout = env.get(f"{ENV_PREFIX}_FORMAT", "append")
+    if layout not in ("append", "files"):
+        raise ValueError(f"{ENV_PREFIX}_FORMAT must be 'append' or 'files', got {layout!r}")
     targets = _parse_targets(env[f"{ENV_PREFIX}_TARGETS"]) if env.get(f"{ENV_PREFIX}_TARGETS") else None
     saved = {"count": 0}
 
@@ -524,16 +567,25 @@ def install_from_env(environ: dict | None = None) -> SGLangRecorder | None:
         return Path(out_dir) / f"sglang-rank{f.rank}-pid{os.getpid()}"
 
     def save(rec: SGLangRecorder) -> None:
-        if rec.steps and len(rec.steps) != saved["count"]:
+        if rec.sink is not None:  # append-only: every call is on disk already; the metadata last
+            rec.sink.metadata(rec.run_metadata({"source": "install_from_env"}))
+        elif rec.steps and len(rec.steps) != saved["count"]:
             rec.save(path(), {"source": "install_from_env"})
             saved["count"] = len(rec.steps)
 
     def on_step(rec: SGLangRecorder) -> None:
-        if len(rec.steps) % flush == 0 or len(rec.steps) >= f.max_steps:
+        if rec.sink is None and (len(rec.steps) % flush == 0 or len(rec.steps) >= f.max_steps):
             save(rec)
+        if rec.sink is not None:
+            with rec._lock:
+                rec.steps.clear()  # on disk: memory stays bounded (calls counted in calls_recorded)
 
     Path(out_dir).mkdir(parents=True, exist_ok=True)  # the directory the user named
     rec = SGLangRecorder(f, on_step=on_step)
+    if layout == "append":
+        from .append import AppendSink
+
+        rec.sink = AppendSink(str(path()) + ".ddrec", rec.run_metadata({"source": "install_from_env"}))
     rec.install(targets)
     atexit.register(save, rec)
     _ENV_RECORDER = rec

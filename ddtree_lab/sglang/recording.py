@@ -36,6 +36,8 @@ from typing import Sequence
 import torch
 
 from ..buffers import DDTreeVerifyInput, find_retrieve_problems
+from ..store.container import TraceFormatError
+from ..store.segments import read_segment, scan
 from ..verify import VerifyOutput
 from .buffers import verify_input_from_retrieve, verify_output_from_sglang
 
@@ -58,6 +60,9 @@ __all__ = [
 ]
 
 FORMAT = "ddtree-lab/sglang-recording"
+#: The append-only layout (:mod:`ddtree_lab.sglang.append` writes it; :func:`load_append_recording` reads it).
+APPEND_FORMAT = "ddtree-lab/sglang-recording-segments"
+APPEND_VERSION = 1
 VERSION = 2  # 2: per-tensor checksums
 KINDS = ("greedy", "target_only", "chain")
 
@@ -141,6 +146,12 @@ def load_recording(path: str | os.PathLike) -> Recording:
     """
     from safetensors import safe_open
 
+    from ..store.segments import is_segment_file
+
+    if not Path(path).exists() and is_segment_file(str(path) + ".ddrec"):  # NAME for NAME.ddrec
+        path = str(path) + ".ddrec"
+    if is_segment_file(path):  # the append-only file (calls that did not return: metadata["did_not_return"])
+        return load_append_recording(path)[0]
     json_path, st_path = recording_paths(path)
     for p in (json_path, st_path):
         if not p.is_file():
@@ -294,3 +305,53 @@ def recording_problems(recording: Recording) -> list[str]:
             except ValueError as exc:
                 problems.append(f"{where}: SGLang's output: {str(exc).removeprefix('request 0: ')}")
     return problems
+
+
+def load_append_recording(path: str | Path) -> tuple[Recording, list[dict], list[str]]:
+    """``(recording of completed calls, calls that did not return, problems)`` of an append-only
+    file. A cut tail is one line in ``problems``; every complete segment before it loads. The
+    recording's ``metadata["did_not_return"]`` lists the calls that did not return.
+
+    Raises:
+        FileNotFoundError: no such file.
+        RecordingFormatError: not this format, or a damaged segment before the tail (naming it).
+    """
+    path = Path(path)
+    try:
+        entries, tail = scan(path)
+    except TraceFormatError as exc:
+        raise RecordingFormatError(str(exc)) from exc
+    problems = [] if tail.why is None else [tail.why]
+    meta, calls, order = None, {}, []
+    with open(path, "rb") as f:
+        for e in entries:
+            try:
+                kind, doc, tensors = read_segment(path, e, f)
+            except TraceFormatError as exc:
+                raise RecordingFormatError(str(exc)) from exc
+            if kind == "run":
+                if doc.get("format") != APPEND_FORMAT or doc.get("version") != APPEND_VERSION:
+                    raise RecordingFormatError(f"{path}: format {doc.get('format')!r} version {doc.get('version')!r} "
+                                               f"is not {APPEND_FORMAT!r} version {APPEND_VERSION}")
+                meta = doc.get("metadata") or {}
+            elif kind == "inputs":
+                step = dict(doc)
+                step["tensors"] = dict(tensors)
+                calls[doc["call"]] = step
+                order.append(doc["call"])
+            elif kind == "outputs":
+                step = calls.get(doc["call"])
+                if step is None:
+                    problems.append(f"{path}: outputs of call {doc['call']} without its inputs (left out)")
+                    continue
+                step["num_speculative_tokens"] = int(doc["num_speculative_tokens"])
+                step["tensors"].update(tensors)
+                step["returned"] = True
+    if meta is None:
+        raise RecordingFormatError(f"{path}: no complete run segment at the start"
+                                   + (f" ({tail.why})" if tail.why else ""))
+    done = [calls[c] for c in order if calls[c].pop("returned", False)]
+    pending = [calls[c] for c in order if calls[c] not in done]
+    meta = dict(meta)
+    meta["did_not_return"] = [s["call"] for s in pending]
+    return Recording(meta, done), pending, problems

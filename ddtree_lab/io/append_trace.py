@@ -1,0 +1,342 @@
+"""The append-only lab trace: a live run written step by step on segments, read back lazily.
+
+Source ``"lab trace (append-only)"`` of :func:`ddtree_lab.io.load`. The file is a segment
+file (:mod:`.segments`); its segments, in the order written:
+
+* ``run``: ``{"format", "version", "metadata", "token_texts"}`` (the first one opens the
+  file; later ones update metadata and add token texts; the last one read wins);
+* ``inputs``: a step's verify inputs, written *before* the verifier is called
+  (``doc["records"]``: per request ``step``, ``request``, ``request_id``, ``prefix_len``,
+  ``params``, ``level``, ``final_coin``, ``backend``; tensors ``"{i}.{field}"``: the tree,
+  the buffers, the coins, and with ``rows=True`` the target logits ``[n, V]`` of its nodes);
+* ``steps``: the step's records after it returned (the lab trace's own step JSON and tensors,
+  :func:`~ddtree_lab.io.lab_trace.step_json` / :func:`~ddtree_lab.io.lab_trace.step_tensors`);
+* ``end``: written by :meth:`TraceWriter.close` (a file without one was not closed).
+
+A step with ``inputs`` and no ``steps`` record **did not return** (a hang or a crash in the
+verifier): it is a :class:`~ddtree_lab.step.Step` with ``output=None`` and
+``extra["did_not_return"] = True``, that :func:`ddtree_lab.check.check` checks, and that
+:func:`replay_inputs` verifies with any lab backend when its rows were stored.
+
+Reading (:func:`load_append_trace`) builds an index of records from the segment index alone;
+``Run.steps`` is a sequence that decodes a segment when one of its steps is asked for (a few
+kept), so a run larger than memory opens in the time it takes to read its index.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import json
+from pathlib import Path
+
+import torch
+
+from ..sampling import SamplingParams
+from ..step import Run, Step
+from ..store.container import TraceFormatError
+from .lab_trace import check_step_tensors, step_from_json, step_json, step_tensors
+from ..store.segments import SegmentEntry, SegmentWriter, read_segment, scan
+
+__all__ = ["FORMAT", "VERSION", "SOURCE", "TraceWriter", "load_append_trace", "AppendRun", "replay_inputs",
+           "INPUT_FIELDS"]
+
+FORMAT = "ddtree-lab-trace-segments"
+VERSION = 1
+SOURCE = "lab trace (append-only)"
+#: tensors of an ``inputs`` record (``logits`` only when rows are stored)
+INPUT_FIELDS = ("node_token_ids", "parents", "depths", "ranks", "node_logws", "retrieve_next_token",
+                "retrieve_next_sibling", "positions", "coins", "logits")
+
+
+class TraceWriter:
+    """Writes a lab run as it is made (module docstring); never raises once open.
+
+    A write that fails (a full disk, ...) stops the recording: :attr:`stopped` then says why
+    (one line) and later calls write nothing; the caller goes on.
+
+    Args:
+        path: the file (replaced if it exists); ``metadata``: the run's metadata so far.
+        fsync, opener: as :class:`~ddtree_lab.store.segments.SegmentWriter`.
+
+    Raises:
+        FileNotFoundError, IsADirectoryError: as :class:`~ddtree_lab.store.segments.SegmentWriter`.
+    """
+
+    def __init__(self, path: str | Path, metadata: dict, *, fsync: bool = False, opener=open):
+        self.path = Path(path)
+        self._seg = SegmentWriter(self.path, fsync=fsync, opener=opener)
+        self.records = 0
+        self.texts_written: set[int] = set()  # token ids whose text is in the file
+        self._write("run", {"format": FORMAT, "version": VERSION, "metadata": metadata, "token_texts": {}})
+
+    def _write(self, kind: str, doc: dict, tensors: dict | None = None, summary: dict | None = None) -> bool:
+        return self._seg.try_append(kind, doc, tensors, summary)
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the recording stopped (a failed write), or None while it records."""
+        return self._seg.stopped
+
+    def write_inputs(self, records: list[dict], tensors: list[dict[str, torch.Tensor]]) -> bool:
+        """One step's verify inputs, before the verifier runs (``records[i]`` JSON and
+        ``tensors[i]`` of request ``i``, fields :data:`INPUT_FIELDS`); False once stopped."""
+        flat = {f"{i}.{k}": v for i, t in enumerate(tensors) for k, v in t.items()}
+        summary = {"pending": [[r["step"], r["request"]] for r in records]}
+        return self._write("inputs", {"records": records}, flat, summary)
+
+    def write_steps(self, steps: list[Step], token_texts: dict[int, str] | None = None) -> bool:
+        """The records of one step (every request), with the texts of tokens not written
+        before; False once stopped."""
+        tensors = {}
+        for i, s in enumerate(steps):
+            tensors.update(step_tensors(s, f"{i}."))
+        texts = {str(k): v for k, v in (token_texts or {}).items() if int(k) not in self.texts_written}
+        summary = {"records": [[s.step, s.request, s.accept_length, bool(s.output.support_exhausted[0]),
+                                s.num_nodes if (s.tree is not None or s.stored_num_nodes is not None) else None]
+                               for s in steps]}
+        ok = self._write("steps", {"records": [step_json(s) for s in steps], "token_texts": texts}, tensors, summary)
+        if ok:
+            self.texts_written.update(int(k) for k in texts)
+            self.records += len(steps)
+        return ok
+
+    def write_metadata(self, metadata: dict, token_texts: dict[int, str] | None = None) -> bool:
+        """Updated run metadata (and token texts); the last one written is what a reader sees."""
+        texts = {str(k): v for k, v in (token_texts or {}).items()}
+        return self._write("run", {"format": FORMAT, "version": VERSION, "metadata": metadata, "token_texts": texts})
+
+    def close(self, note: str = "closed") -> None:
+        """Write the ``end`` segment (``note``: e.g. ``"interrupted"``) and close the file."""
+        self._write("end", {"records": self.records, "note": note})
+        self._seg.close()
+
+
+class _Steps(collections.abc.Sequence):
+    """``Run.steps`` of an append-only file: decodes a segment when one of its steps is asked for."""
+
+    def __init__(self, run: "AppendRun"):
+        self._run = run
+
+    def __len__(self) -> int:
+        return len(self._run.records)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        seg, k = self._run.records[i][:2]
+        return self._run.segment_steps(seg)[k]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+
+class AppendRun(Run):
+    """A :class:`~ddtree_lab.step.Run` read from an append-only file (module docstring).
+
+    Attributes:
+        records: one tuple per step record, in file order: ``(segment, index in segment, step,
+            request, accept_length, support_exhausted, num_nodes, did_not_return)``.
+        entries: the complete segments (:class:`~ddtree_lab.store.segments.SegmentEntry`).
+        closed: whether the writer closed the file (an ``end`` segment).
+    """
+
+    CACHE = 4  # decoded segments kept
+
+    def segment_steps(self, seg: int) -> list[Step]:
+        """The steps of segment ``seg`` (decoded, checked, cached).
+
+        Raises:
+            TraceFormatError: the segment is damaged (naming file, segment and field).
+        """
+        cache = self._cache
+        if seg in cache:
+            cache.move_to_end(seg)
+            return cache[seg]
+        steps = _decode(self.path, self.entries[seg], self.vocab_size)
+        cache[seg] = steps
+        while len(cache) > self.CACHE:
+            cache.popitem(last=False)
+        return steps
+
+    def keys(self) -> list[tuple[int, int]]:
+        """``(step, request)`` of every record, from the index (nothing decoded)."""
+        return [(r[2], r[3]) for r in self.records]
+
+    def for_request(self, request: int) -> list[Step]:
+        return [self.steps[i] for i, r in enumerate(self.records) if r[3] == request]
+
+    def find_step(self, step: int, request: int) -> Step:
+        for i, r in enumerate(self.records):
+            if r[2] == step and r[3] == request:
+                return self.steps[i]
+        return super().find_step(step, request)  # raises KeyError naming the steps there are
+
+    def info_lines(self) -> list[str]:
+        """What ``ddtree-lab info`` prints, from the index alone (no step is decoded)."""
+        by_request: dict[int, list] = {}
+        for r in self.records:
+            by_request.setdefault(r[3], []).append(r)
+        meta = self.metadata
+        reqs = {int(q.get("request", i)): q for i, q in enumerate(meta.get("requests", []))}
+        hung = [r for r in self.records if r[7]]
+        lines = [f"{SOURCE} {self.path}: {len(self.records)} records in {len(self.entries)} segments, "
+                 f"{len(by_request)} requests" + ("" if self.closed else "; not closed (the recorder stopped before "
+                                                  "its end)")]
+        for role in ("target", "drafter"):
+            m = meta.get(role)
+            if isinstance(m, dict) and m.get("name"):
+                lines.append(f"{role}: {m['name']}")
+        lines += [f"problem: {p}" for p in self.problems]
+        for r in hung:
+            lines.append(f"did not return: step {r[2]}, request {r[3]} (its verify inputs are on disk; check / "
+                         "replay them)")
+        for req in sorted(by_request):
+            rs = [r for r in by_request[req] if not r[7]]
+            taus = [r[4] + (0 if r[5] else 1) for r in rs]
+            rid = reqs.get(req, {}).get("request_id", str(req))
+            mean = f"{sum(taus) / len(taus):.3f}" if taus else "-"
+            prompt = reqs.get(req, {}).get("prompt")
+            lines.append(f"request {req} (id {rid}): {len(rs)} steps, mean tau {mean}"
+                         + (f", prompt {json.dumps(prompt)}" if prompt else ""))
+        return lines
+
+
+def _input_step(path: Path, js: dict, t: dict) -> Step:
+    fields = {k: t[k] for k in INPUT_FIELDS if k in t and k != "logits"}
+    return Step.from_fields(step=int(js["step"]), request=int(js["request"]), request_id=str(js["request_id"]),
+                            prefix_len=js.get("prefix_len"), params=SamplingParams.from_dict(js["params"]),
+                            output=None, final_coin=js.get("final_coin"), level=str(js.get("level", "light")),
+                            backend=str(js.get("backend", "?")), source=SOURCE,
+                            extra={"did_not_return": True, "rows_stored": "logits" in t,
+                                   "why": "its verify inputs were written and its output never was (a hang or a "
+                                          "crash in the verifier)"},
+                            **fields)
+
+
+def _decode(path: Path, entry: SegmentEntry, vocab: int | None) -> list[Step]:
+    kind, doc, tensors = read_segment(path, entry)
+    by = {}
+    for key, value in tensors.items():
+        i, _, name = key.partition(".")
+        by.setdefault(int(i), {})[name] = value
+    out = []
+    for i, js in enumerate(doc["records"]):
+        where = f"{path}: segment at byte {entry.offset}, record {i} (step {js.get('step')}, request {js.get('request')})"
+        try:
+            if kind == "inputs":
+                step = _input_step(path, js, by.get(i, {}))
+                step.stored_inputs = dict(by.get(i, {}))  # tensors, for replay_inputs (extra stays JSON)
+            else:
+                check_step_tensors(where, js, by.get(i, {}), vocab, 2)
+                step = step_from_json(js, by.get(i, {}), where)
+                step.source = SOURCE
+        except TraceFormatError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TraceFormatError(f"{where}: bad field ({exc!r})") from exc
+        out.append(step)
+    return out
+
+
+EAGER_BYTES = 64 << 20  # files up to this size are decoded (and every checksum checked) when opened
+
+
+def load_append_trace(path: str | Path, lazy: bool | None = None) -> AppendRun:
+    """Open an append-only trace (module docstring). Never raises for a cut or damaged tail:
+    it is named in ``run.problems`` (one line) and every complete segment before it loads.
+
+    ``lazy``: decode steps when asked for (default: for files over :data:`EAGER_BYTES`); when
+    not lazy, every step is decoded now and a damaged segment's records are left out and named
+    in ``problems``. A lazy run raises :class:`TraceFormatError` when a damaged step is read.
+
+    Raises:
+        FileNotFoundError: no such file.
+        TraceFormatError: not an append-only trace, or its first (``run``) segment is damaged.
+    """
+    path = Path(path)
+    entries, tail = scan(path)
+    problems = [] if tail.why is None else [tail.why]
+    if not entries or entries[0].kind != "run":
+        raise TraceFormatError(f"{path}: no complete run segment at the start"
+                               + (f" ({tail.why})" if tail.why else ""))
+    meta, texts = {}, {}
+    for e in entries:
+        if e.kind == "run":
+            _, doc, _ = read_segment(path, e)
+            if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+                raise TraceFormatError(f"{path}: format {doc.get('format')!r} version {doc.get('version')!r} is not "
+                                       f"{FORMAT!r} version {VERSION}")
+            meta = doc.get("metadata") or {}
+            texts.update({int(k): str(v) for k, v in (doc.get("token_texts") or {}).items()})
+    done = {(s, q) for e in entries if e.kind == "steps" for s, q, *_ in e.summary.get("records", [])}
+    records = []
+    for seg, e in enumerate(entries):
+        if e.kind == "steps":
+            records += [(seg, k, s, q, a, x, n, False) for k, (s, q, a, x, n) in enumerate(e.summary["records"])]
+        elif e.kind == "inputs":
+            records += [(seg, k, s, q, 0, False, None, True) for k, (s, q) in enumerate(e.summary["pending"])
+                        if (s, q) not in done]
+    run = AppendRun(metadata=meta, steps=[], token_texts=texts, problems=problems)
+    run.path, run.entries, run.records = path, entries, records
+    run.closed = any(e.kind == "end" for e in entries)
+    run._cache = collections.OrderedDict()
+    run.metadata.setdefault("top_m_logits", None)
+    if lazy is None:
+        lazy = path.stat().st_size > EAGER_BYTES
+    if lazy:
+        run.steps = _Steps(run)
+        run.metadata["lazy"] = True
+    else:
+        steps, keep = [], []
+        for r in records:
+            try:
+                steps.append(run.segment_steps(r[0])[r[1]])
+                keep.append(r)
+            except TraceFormatError as exc:
+                msg = f"{exc} (step {r[2]}, request {r[3]} left out)"
+                if msg not in run.problems:
+                    run.problems.append(msg)
+        run.records, run.steps = keep, steps
+    run.token_texts.update(_step_texts(path, entries) if not lazy else {})
+    if not run.closed and tail.why is None:
+        run.problems.append(f"{path}: not closed: the recorder stopped after segment {len(entries) - 1} (killed?); "
+                            f"the {len(records)} records written before load")
+    return run
+
+
+def _step_texts(path: Path, entries: list[SegmentEntry]) -> dict[int, str]:
+    texts = {}
+    for e in entries:
+        if e.kind == "steps":
+            try:
+                _, doc, _ = read_segment(path, e)
+            except TraceFormatError:
+                continue
+            texts.update({int(k): str(v) for k, v in (doc.get("token_texts") or {}).items()})
+    return texts
+
+
+def replay_inputs(step: Step, backend: str = "reference"):
+    """Verify a step that did not return from its stored inputs with a lab backend
+    (:func:`ddtree_lab.verify.verify_tree` on the stored logits, coins and parameters).
+
+    Returns:
+        the :class:`~ddtree_lab.verify.VerifyOutput` (a batch of one).
+
+    Raises:
+        ValueError: the step is not one that did not return, or its rows were not stored
+            (record with ``inputs_first="rows"``).
+    """
+    from ..verify import verify_tree
+
+    inputs = getattr(step, "stored_inputs", None)
+    where = f"step {step.step}, request {step.request}"
+    if not step.extra.get("did_not_return") or inputs is None:
+        raise ValueError(f"{where}: not a step that did not return (it has an output: use ddtree_lab.replay)")
+    if "logits" not in inputs:
+        raise ValueError(f"{where}: its target rows were not stored before the call (record with "
+                         "inputs_first='rows'): check() runs on its buffers, replay cannot")
+    final = torch.tensor([0.0 if step.final_coin is None else float(step.final_coin)], dtype=torch.float32)
+    return verify_tree(step.verify_input(), inputs["logits"][None].float(), [step.params], step.coins[None], final,
+                       backend=backend)
