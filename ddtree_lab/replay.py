@@ -11,7 +11,7 @@ import torch
 from .step import Step
 from .verify import VerifyOutput, verify_sampled
 
-__all__ = ["replay", "replay_differences", "compare_outputs", "Difference", "ReplayMismatch"]
+__all__ = ["replay", "replay_differences", "compare_outputs", "stored_rows", "Difference", "ReplayMismatch"]
 
 
 class ReplayMismatch(AssertionError):
@@ -117,13 +117,14 @@ def compare_outputs(recorded: VerifyOutput, replayed: VerifyOutput, tolerance: t
     return out
 
 
-def _replay_rows(step: Step, vocab: int) -> torch.Tensor:
-    """A ``[1, n, V]`` row tensor holding exactly what the trace stores: each node's token
-    probability in its parent's row (NaN, "not read", left 0), and the bonus row's prefix."""
+def stored_rows(step: Step, vocab: int) -> torch.Tensor:
+    """A ``[1, n, V]`` float32 row tensor holding exactly what a step stores: each node's token
+    probability in its parent's row (NaN, "not read", left 0), and the bonus row's prefix (when
+    the step has a bonus draw). Every other entry is 0."""
     n = step.num_nodes
     rows = torch.zeros(1, n, vocab, dtype=torch.float32)
     prefix = step.final_row_prefix
-    if prefix.numel():
+    if prefix is not None and prefix.numel() and step.bonus is not None:
         rows[0, step.bonus.node, : prefix.shape[0]] = prefix
     known = ~torch.isnan(step.child_probs)
     known[0] = False
@@ -167,7 +168,7 @@ def replay_differences(step: Step, vocab_size: int | None = None,
         raise ValueError(f"{where}: token id {max(tops)} is outside the vocabulary of {vocab}")
     from .buffers import find_retrieve_problem
 
-    vi, rows = step.verify_input(), _replay_rows(step, vocab)
+    vi, rows = step.verify_input(), stored_rows(step, vocab)
     problem = find_retrieve_problem(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes,
                                     retrieve_index=vi.retrieve_index, depths=vi.depths)
     if problem is not None:

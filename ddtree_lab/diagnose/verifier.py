@@ -16,27 +16,12 @@ from __future__ import annotations
 import torch
 
 from ..faults import verify_p_over_q
-from ..replay import compare_outputs, replay_differences
+from ..replay import compare_outputs, replay_differences, stored_rows
 from ..step import Run, Step
 from ..verify import verify_sampled
 from .common import CheckResult, Finding, group_findings, next_command
 
 __all__ = ["check_verifier", "verifier_step"]
-
-
-def _rows(step: Step, vocab: int) -> torch.Tensor:
-    """``[1, n, V]`` float32 holding exactly what the step stores (child probabilities in their
-    parents' rows, the bonus row prefix)."""
-    n = step.num_nodes
-    rows = torch.zeros(1, n, vocab, dtype=torch.float32)
-    prefix = step.final_row_prefix
-    if prefix is not None and prefix.numel() and step.bonus is not None:
-        rows[0, step.bonus.node, : prefix.shape[0]] = prefix
-    known = ~torch.isnan(step.child_probs)
-    known[0] = False
-    idx = known.nonzero()[:, 0]
-    rows[0, step.parents[idx], step.node_token_ids[idx]] = step.child_probs[idx]
-    return rows
 
 
 def _same(step: Step, out) -> bool:
@@ -177,7 +162,7 @@ def verifier_step(step: Step, vocab: int) -> tuple[list[str], str | None, int | 
 def reproduces(step: Step, vocab: int, name: str, threshold_acc: float = 1.0) -> bool:
     """Whether the candidate rule ``name`` (``verifier-p-over-q``, or ``verifier-threshold`` at
     ``threshold_acc``) re-walked on the step's stored rows and coins gives its recorded output."""
-    vi, rows = step.verify_input(), _rows(step, vocab)
+    vi, rows = step.verify_input(), stored_rows(step, vocab)
     coins = step.coins[None].float()
     final = torch.tensor([0.0 if step.final_coin is None else step.final_coin], dtype=torch.float32)
     mass = [step.final_mass if step.final_row_prefix is not None and step.final_row_prefix.numel() else None]
