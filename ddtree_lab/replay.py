@@ -158,8 +158,8 @@ def replay_differences(step: Step, vocab_size: int | None = None,
     if step.rows is None or step.rows.cannot("replay") or step.coins is None:
         raise ValueError(f"{where}: recorded at level {step.level!r}: no verify rows to replay")
     if backend != "reference":
-        raise ValueError(f"{where}: backend {backend!r} needs the whole target rows, and this step keeps only "
-                         f"what the verifier read ({step.rows.cannot('full rows').split(' keep only ')[-1]}); "
+        raise ValueError(f"{where}: backend {backend!r} needs the whole target rows, and this step keeps "
+                         f"{step.rows.cannot('full rows').split(' keep ', 1)[-1]}; "
                          "replay it with backend 'reference' (bit-exact), or replay the SGLang recording it came "
                          "from, whose rows every backend reads")
     tops = [int(step.node_token_ids.max()), step.final_row_prefix.shape[0] - 1]

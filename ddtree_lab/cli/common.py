@@ -117,7 +117,14 @@ def kind_of(path: str) -> str:
     p = Path(path)
     if p.is_dir():
         return "bundle"
-    if p.suffix == ".json" or (not p.exists() and Path(str(p) + ".json").exists()):
+    if p.suffix in (".json", ".jsonl") and p.exists():  # one of the JSON sources: ask the loader's sniffing
+        from ..io import source_of
+
+        try:
+            return "recording" if source_of(p) == "sglang recording" else "trace"
+        except (OSError, ValueError):
+            return "trace"  # io.load names the problem
+    if not p.exists() and Path(str(p) + ".json").exists():
         return "recording"
     if p.suffix == ".ddrec" or (not p.exists() and Path(str(p) + ".ddrec").exists()):
         return "recording"  # the SGLang recorder's append-only file
