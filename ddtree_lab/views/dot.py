@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 from .labels import LOSSY_COLOR, mass_label, token_label
-from .labels import number_label as _num
+from .labels import number_label
 from .model import StepView, step_view
 from .nodes import NodeView
 
@@ -89,7 +89,7 @@ def _tooltip(node: NodeView) -> str:
 
 
 def _fmt(x) -> str:
-    return _num(x, missing="?")
+    return number_label(x, missing="?")
 
 
 def _attrs(style: dict) -> str:

@@ -11,8 +11,8 @@ import numpy as np
 
 from ..step import RunTrace
 from .model import LOSSY_COLOR, StepView, token_label
-from .labels import mass_label as _mass
-from .labels import number_label as _num
+from .labels import mass_label
+from .labels import number_label
 
 __all__ = ["decisions_table_html", "children_html", "mass_bar_svg", "bonus_html", "committed_html", "segments"]
 
@@ -30,7 +30,7 @@ def _tok(text: str) -> str:
 
 
 def _p(value: float | None, upper: bool) -> str:
-    return "?" if value is None else f"{'<' if upper else ''}{_num(value)}"
+    return "?" if value is None else f"{'<' if upper else ''}{number_label(value)}"
 
 
 def _table(head: list[str], rows: list[list[str]], row_styles: list[str] | None = None, cls: str = "") -> str:
@@ -58,7 +58,7 @@ def decisions_table_html(view: StepView) -> str:
     rows, styles = [], []
     for d in view.decisions:
         common = [str(d.order), str(d.depth), str(d.parent), str(d.node), _tok(d.text), _p(d.target_p, d.target_p_upper)]
-        rows.append(common + (["yes" if d.verdict == "accept" else "no"] if greedy else [_mass(d.mass), _num(d.coin)])
+        rows.append(common + (["yes" if d.verdict == "accept" else "no"] if greedy else [mass_label(d.mass), number_label(d.coin)])
                     + [d.verdict])
         styles.append(_STATUS_BG["accepted" if d.verdict == "accept" else "rejected"])
     warn = (f'<p class="ddtree-lossy" style="color:{LOSSY_COLOR};font-weight:bold">{html.escape(view.lossy_mark)} '
@@ -69,13 +69,13 @@ def decisions_table_html(view: StepView) -> str:
 def _bonus_sentence(view: StepView) -> str:
     b = view.bonus
     if b.token < 0:
-        return (f"no bonus: the residual at node {b.node} is empty (mass {_mass(b.residual_mass)}, coin "
-                f"{_num(b.coin)}): support exhausted")
+        return (f"no bonus: the residual at node {b.node} is empty (mass {mass_label(b.residual_mass)}, coin "
+                f"{number_label(b.coin)}): support exhausted")
     if view.greedy:
         return f"bonus {_tok(b.text)}: the target's argmax at node {b.node} (target p {_p(b.target_p, b.target_p_upper)})"
     where = "the target row (a leaf)" if b.kind == "leaf" else "the residual (rejected siblings zeroed, renormalised)"
-    return (f"bonus {_tok(b.text)} drawn at node {b.node} from {where}: residual mass {_mass(b.residual_mass)}, coin "
-            f"{_num(b.coin)}; target p {_p(b.target_p, b.target_p_upper)}, residual p {_num(b.residual_p)}")
+    return (f"bonus {_tok(b.text)} drawn at node {b.node} from {where}: residual mass {mass_label(b.residual_mass)}, coin "
+            f"{number_label(b.coin)}; target p {_p(b.target_p, b.target_p_upper)}, residual p {number_label(b.residual_p)}")
 
 
 def segments(view: StepView, node: int) -> list[tuple[int, float, float]]:
@@ -122,13 +122,13 @@ def children_html(view: StepView, limit: int = 12) -> str:
             third = {"accepted": "yes", "rejected": "no"}.get(st, "?")
         else:
             lo, hi = seg[c]
-            third = f"[{_mass(lo)}, {_mass(hi)})"
+            third = f"[{mass_label(lo)}, {mass_label(hi)})"
         rows.append([f"#{c}", _tok(child.text), _p(child.target_p, child.target_p_upper), third,
-                     _num(child.accept_p), _num(child.path_p), st])
+                     number_label(child.accept_p), number_label(child.path_p), st])
         styles.append(_STATUS_BG.get(st, ""))
     if rest:
         mass = sum(view.nodes[c].accept_p or 0.0 for c in rest)
-        rows.append(["…", f"{len(rest)} more children", "-", f"total target p {_num(mass)}", "-", "-", "pending"])
+        rows.append(["…", f"{len(rest)} more children", "-", f"total target p {number_label(mass)}", "-", "-", "pending"])
         styles.append("")
     if not rows:
         return f"<p>node {node} is a leaf: no children to judge.</p>"
@@ -147,7 +147,7 @@ def mass_bar_svg(view: StepView, width: int = 640, coin: float | None = None) ->
     node = 0 if cur is None else cur.current
     if not view.nodes[node].children:  # a leaf: its recorded coin decides nothing, so it is not drawn
         b = view.bonus
-        final = "" if b is None or b.coin is None else f" u={_num(b.coin)}"
+        final = "" if b is None or b.coin is None else f" u={number_label(b.coin)}"
         return (f'<p class="ddtree-massbar-leaf" style="font-family:monospace;font-size:12px">node #{node} is a leaf: '
                 "no coin decides among children (its own coin is unused); the bonus is drawn from the target row "
                 f"with the final coin{final}.</p>")
@@ -161,7 +161,7 @@ def mass_bar_svg(view: StepView, width: int = 640, coin: float | None = None) ->
         st = view.status(c)
         parts.append(f'<rect x="{x:.2f}" y="{top}" width="{w:.2f}" height="{h}" fill="{colors.get(st, "#cfd8dc")}" '
                      f'stroke="#ffffff" stroke-width="0.5"><title>#{c} {_tok(view.nodes[c].text)}: '
-                     f'[{_mass(lo)}, {_mass(hi)})</title></rect>')
+                     f'[{mass_label(lo)}, {mass_label(hi)})</title></rect>')
         if w >= 22:
             parts.append(f'<text x="{x + w / 2:.2f}" y="{top + h / 2 + 4}" font-size="10" text-anchor="middle" '
                          f'font-family="monospace">#{c}</text>')
@@ -174,7 +174,7 @@ def mass_bar_svg(view: StepView, width: int = 640, coin: float | None = None) ->
                      f'stroke="#e65100" stroke-width="2.5"/>')
         anchor = "start" if u < 0.5 else "end"  # the label runs away from the near edge, never cut
         parts.append(f'<text x="{x:.2f}" y="11" font-size="10" text-anchor="{anchor}" '
-                     f'font-family="monospace" fill="#e65100">u={_num(u)} (node #{node}\'s coin)</text>')
+                     f'font-family="monospace" fill="#e65100">u={number_label(u)} (node #{node}\'s coin)</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -188,7 +188,7 @@ def bonus_html(view: StepView, limit: int = 12) -> str:
         struck = t in b.rejected
         tok = f"<s>{_tok(text)}</s>" if struck else _tok(text)
         chosen = t == b.token
-        rows.append([str(t), tok, _num(p), "struck out" if struck else _num(rp), "◀ chosen" if chosen else ""])
+        rows.append([str(t), tok, number_label(p), "struck out" if struck else number_label(rp), "◀ chosen" if chosen else ""])
         styles.append("#e3f0ff" if chosen else "#fbe3e1" if struck else "")
     head = ["token id", "token", "target p", "residual p" if not view.greedy else "-", ""]
     table = _table(head, rows, styles, "ddtree-bonus") if rows else ""

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from .model import StepView, token_label
-from .labels import mass_label as _mass
-from .labels import number_label as _num
+from .labels import mass_label
+from .labels import number_label
 
 __all__ = ["to_text", "decisions_text"]
 
@@ -16,16 +16,16 @@ def to_text(view: StepView) -> str:
     """One line per node, children indented under their parent in sibling order:
     ``mark [index] 'token'  d r logw p q``; the bonus a ``★`` line under its parent."""
     lines = [view.title, "p: target p · q: drafter q · residual p: the bonus in the residual · "
-             f"expected accepted draft tokens (sum of path p): {_num(view.expected_accept)}"]
+             f"expected accepted draft tokens (sum of path p): {number_label(view.expected_accept)}"]
 
     def bonus_line(indent: int) -> None:
         b = view.bonus
         pad = "  " * indent
         if b.token < 0:
-            lines.append(f"{pad}★ no bonus: support exhausted at node {b.node} (residual mass {_mass(b.residual_mass)})")
+            lines.append(f"{pad}★ no bonus: support exhausted at node {b.node} (residual mass {mass_label(b.residual_mass)})")
             return
-        p = f"p{'<' if b.target_p_upper else '='}{_num(b.target_p)}" if b.target_p is not None else "p=?"
-        extra = f" residual p={_num(b.residual_p)}" if b.residual_p is not None else ""
+        p = f"p{'<' if b.target_p_upper else '='}{number_label(b.target_p)}" if b.target_p is not None else "p=?"
+        extra = f" residual p={number_label(b.residual_p)}" if b.residual_p is not None else ""
         lines.append(f"{pad}★ bonus {token_label(b.text)} ({b.kind}) {p}{extra}")
 
     stack = [(0, 0)]
@@ -35,7 +35,7 @@ def to_text(view: StepView) -> str:
         status = view.status(i)
         pad = "  " * indent
         if status == "collapsed":
-            best = "" if node.target_p is None else f", max p={_num(node.target_p)}"
+            best = "" if node.target_p is None else f", max p={number_label(node.target_p)}"
             lines.append(f"{pad}… {node.text} (best logw={node.logw:.3f}{best})")
             continue
         info = ""
@@ -64,18 +64,18 @@ def decisions_text(view: StepView) -> str:
         if greedy:
             rows.append(common + ["yes" if d.verdict == "accept" else "no", d.verdict])
         else:
-            rows.append(common + [_mass(d.mass), _num(d.coin), d.verdict])
+            rows.append(common + [mass_label(d.mass), number_label(d.coin), d.verdict])
     widths = [max(len(r[c]) for r in [head] + rows) for c in range(len(head))]
     out = ([view.lossy_mark] if view.lossy else []) + [
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [head] + rows]
     b = view.bonus
     if b.token < 0:
-        out.append(f"bonus: none (support exhausted at node {b.node}, residual mass {_mass(b.residual_mass)}, "
-                   f"coin {_num(b.coin)})")
+        out.append(f"bonus: none (support exhausted at node {b.node}, residual mass {mass_label(b.residual_mass)}, "
+                   f"coin {number_label(b.coin)})")
     elif greedy:
         out.append(f"bonus {token_label(b.text)}: the target's argmax at node {b.node}")
     else:
         p = "?" if b.target_p is None else f"{'<' if b.target_p_upper else ''}{b.target_p:.4g}"
         out.append(f"bonus {token_label(b.text)} at node {b.node} ({b.kind}): target p {p}, residual p "
-                   f"{_num(b.residual_p)}, residual mass {_mass(b.residual_mass)}, coin {_num(b.coin)}")
+                   f"{number_label(b.residual_p)}, residual mass {mass_label(b.residual_mass)}, coin {number_label(b.coin)}")
     return "\n".join(out) + "\n"
