@@ -189,8 +189,5 @@ def bundle_step(bundle: Bundle) -> Step:
 
 def bundle_run(bundle: Bundle) -> Run:
     """A bundle as a :class:`~ddtree_lab.step.Run` of its one step (:func:`ddtree_lab.io.load`)."""
-    meta = dict(bundle.metadata)
-    meta.setdefault("source", "bundle")
-    meta["bundle_source"] = bundle.metadata.get("source")
-    meta["source"] = "bundle"
+    meta = {**bundle.metadata, "bundle_source": bundle.metadata.get("source"), "source": "bundle"}
     return Run(metadata=meta, steps=[bundle_step(bundle)], token_texts=dict(bundle.token_texts))
