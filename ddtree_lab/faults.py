@@ -24,7 +24,8 @@ The kinds (:data:`FAULT_KINDS`), each after a class of public bug reports (issue
   root's features);
 * sampling plumbing (the verifier's rows; the trace still states the request's parameters):
   ``sampling-greedy`` (T > 0 served greedily), ``sampling-temperature-1``,
-  ``sampling-other-order`` (top-p before top-k);
+  ``sampling-other-order`` (top-p before top-k), ``sampling-top-p-dropped``,
+  ``sampling-min-p-dropped`` (one filter never reaches the verifier's rows);
 * verifier rule: ``verifier-p-over-q`` (``u < min(1, p/q)`` with the drafter's marginal ``q``
   of each node on a top-k tree), ``verifier-threshold`` (SGLang's lossy ``threshold_acc = 0.5``
   not reported), ``verifier-bonus-row`` (the bonus drawn from the row of the final node's
@@ -75,6 +76,8 @@ SAMPLING_FAULTS = {
     "sampling-greedy": "a request with T > 0 is verified greedily (sampling parameters dropped)",
     "sampling-temperature-1": "the verifier's rows use temperature 1 instead of the request's",
     "sampling-other-order": "the verifier's rows apply top-p before top-k (the other filtering order)",
+    "sampling-top-p-dropped": "the verifier's rows drop the request's top-p (only temperature and top-k applied)",
+    "sampling-min-p-dropped": "the verifier's rows drop the request's min-p",
 }
 VERIFIER_FAULTS = {
     "verifier-p-over-q": "min(1, p/q) with the drafter's marginals on a top-k tree instead of the target-only rule",
@@ -159,6 +162,10 @@ def sampling_params(params: SamplingParams, name: str) -> SamplingParams:
         return dataclasses.replace(params, temperature=0.0)
     if name == "sampling-temperature-1":
         return dataclasses.replace(params, temperature=1.0)
+    if name == "sampling-top-p-dropped":
+        return dataclasses.replace(params, top_p=1.0)
+    if name == "sampling-min-p-dropped":
+        return dataclasses.replace(params, min_p=None)
     other = "top_p_then_top_k" if params.order == "top_k_then_top_p" else "top_k_then_top_p"
     return dataclasses.replace(params, order=other)
 

@@ -13,6 +13,8 @@ from ddtree_lab.faults import (COMMIT_FAULTS, DRAFTER_FAULTS, FAULT_KINDS, FORWA
 
 PROMPTS = ["Tell me about lighthouses.", "What is two plus two?"]
 SAMPLED = dl.SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=1)
+#: A fault that drops a filter shows only where the request uses it.
+KIND_SAMPLING = {"sampling-min-p-dropped": dl.SamplingParams(temperature=1.2, top_k=40, min_p=0.1, seed=1)}
 
 
 def live(target, drafter, faults=None, sampling=SAMPLED, tokens=16, record="full", prompts=PROMPTS, budget=12):
@@ -91,7 +93,7 @@ def test_coin_invariant_names_a_reused_final_coin(target, drafter):
 
 @pytest.mark.parametrize("kind", list(SAMPLING_FAULTS) + list(VERIFIER_FAULTS))
 def test_recorded_data_names_the_fault(target, drafter, kind):
-    run = live(target, drafter, [kind])
+    run = live(target, drafter, [kind], sampling=KIND_SAMPLING.get(kind, SAMPLED))
     d = dl.diagnose(run)
     assert kind in d.faults, d.text()
     assert d.faults == {kind}, d.text()
@@ -138,3 +140,57 @@ def test_cli_exit_status(target, drafter, tmp_path, capsys):
     assert main(["diagnose", str(clean), "--step", "999", "--request", "0"]) == 2
     assert sorted(FAULT_KINDS) == sorted({**FORWARD_FAULTS, **COMMIT_FAULTS, **DRAFTER_FAULTS, **SAMPLING_FAULTS,
                                           **VERIFIER_FAULTS})
+
+
+# -- the output law (statistical, no coins read) and the spine --------------------------------------
+
+
+def synthetic_run(faults=None, steps=25, seed=0):
+    from ddtree_lab.io.synthetic import SyntheticShape, synthetic_steps
+
+    shape = SyntheticShape(requests=4, budget=16, vocab=200, level="light", temperature=1.0)
+    return dl.Run({"vocab_size": 200}, [s for k in range(steps) for s in synthetic_steps(shape, seed, k, faults=faults)])
+
+
+def test_the_output_law_holds_on_clean_runs_and_fixtures():
+    from ddtree_lab.diagnose.law import check_law
+
+    for seed in range(4):
+        r = check_law(synthetic_run(seed=seed))
+        assert r.ran and r.checked == 100 and not r.findings, r.note
+        assert r.note.count("p = ") == 4  # all four tests ran
+    r = check_law(dl.load("fixtures/traces/smollm2_t08_b32.ddtrace.safetensors"))
+    assert r.ran and r.checked == 122 and not r.findings and r.note.count("p = ") >= 3
+    r = check_law(dl.load("fixtures/sglang_cpu_recording.json"))  # 6 sampled steps: too few to test, and says so
+    assert r.ran and r.checked == 6 and "not enough draws" in r.note
+    greedy = check_law(dl.load("fixtures/traces/smollm2_greedy_b32.ddtrace.safetensors"))
+    assert not greedy.ran and "sampled" in greedy.why
+
+
+@pytest.mark.parametrize("kind,test", [("verifier-p-over-q", "accepts"), ("verifier-threshold", "accepts"),
+                                       ("verifier-bonus-row", "probability 0"),
+                                       ("verifier-final-coin-reuse", "rejected every child")])
+def test_the_output_law_flags_a_verifier_fault_without_its_coins(kind, test):
+    from ddtree_lab.diagnose.law import check_law
+
+    run = synthetic_run([kind], steps=50)
+    blind = dataclasses.replace(run, steps=[s.replace(coins=torch.rand(s.num_nodes), final_coin=0.5) for s in run.steps])
+    r = check_law(blind)  # the coins are not the ones used: the law check never reads them
+    assert any(test in f.kind or test in f.evidence for f in r.findings), r.note
+    assert all(f.fault is None for f in r.findings)
+
+
+def test_an_unknown_forward_fault_is_told_apart_by_the_spine(target, drafter):
+    from ddtree_lab.diagnose.forward import check_tree_forward, spine
+
+    run = live(target, drafter, None, tokens=6, prompts=PROMPTS[:1], budget=16)
+    s = run.steps[0]
+    chain = spine(s)
+    off = next(i for i in range(s.num_nodes) if i not in chain)
+    assert len(chain) >= 3, chain
+    for node, words in ((off, "leaks across siblings"), (chain[2], "positions or ancestor")):
+        logits = s.row_logits.clone()
+        logits[node] += 1.0
+        bad = dataclasses.replace(run, steps=[s.replace(row_logits=logits)] + run.steps[1:])
+        r = check_tree_forward(bad, target, steps=[bad.steps[0]], confirm=False)
+        assert len(r.findings) == 1 and words in r.findings[0].kind and r.findings[0].fault is None, r.findings

@@ -7,6 +7,8 @@
 * ``verifier`` (:mod:`.verifier`): the verifier that ran, decision by decision, against the
   target-only rule on the recorded rows and coins, and which rule it follows instead;
 * ``coins`` (:mod:`.coins`): coins in [0, 1), the final coin never a walk coin;
+* ``output-law`` (:mod:`.law`): the recorded outputs across steps against the exact law of a
+  lossless verifier, bonus token included (statistical; reads no coin, no decision log);
 * ``sampling`` (:mod:`.sampling`): which transform of the stored raw logits the rows follow;
 * ``greedy`` (:mod:`.greedy`): greedy verdicts take the argmax of the stored raw logits;
 * ``drafter-hits`` (:mod:`.drafter`): the first-position hit rate against the model card;
@@ -32,13 +34,14 @@ from .common import CheckResult, Finding
 from .drafter import check_drafter_hits, check_drafter_inputs
 from .forward import check_tree_forward
 from .greedy import check_greedy, check_greedy_decoding
+from .law import check_law
 from .sampling import check_sampling
 from .verifier import check_verifier
 
 __all__ = ["diagnose", "Diagnosis", "Finding", "CheckResult", "check_record", "load_models", "RECORD_CHECKS",
            "MODEL_CHECKS"]
 
-RECORD_CHECKS = ("record", "verifier", "coins", "sampling", "greedy", "drafter-hits")
+RECORD_CHECKS = ("record", "verifier", "coins", "output-law", "sampling", "greedy", "drafter-hits")
 MODEL_CHECKS = ("tree-forward", "drafter", "greedy-decoding")
 
 
@@ -171,7 +174,7 @@ def diagnose(run: Run, model=None, step: int | None = None, request: int | None 
             steps = [s for s in steps if s.step == step]
             if not steps:
                 raise KeyError(f"step {step}: not in this run")
-    results = [check_record(run, steps), check_verifier(run, steps), check_coins(run, steps),
+    results = [check_record(run, steps), check_verifier(run, steps), check_coins(run, steps), check_law(run, steps),
                check_sampling(run, steps), check_greedy(run, steps), check_drafter_hits(run, steps)]
     if model is None:
         for name in MODEL_CHECKS:

@@ -11,8 +11,11 @@ faults that come and go). At that step:
   each candidate commit fault (:data:`ddtree_lab.faults.COMMIT_FAULTS`) to name it;
 * root right, nodes wrong: the tree forward is re-run under each candidate mask/positions
   fault (:data:`ddtree_lab.faults.FORWARD_FAULTS`, the batch ones with the step's other
-  requests rebuilt from the run), and the one reproducing every row is named; else "unknown
-  mask/positions fault" with the first bad node.
+  requests rebuilt from the run), and the one reproducing every row is named; else an unknown
+  fault with the first bad node, told apart by the tree's spine (the chain of first children,
+  a path with no sibling on it, :func:`spine`): spine right and other nodes wrong is a leak
+  across siblings (a node sees tokens off its path); a wrong spine node is a positions or
+  ancestor-mask fault (a chain has nothing else to see).
 
 The named fault is then confirmed by re-running the request from there under it (a forward per
 step, the cache kept as the faulty engine kept it): how many later steps it reproduces.
@@ -28,7 +31,8 @@ from ..faults import COMMIT_FAULTS, FORWARD_FAULTS, forward_input, kept_rows
 from ..step import Run, Step
 from .common import CheckResult, Finding, next_command
 
-__all__ = ["check_tree_forward", "step_rows_diff", "request_prefix", "ROW_ATOL", "first_bad_step"]
+__all__ = ["check_tree_forward", "step_rows_diff", "request_prefix", "ROW_ATOL", "first_bad_step", "spine",
+           "unknown_forward_kind"]
 
 #: Max |logit difference| between a recorded row and a fresh forward still counted equal (the
 #: batched live forward and a single-request forward differ by float rounding, ~1e-5).
@@ -61,6 +65,31 @@ def step_rows_diff(step: Step, logits: torch.Tensor) -> torch.Tensor:
     n = step.num_nodes
     got = logits[:n].gather(1, step.row_logit_ids.long())
     return (got - step.row_logits.float()).abs().max(-1).values
+
+
+def spine(step: Step) -> list[int]:
+    """The step's spine: the root, its first child in the buffers' sibling order, that node's
+    first child, ... (``retrieve_next_token`` followed from node 0): a chain with no sibling
+    on its path."""
+    nt, out, c = step.retrieve_next_token.tolist(), [0], 0
+    while nt[c] != -1 and len(out) <= step.num_nodes:
+        c = nt[c]
+        out.append(c)
+    return out
+
+
+def unknown_forward_kind(step: Step, bad_nodes: list[int]) -> tuple[str, str]:
+    """``(kind, evidence)`` of a tree-forward fault no candidate reproduces, from which nodes
+    are wrong on and off the spine (:func:`spine`)."""
+    chain = spine(step)
+    on = [n for n in bad_nodes if n in chain]
+    if not on:
+        return ("unknown mask fault that leaks across siblings (a node sees tokens off its path)",
+                f"the spine ({len(chain)} nodes, a chain with no sibling on it) is right; {len(bad_nodes)} node(s) "
+                "off it are wrong")
+    return ("unknown positions or ancestor-mask fault in the tree forward",
+            f"the spine (a chain with no sibling on it) is wrong from node {on[0]} (depth "
+            f"{int(step.depths[on[0]])}) on: positions or the ancestor part of the mask")
 
 
 def _batch_input(run: Run, step_no: int):
@@ -185,8 +214,9 @@ def _diagnose_request(run, target, steps: list[Step], confirm: bool, reproduced:
     base = (f"node {node} (depth {int(s.depths[node])}): recorded logits differ from the right tree forward by "
             f"{float(d[node]):.3g} ({len(bad_nodes)} of {s.num_nodes} nodes wrong, root right)")
     if not names:
-        return Finding("tree-forward", "unknown mask/positions fault in the tree forward", None, s.step, s.request,
-                       node, base, "medium", next_command("tree-forward", s.step, s.request)), len(cache)
+        kind, how = unknown_forward_kind(s, bad_nodes)
+        return Finding("tree-forward", kind, None, s.step, s.request, node, f"{base}; {how}; no known fault "
+                       "reproduces the rows", "medium", next_command("tree-forward", s.step, s.request)), len(cache)
     extra = ""
     if confirm:
         ok, total, which = _confirm(run, target, steps, k, names[0])

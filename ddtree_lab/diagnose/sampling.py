@@ -1,4 +1,4 @@
-"""Check: which sampling transform explains the recorded rows (the recorded T / top-k / top-p / min-p, greedy, T = 1, the other order).
+"""Check: which sampling transform explains the recorded rows (the recorded parameters, greedy, T = 1, the other order, a filter dropped).
 
 At level ``full`` a step stores, per node row, the top-M raw logits (ids and values) and the
 row's log-sum-exp. For a node whose token is among its parent's top-M logits, a candidate
@@ -31,13 +31,18 @@ CUT_MARGIN = 1e-4
 
 def candidates(p: SamplingParams) -> dict[str, SamplingParams | str]:
     """The transforms tried for a request with parameters ``p`` (T > 0): the recorded ones,
-    greedy, T = 1 (when T != 1), the other filtering order (when both top-k and top-p are on)."""
+    greedy, T = 1 (when T != 1), the other filtering order (when both top-k and top-p are on),
+    top-p dropped (when on), min-p dropped (when on)."""
     out: dict[str, SamplingParams | str] = {"recorded": p, "sampling-greedy": "greedy"}
     if p.temperature != 1.0:
         out["sampling-temperature-1"] = dataclasses.replace(p, temperature=1.0)
     if p.top_k > 0 and p.top_p < 1.0:
         other = "top_p_then_top_k" if p.order == "top_k_then_top_p" else "top_k_then_top_p"
         out["sampling-other-order"] = dataclasses.replace(p, order=other)
+    if p.top_p < 1.0:
+        out["sampling-top-p-dropped"] = dataclasses.replace(p, top_p=1.0)
+    if p.min_p:
+        out["sampling-min-p-dropped"] = dataclasses.replace(p, min_p=None)
     return out
 
 
@@ -150,14 +155,16 @@ def sampling_step(step: Step, vocab: int) -> tuple[int, dict[str, int], int | No
                 if name == "recorded" and first is None:
                     first = i
                     evidence = (f"node {i} (token {tokens[i]}): recorded p = {p:.6g}, the recorded parameters "
-                                f"(T={step.params.temperature:g}, top_k={step.params.top_k}, top_p={step.params.top_p:g}) "
+                                f"({step.params.label()}) "
                                 f"give {lo:.6g}" + (f"..{hi:.6g}" if hi - lo > 1e-9 else ""))
     return (decided, bad, first, evidence) if decided else None
 
 
 _NAMES = {"sampling-greedy": "a request with T > 0 was verified greedily (its sampling parameters were dropped)",
           "sampling-temperature-1": "the verifier's rows are at temperature 1, not the request's temperature",
-          "sampling-other-order": "the verifier's rows apply the other filtering order (top-p and top-k swapped)"}
+          "sampling-other-order": "the verifier's rows apply the other filtering order (top-p and top-k swapped)",
+          "sampling-top-p-dropped": "the verifier's rows drop the request's top-p (the parameter never reached them)",
+          "sampling-min-p-dropped": "the verifier's rows drop the request's min-p (the parameter never reached them)"}
 
 
 def check_sampling(run: Run, steps: list[Step] | None = None) -> CheckResult:

@@ -52,14 +52,19 @@ def _draft(g: torch.Generator, bs: int, depth: int, k: int, vocab: int) -> tuple
 
 
 def synthetic_steps(shape: SyntheticShape, seed: int, step: int, prefix_lens: list[int] | None = None,
-                    timings: dict | None = None) -> list[Step]:
+                    timings: dict | None = None, faults=None) -> list[Step]:
     """One synthetic decoding step of every request (module docstring): a list of
     ``shape.requests`` :class:`~ddtree_lab.step.Step` at ``shape.level``, step number
-    ``step``, request ``b`` at prefix length ``prefix_lens[b]`` (default ``64 + step * 4``).
+    ``step``, request ``b`` at prefix length ``prefix_lens[b]`` (default ``64 + step * 4``);
+    ``faults`` (:class:`ddtree_lab.faults.Faults` or names) plants a verifier fault the way a
+    live session does (its other stages do not exist here).
 
     Raises:
         ValueError: a shape the builder refuses (e.g. a budget over its limit).
     """
+    from ..faults import as_faults
+
+    planted = as_faults(faults)
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     bs, vocab = shape.requests, shape.vocab
     ids, lps = _draft(g, bs, shape.block_size - 1, shape.top_k, vocab)
@@ -85,13 +90,17 @@ def synthetic_steps(shape: SyntheticShape, seed: int, step: int, prefix_lens: li
         w = torch.rand(n, 4, generator=g) + 0.05
         rows[0].scatter_add_(-1, cothers, rest[:, None] * w / w.sum(-1, keepdim=True))
         vib = dataclasses.replace(vi.request(b), node_token_ids=ctok[None])
-        o = verify_sampled(vib, rows, coins[b : b + 1, :vib.num_rows], final[b : b + 1])
+        fin = final[b : b + 1]
+        if planted.verifier:
+            o, fin = planted.verify(vib, rows, coins[b : b + 1, :vib.num_rows], fin, lw[None])
+        else:
+            o = verify_sampled(vib, rows, coins[b : b + 1, :vib.num_rows], fin)
         s = make_step_trace(
             step=step, request=b, params=params, output=o, level=shape.level, prefix_len=int(prefix[b]),
             node_token_ids=ctok, parents=par, depths=tree.depths[b, :n], ranks=tree.ranks[b, :n], node_logws=lw,
             retrieve_next_token=vib.retrieve_next_token[0, :n], retrieve_next_sibling=vib.retrieve_next_sibling[0, :n],
             positions=vi.positions[b, :n], draft_token_ids=ids[b], draft_logprobs=lps[b], coins=coins[b, :n],
-            final_coin=float(final[b]), probs=rows[0], timings=timings or {}, backend="reference")
+            final_coin=float(fin[0]), probs=rows[0], timings=timings or {}, backend="reference")
         out.append(_to_vocab(s, ids_used))
     return out
 

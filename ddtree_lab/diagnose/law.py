@@ -1,0 +1,196 @@
+"""Check: the recorded outputs across steps against the exact law of a lossless verifier, bonus token included.
+
+A lossless tree verifier emits the target's own autoregressive samples: at every node its
+walk reaches, the next emitted token follows that node's target row ``p`` (under the
+request's parameters). Seen from the tree, the walk at node ``n`` with children
+``c_1 .. c_m`` (the buffers' sibling order) moves to ``c_i`` with probability ``p(c_i)`` (the
+recorded ``child_probs``) and leaves the tree with ``1 - sum p(c_i)``; leaving it, the bonus
+token follows ``p`` restricted to the other tokens, renormalised. This check tests that law
+on what the steps recorded -- the accepted path and the bonus token against the recorded rows
+-- and reads no coin and no decision log: it tests the verifier that ran as a black box, so it
+also sees a verifier whose recorded coins are not the ones it used.
+
+Per observation a randomised probability integral transform (PIT) ``u = F(o-) + v p(o)``
+(``o`` the outcome in the order ``c_1 .. c_m``, out; ``v`` uniform) is uniform on [0, 1) under
+the law, and the observations of a run are independent uniforms given the past (each is
+uniform conditionally on everything before it). Four tests at fixed levels, each at
+:data:`LAW_ALPHA`: a Kolmogorov-Smirnov test of the walk's PITs, a z-test of how often the
+walk moved into a child against the expected count (a lossy or ``p/q`` rule accepts too often
+or too seldom), and KS tests of the bonus PITs after the walk rejected every child of its
+node (a bonus drawn from another row, or with the walk's coin, which is conditioned there)
+and at leaves (another row). An outcome the law gives probability 0 (a child with ``p = 0`` accepted, a
+bonus that is a child's token or has zero residual probability) is an impossible event and a
+finding on its own. Greedy steps (a deterministic law: :mod:`.greedy`) and steps that report
+lossy thresholds are left out. The PIT's ``v`` comes from a generator seeded by the step and
+request, so the same run gives the same figures.
+
+Source: the losslessness of sequential multi-draft rejection on a tree (SpecInfer, Miao et
+al. 2024, Sec. 4; DDTree's target-only rule), the randomised PIT for discrete laws
+(Brockwell 2007).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from scipy import stats
+
+from ..step import Run, Step
+from .common import CheckResult, Finding, group_findings, next_command
+
+__all__ = ["check_law", "law_observations", "LawSample", "LAW_ALPHA", "MIN_DRAWS", "P_ZERO"]
+
+#: Each of the four tests flags at p-value below this (fixed; four tests per run).
+LAW_ALPHA = 1e-5
+#: Fewest observations for a statistical test to run (fewer: it says so).
+MIN_DRAWS = 20
+#: A recorded probability at or below this is zero (float32 rows).
+P_ZERO = 1e-12
+
+
+@dataclass
+class LawSample:
+    """The law's observations of some steps: walk PITs, (moved into a child, its probability)
+    pairs, bonus PITs after the walk rejected every child (``bonus``) and at a leaf
+    (``leaf_bonus``), impossible events ``(step, request, node, evidence)`` and counts."""
+
+    walk: list[float] = field(default_factory=list)
+    moves: list[tuple[bool, float]] = field(default_factory=list)
+    bonus: list[float] = field(default_factory=list)
+    leaf_bonus: list[float] = field(default_factory=list)
+    impossible: list[tuple[int, int, int | None, str]] = field(default_factory=list)
+    steps: int = 0
+    undecided: int = 0
+
+
+def _children(nt: list[int], ns: list[int], n: int, limit: int) -> list[int]:
+    kids, c = [], nt[n]
+    while c != -1 and len(kids) <= limit:
+        kids.append(c)
+        c = ns[c]
+    return kids
+
+
+def law_observations(step: Step, sample: LawSample) -> bool:
+    """Add one step's observations to ``sample`` (module docstring); False when the step is not
+    one the law covers (greedy, lossy, no output / rows / buffers, support exhausted)."""
+    out = step.output
+    if (out is None or step.params is None or step.params.is_greedy or out.lossy or step.buffers is None
+            or step.child_probs is None or bool(out.support_exhausted[0])):
+        return False
+    g = torch.Generator().manual_seed(1_000_003 * int(step.step) + int(step.request))
+    v = torch.rand(64 + step.num_nodes, generator=g, dtype=torch.float64).tolist()
+    nt, ns = step.retrieve_next_token.tolist(), step.retrieve_next_sibling.tolist()
+    cp, tokens = step.child_probs.double().tolist(), step.node_token_ids.tolist()
+    path = step.accepted_path or [0]
+    sample.steps += 1
+    where = (int(step.step), int(step.request))
+    residual_out = None
+    for j, n in enumerate(path):
+        kids = _children(nt, ns, n, step.num_nodes)
+        probs = [cp[c] for c in kids]
+        nxt = path[j + 1] if j + 1 < len(path) else None
+        if any(math.isnan(p) for p in probs) or (nxt is not None and nxt not in kids):
+            sample.undecided += 1
+            return True
+        p_out = max(0.0, 1.0 - sum(probs))
+        o = kids.index(nxt) if nxt is not None else len(kids)
+        p_o = probs[o] if nxt is not None else p_out
+        if p_o <= P_ZERO:
+            what = (f"the walk moved to node {nxt} (token {tokens[nxt]}) whose target p is {p_o:.3g}" if nxt is not None
+                    else f"the walk left the tree at node {n} whose children hold all of its row's mass")
+            sample.impossible.append((*where, nxt if nxt is not None else n, what))
+            return True
+        if kids:  # a leaf's outcome is certain: no information
+            sample.walk.append(min(sum(probs[:o]) + v[j] * p_o, 1.0))
+            sample.moves.append((nxt is not None, 1.0 - p_out))
+        residual_out = (n, kids, p_out)
+    n, kids, mass = residual_out
+    b, prefix = step.bonus_token, step.final_row_prefix
+    if b < 0 or prefix is None or prefix.shape[0] != b + 1:
+        return True
+    kid_tokens = {tokens[c] for c in kids}
+    if b in kid_tokens:
+        sample.impossible.append((*where, n, f"the bonus {b} at node {n} is the token of one of its children"))
+        return True
+    r = prefix.double().clone()
+    for t in kid_tokens:
+        if t <= b:
+            r[t] = 0.0
+    p_b = float(r[b])
+    if p_b <= P_ZERO or mass <= P_ZERO:
+        sample.impossible.append((*where, n, f"the bonus {b} at node {n} has target p {p_b:.3g} in that node's row "
+                                             f"(residual mass {mass:.3g})"))
+        return True
+    (sample.bonus if kids else sample.leaf_bonus).append(min((float(r[:b].sum()) + v[len(path)] * p_b) / mass, 1.0))
+    return True
+
+
+def law_tests(sample: LawSample) -> list[tuple[str, float, str]]:
+    """``(test, p-value, evidence)`` of each test with enough observations (:data:`MIN_DRAWS`)."""
+    got = []
+    if len(sample.walk) >= MIN_DRAWS:
+        ks = stats.kstest(sample.walk, "uniform")
+        got.append(("walk", float(ks.pvalue), f"the walk's {len(sample.walk)} moves: KS D = {ks.statistic:.3f}"))
+    if len(sample.moves) >= MIN_DRAWS:
+        seen = sum(m for m, _ in sample.moves)
+        want = sum(p for _, p in sample.moves)
+        var = sum(p * (1 - p) for _, p in sample.moves)
+        if var > 0:
+            z = (seen - want) / math.sqrt(var)
+            got.append(("accepts", float(2 * stats.norm.sf(abs(z))),
+                        f"moved into a child {seen} of {len(sample.moves)} times, {want:.1f} expected (z = {z:+.2f})"))
+    for name, draws, where in (("bonus", sample.bonus, "after the walk rejected every child"),
+                               ("leaf-bonus", sample.leaf_bonus, "at a leaf")):
+        if len(draws) >= MIN_DRAWS:
+            ks = stats.kstest(draws, "uniform")
+            got.append((name, float(ks.pvalue), f"{len(draws)} bonus tokens {where}: KS D = {ks.statistic:.3f}"))
+    return got
+
+
+_KINDS = {
+    "walk": "the accepted paths do not follow the target's rows (statistical: the verifier is not lossless)",
+    "accepts": "the verifier accepts draft tokens more or less often than the target's rows allow (a lossy or "
+               "p/q acceptance rule; statistical)",
+    "bonus": "the bonus tokens do not follow the residual of their node's row (drawn from another row, or with a "
+             "coin the walk used; statistical)",
+    "leaf-bonus": "the bonus tokens at leaves do not follow their node's row (drawn from another row; statistical)",
+}
+
+
+def check_law(run: Run, steps: list[Step] | None = None) -> CheckResult:
+    """The exact-law tests (module docstring) over every sampled step with an output and its
+    verify rows, pooled over the run; impossible events one finding per request."""
+    steps = run.steps if steps is None else steps
+    result = CheckResult("output-law", ran=False)
+    sample = LawSample()
+    for s in steps:
+        if law_observations(s, sample):
+            result.checked += 1
+    if not result.checked:
+        result.why = "no sampled step (T > 0, lossless) stores its output and verify rows (child probabilities)"
+        return result
+    result.ran = True
+    found = [Finding("output-law", "the verifier emitted a token the target's row gives probability 0", None, st, rq,
+                     node, what, "high", next_command("verifier", st, rq))
+             for st, rq, node, what in sample.impossible]
+    tests = law_tests(sample)
+    notes = [f"{name} p = {p:.2g}" for name, p, _ in tests]
+    short = [n for n, k in (("walk", sample.walk), ("accepts", sample.moves), ("bonus", sample.bonus),
+                            ("leaf-bonus", sample.leaf_bonus)) if len(k) < MIN_DRAWS]
+    if short:
+        notes.append(f"not enough draws for the {' / '.join(short)} test(s) (need {MIN_DRAWS})")
+    if sample.undecided:
+        notes.append(f"{sample.undecided} step(s) stop early (a row the walk read was not recorded)")
+    result.note = "; ".join(notes)
+    for name, p, evidence in tests:
+        if p < LAW_ALPHA:
+            found.append(Finding("output-law", _KINDS[name], None, None, None, None,
+                                 f"{evidence}, p = {p:.2g} < {LAW_ALPHA:g} over {sample.steps} sampled step(s)", "low",
+                                 "ddtree-lab render RUN --step S --request R --format decisions (one step's walk, decision by decision)"))
+    for st, rq, _, _ in sample.impossible:
+        result.per_step[(st, rq)] = "unknown"
+    result.findings = group_findings(found)
+    return result
