@@ -25,7 +25,9 @@ The kinds (:data:`FAULT_KINDS`), each after a class of public bug reports (issue
 * sampling plumbing (the verifier's rows; the trace still states the request's parameters):
   ``sampling-greedy`` (T > 0 served greedily), ``sampling-temperature-1``,
   ``sampling-other-order`` (top-p before top-k), ``sampling-top-p-dropped``,
-  ``sampling-min-p-dropped`` (one filter never reaches the verifier's rows);
+  ``sampling-min-p-dropped`` (one filter never reaches the verifier's rows),
+  ``sampling-banned-token-kept`` (the request's banned tokens stay in the rows, as when the
+  logits processors skip the verify rows);
 * verifier rule: ``verifier-p-over-q`` (``u < min(1, p/q)`` with the drafter's marginal ``q``
   of each node on a top-k tree), ``verifier-threshold`` (SGLang's lossy ``threshold_acc = 0.5``
   not reported), ``verifier-bonus-row`` (the bonus drawn from the row of the final node's
@@ -78,6 +80,7 @@ SAMPLING_FAULTS = {
     "sampling-other-order": "the verifier's rows apply top-p before top-k (the other filtering order)",
     "sampling-top-p-dropped": "the verifier's rows drop the request's top-p (only temperature and top-k applied)",
     "sampling-min-p-dropped": "the verifier's rows drop the request's min-p",
+    "sampling-banned-token-kept": "the verifier's rows keep the tokens the request bans (logits processors skipped)",
 }
 VERIFIER_FAULTS = {
     "verifier-p-over-q": "min(1, p/q) with the drafter's marginals on a top-k tree instead of the target-only rule",
@@ -153,9 +156,12 @@ def kept_rows(paths: Sequence[Sequence[int]], name: str | None) -> list[list[int
 
 def sampling_params(params: SamplingParams, name: str) -> SamplingParams:
     """The parameters the verifier's rows are made with under sampling fault ``name`` (greedy
-    requests are left as they are)."""
+    requests are left as they are, except that their bans go too under
+    ``sampling-banned-token-kept``)."""
     if name not in SAMPLING_FAULTS:
         raise ValueError(f"unknown sampling fault {name!r}; known: {', '.join(SAMPLING_FAULTS)}")
+    if name == "sampling-banned-token-kept":
+        return dataclasses.replace(params, banned_token_ids=())
     if params.is_greedy:
         return params
     if name == "sampling-greedy":

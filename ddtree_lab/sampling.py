@@ -24,6 +24,10 @@ Boundary and tie rules (the same rules the Triton verifiers implement):
   rounded, on every device.
 * **greedy** (``temperature == 0``) rows are one-hot at the argmax of the raw logits; on
   equal logits the lowest token id wins (``torch.argmax``'s documented first-occurrence).
+* **banned tokens** (``banned_token_ids``: what an engine's logits processors forbid before
+  sampling -- vLLM's ``bad_words`` of one token, a ``logit_bias`` of -inf, ``min_tokens``'
+  stop-token ban; SGLang's ``logit_bias``) get logit ``-inf`` first, before every transform
+  above, greedy included (:func:`apply_bans`).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ import torch
 
 from ._checks import check_tensor
 
-__all__ = ["SamplingParams", "normalize_params", "target_probs", "greedy_params", "ORDERS"]
+__all__ = ["SamplingParams", "normalize_params", "target_probs", "greedy_params", "ORDERS", "apply_bans",
+           "apply_bans_batch"]
 
 #: The filtering orders :class:`SamplingParams` knows; the first is the default.
 ORDERS = ("top_k_then_top_p", "top_p_then_top_k")
@@ -55,6 +60,8 @@ class SamplingParams:
             an int in ``[0, 2**63)``.
         order: ``"top_k_then_top_p"`` (default, SGLang / vLLM) or ``"top_p_then_top_k"``
             (module docstring).
+        banned_token_ids: a tuple of token ids the request forbids (logit ``-inf`` before
+            every transform; module docstring); empty: none.
 
     Raises:
         ValueError: at construction, for a value of the wrong type or outside the ranges above
@@ -68,6 +75,7 @@ class SamplingParams:
     min_p: float | None = None
     seed: int | None = None
     order: str = ORDERS[0]
+    banned_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
         why = self.problem()
@@ -88,10 +96,15 @@ class SamplingParams:
         """
         if not isinstance(d, dict):
             raise TypeError(f"sampling parameters must be a dict, got {type(d).__name__}")
-        known = {"temperature", "top_k", "top_p", "min_p", "seed", "order"}
+        known = {"temperature", "top_k", "top_p", "min_p", "seed", "order", "banned_token_ids"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown sampling parameter(s) {unknown} (known: {sorted(known)})")
+        d = dict(d)
+        if "banned_token_ids" in d:
+            if not isinstance(d["banned_token_ids"], list):
+                raise ValueError(f"banned_token_ids must be a list, got {d['banned_token_ids']!r}")
+            d["banned_token_ids"] = tuple(d["banned_token_ids"])  # JSON has lists, not tuples
         return cls(**d)
 
     def problem(self, vocab_size: int | None = None) -> str | None:
@@ -124,13 +137,21 @@ class SamplingParams:
             return f"seed must be in [0, 2**63), got {self.seed}"
         if not isinstance(self.order, str) or self.order not in ORDERS:
             return f"order must be one of {ORDERS}, got {self.order!r}"
+        banned = self.banned_token_ids
+        if not isinstance(banned, tuple) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in banned):
+            return f"banned_token_ids must be a tuple of token ids >= 0, got {banned!r}"
+        if vocab_size is not None and banned:
+            if max(banned) >= vocab_size:
+                return f"banned token id {max(banned)} is outside the vocabulary (size {vocab_size})"
+            if len(set(banned)) >= vocab_size:
+                return "banned_token_ids ban every token of the vocabulary"
         return None
 
     def label(self, sep: str = "=") -> str:
         """Short text of the setting: ``"greedy"`` or ``"T=0.8 top-k=50 top-p=0.9 min-p=0.05"``
         (parameters that are off left out; ``sep`` between a filter's name and value)."""
         if self.is_greedy:
-            return "greedy"
+            return "greedy" + (f" banned{sep}{list(self.banned_token_ids)}" if self.banned_token_ids else "")
         parts = [f"T={self.temperature:g}"]
         if self.top_k > 0:
             parts.append(f"top-k{sep}{self.top_k}")
@@ -138,12 +159,18 @@ class SamplingParams:
             parts.append(f"top-p{sep}{self.top_p:g}")
         if self.min_p:
             parts.append(f"min-p{sep}{self.min_p:g}")
+        if self.banned_token_ids:
+            parts.append(f"banned{sep}{list(self.banned_token_ids)}")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
-        """JSON-able dict (:meth:`from_dict` reads it back)."""
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
-                "min_p": self.min_p, "seed": self.seed, "order": self.order}
+        """JSON-able dict (:meth:`from_dict` reads it back); ``banned_token_ids`` only when
+        some are banned (files without bans stay readable by older versions)."""
+        d = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+             "min_p": self.min_p, "seed": self.seed, "order": self.order}
+        if self.banned_token_ids:
+            d["banned_token_ids"] = list(self.banned_token_ids)
+        return d
 
 
 def greedy_params() -> SamplingParams:
@@ -212,9 +239,28 @@ def _top_p_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return probs >= cut
 
 
+def apply_bans(rows: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """``rows [..., V]`` logits with ``-inf`` at ``p.banned_token_ids`` (a copy; the same tensor
+    when nothing is banned)."""
+    if not p.banned_token_ids:
+        return rows
+    rows = rows.clone()
+    rows[..., list(p.banned_token_ids)] = -math.inf
+    return rows
+
+
+def apply_bans_batch(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """``logits [bs, N, V]`` with each request's banned tokens at ``-inf`` (:func:`apply_bans`;
+    the same tensor when no request bans a token): for code that hands logits to a kernel."""
+    if not any(p.banned_token_ids for p in params):
+        return logits
+    return torch.stack([apply_bans(logits[b], p) for b, p in enumerate(params)])
+
+
 def filtered_probs(rows: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """``[..., V]`` float32 logits -> probabilities under ``p`` (module docstring: order, tie
-    rules); rows already checked. Greedy rows are one-hot at the argmax."""
+    rules, bans); rows already checked. Greedy rows are one-hot at the argmax."""
+    rows = apply_bans(rows, p)
     if p.is_greedy:
         return torch.zeros_like(rows).scatter_(-1, rows.argmax(-1, keepdim=True), 1.0)
     vocab = rows.shape[-1]

@@ -14,7 +14,9 @@ from ddtree_lab.faults import (COMMIT_FAULTS, DRAFTER_FAULTS, FAULT_KINDS, FORWA
 PROMPTS = ["Tell me about lighthouses.", "What is two plus two?"]
 SAMPLED = dl.SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=1)
 #: A fault that drops a filter shows only where the request uses it.
-KIND_SAMPLING = {"sampling-min-p-dropped": dl.SamplingParams(temperature=1.2, top_k=40, min_p=0.1, seed=1)}
+KIND_SAMPLING = {"sampling-min-p-dropped": dl.SamplingParams(temperature=1.2, top_k=40, min_p=0.1, seed=1),
+                 # ' a', ' of', ' that': frequent in the two prompts' answers
+                 "sampling-banned-token-kept": dataclasses.replace(SAMPLED, banned_token_ids=(253, 282, 338))}
 
 
 def live(target, drafter, faults=None, sampling=SAMPLED, tokens=16, record="full", prompts=PROMPTS, budget=12):
@@ -108,8 +110,10 @@ def test_the_model_names_the_fault(target, drafter, kind):
 
 
 @pytest.mark.parametrize("sampling", [dl.SamplingParams(temperature=0.0), SAMPLED,
-                                      [dl.SamplingParams(temperature=0.0), dl.SamplingParams(temperature=0.8, seed=4)]],
-                         ids=["greedy", "T=0.8 filtered", "mixed batch"])
+                                      [dl.SamplingParams(temperature=0.0), dl.SamplingParams(temperature=0.8, seed=4)],
+                                      [dl.SamplingParams(temperature=0.0, banned_token_ids=(253, 282, 338)),
+                                       KIND_SAMPLING["sampling-banned-token-kept"]]],
+                         ids=["greedy", "T=0.8 filtered", "mixed batch", "bans"])
 def test_clean_runs_are_silent(target, drafter, sampling):
     run = live(target, drafter, None, sampling=sampling)
     d = dl.diagnose(run, model=(target, drafter))

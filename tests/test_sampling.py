@@ -139,3 +139,42 @@ def test_tiny_temperature_and_huge_seed_are_rejected():
         SP(temperature=1e-40)
     with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*63\)"):
         SP(seed=2**70)
+
+
+def test_banned_tokens_get_no_mass_on_every_backend_greedy_included():
+    from ddtree_lab.verify import verify_tree
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 3, 40, generator=g)
+    logits[0, :, 7] = 9.0  # the argmax everywhere, then banned
+    for p in (SP(temperature=0.0, banned_token_ids=(7,)),
+              SP(temperature=0.9, top_k=5, top_p=0.8, banned_token_ids=(7, 3))):
+        rows = dl.target_probs(logits, p)
+        assert float(rows[..., list(p.banned_token_ids)].abs().max()) == 0.0
+        assert torch.allclose(rows.sum(-1), torch.ones(1, 3))
+        if p.is_greedy:
+            assert rows[0].argmax(-1).tolist() == logits[0].clone().index_fill_(-1, torch.tensor([7]), -1e9).argmax(-1).tolist()
+        tree = dl.DDTreeBuildResult(node_token_ids=torch.tensor([[1, 7, 2]]), parents=torch.tensor([[-1, 0, 0]]),
+                                    depths=torch.tensor([[0, 1, 1]]), ranks=torch.tensor([[-1, 0, 1]]),
+                                    node_logws=torch.tensor([[0.0, -0.1, -0.5]]), num_nodes=torch.tensor([3]))
+        vi = dl.compile_retrieve(tree, 5)
+        coins, final = torch.rand(1, 3, generator=g), torch.rand(1, generator=g)
+        outs = [verify_tree(vi, logits, p, coins, final, backend=b) for b in ("reference", "torch-lazy", "triton")]
+        for o in outs:
+            assert 1 not in o.accept_index[0].tolist()  # node 1 is the banned token 7: never accepted
+            assert int(o.bonus_token[0]) not in p.banned_token_ids
+            assert o.accept_index.equal(outs[0].accept_index) and o.bonus_token.equal(outs[0].bonus_token)
+
+
+def test_banned_tokens_are_validated_and_round_trip():
+    with pytest.raises(ValueError, match="banned_token_ids must be a tuple"):
+        SP(banned_token_ids=[3])
+    with pytest.raises(ValueError, match="banned_token_ids must be a tuple"):
+        SP(banned_token_ids=(-1,))
+    assert "outside the vocabulary" in SP(banned_token_ids=(50,)).problem(vocab_size=40)
+    p = SP(temperature=0.7, banned_token_ids=(2, 5))
+    assert SP.from_dict(p.to_dict()) == p and p.to_dict()["banned_token_ids"] == [2, 5]
+    assert "banned_token_ids" not in SP().to_dict()  # files without bans stay as they were
+    assert p.label() == "T=0.7 banned=[2, 5]"
+    with pytest.raises(ValueError, match="must be a list"):
+        SP.from_dict({"banned_token_ids": 3})

@@ -72,11 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("record", help="run a live session and write a trace", description=cmd_record.__doc__)
     p.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
     p.add_argument("--prompts", help="JSONL file: one object per line with 'prompt' and optional 'id', "
-                                     "'temperature', 'top_k', 'top_p', 'min_p', 'seed'")
+                                     "'temperature', 'top_k', 'top_p', 'min_p', 'seed', "
+                                     "'banned_token_ids'")
     p.add_argument("--target", help="local Hugging Face model directory (default: the embedded SmolLM2-135M)")
     p.add_argument("--drafter", help="'dflash', 'ridge', a DFlash checkpoint directory or a ridge safetensors file "
                                      "(default: the lab's default drafter for the embedded target)")
     _sampling_args(p, defaults=True)
+    p.add_argument("--ban", type=int, action="append", metavar="TOKEN_ID",
+                   help="a token id every request bans (logit -inf before every transform, as an engine's "
+                        "bad-words / logit-bias processors); repeat for more")
     p.add_argument("--seed", type=int, default=0, help="coin seed (request b: seed * 1000 + b unless its own)")
     p.add_argument("--budget", type=int, default=32, help="draft nodes per tree (B)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per request")

@@ -28,7 +28,7 @@ def _read_prompts(args) -> tuple[list[str], list[dict], list[str], list[str]]:
         if not path.exists():
             raise CLIError(f"{args.prompts}: no such file")
         before = len(prompts)
-        allowed = {"prompt", "id", "temperature", "top_k", "top_p", "min_p", "seed"}
+        allowed = {"prompt", "id", "temperature", "top_k", "top_p", "min_p", "seed", "banned_token_ids"}
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():
                 continue
@@ -50,6 +50,12 @@ def _read_prompts(args) -> tuple[list[str], list[dict], list[str], list[str]]:
                 v = obj.get(k)
                 if k in obj and (isinstance(v, bool) or not isinstance(v, int)):
                     raise CLIError(f"{args.prompts}, line {n}: field {k!r} must be an integer, got {json.dumps(v)}")
+            if "banned_token_ids" in obj:
+                v = obj["banned_token_ids"]
+                if not isinstance(v, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in v):
+                    raise CLIError(f"{args.prompts}, line {n}: field 'banned_token_ids' must be a list of integers, "
+                                   f"got {json.dumps(v)}")
+                obj = {**obj, "banned_token_ids": tuple(v)}
             prompts.append(obj["prompt"])
             overrides.append({k: v for k, v in obj.items() if k not in ("prompt", "id")})
             ids.append(str(obj.get("id", len(ids))))
@@ -112,7 +118,7 @@ def cmd_record(args) -> int:
         raise CLIError(f"--target {args.target}: not a model directory")
     prompts, overrides, ids, origins = _read_prompts(args)
     base = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                          seed=None)
+                          seed=None, banned_token_ids=tuple(getattr(args, "ban", None) or ()))
     params = []
     for b, o in enumerate(overrides):
         try:

@@ -1,7 +1,8 @@
 """Check: greedy requests: each verdict takes the argmax of the recorded raw logits, and greedy DDTree equals plain greedy decoding.
 
 Without a model: in every greedy step stored at level ``full``, an accepted child's token must
-be the argmax of its parent's stored raw logits (lowest id on ties), no rejected child may be
+be the argmax of its parent's stored raw logits (lowest id on ties; the request's banned tokens
+left out), no rejected child may be
 that argmax, the bonus is the final node's argmax, and the support is never exhausted.
 With a model: the request's generated tokens against plain greedy decoding of its prompt
 (:meth:`ddtree_lab.models.TargetModel.greedy_decode`); the first token where they differ is
@@ -11,6 +12,7 @@ named, unless plain decoding's top two logits there are within float noise
 
 from __future__ import annotations
 
+from ..faults import SAMPLING_FAULTS
 from ..step import Run, Step
 from .common import CheckResult, Finding, group_findings, next_command
 
@@ -23,8 +25,8 @@ TIE_MARGIN = 1e-3
 
 def greedy_step(step: Step) -> tuple[int | None, str] | None:
     """The first broken greedy invariant of one step ``(node, evidence)``, or None."""
-    ids = step.row_logit_ids
-    argmax = ids[:, 0].tolist()
+    banned = set(step.params.banned_token_ids)
+    argmax = [next((t for t in row if t not in banned), -1) for row in step.row_logit_ids.tolist()]
     for d in step.decisions:
         best = argmax[d.parent]
         if d.verdict == "accept" and d.token != best:
@@ -52,9 +54,14 @@ def check_greedy(run: Run, steps: list[Step] | None = None) -> CheckResult:
         if got is None:
             continue
         node, evidence = got
-        result.per_step[(s.step, s.request)] = "unknown"
-        found.append(Finding("greedy", "greedy verify did not take the target's argmax", None, s.step, s.request,
-                             node, evidence, "high", next_command("greedy", s.step, s.request)))
+        banned = set(s.params.banned_token_ids) & set(s.emitted)
+        fault = "sampling-banned-token-kept" if banned else None
+        kind = SAMPLING_FAULTS[fault] if fault else "greedy verify did not take the target's argmax"
+        if banned:
+            evidence += f" (the request bans {sorted(banned)[0]}, emitted here)"
+        result.per_step[(s.step, s.request)] = fault or "unknown"
+        found.append(Finding("greedy", kind, fault, s.step, s.request, node, evidence, "high",
+                             next_command("greedy", s.step, s.request)))
     result.ran = result.checked > 0
     if not result.ran:
         result.why = "no greedy step stores its raw logits (level full)"
@@ -79,6 +86,9 @@ def check_greedy_decoding(run: Run, target, max_tokens: int = 256) -> CheckResul
         params = r.get("params") or {}
         if float(params.get("temperature", 1.0)) != 0.0 or not r.get("generated_token_ids"):
             continue
+        if params.get("banned_token_ids"):
+            notes.append(f"request {r['request']}: bans tokens; plain greedy decoding applies no bans, not compared")
+            continue
         got = list(r["generated_token_ids"])[:max_tokens]
         prompt = list(r["prompt_token_ids"])
         want = target.greedy_decode(prompt, len(got), stop_at_eos=False)
@@ -101,7 +111,7 @@ def check_greedy_decoding(run: Run, target, max_tokens: int = 256) -> CheckResul
     result.ran = result.checked > 0
     result.note = "; ".join(notes)
     if not result.ran:
-        result.why = "no greedy request with generated tokens in the run's metadata"
+        result.why = result.note or "no greedy request with generated tokens in the run's metadata"
     return result
 
 

@@ -32,7 +32,7 @@ CUT_MARGIN = 1e-4
 def candidates(p: SamplingParams) -> dict[str, SamplingParams | str]:
     """The transforms tried for a request with parameters ``p`` (T > 0): the recorded ones,
     greedy, T = 1 (when T != 1), the other filtering order (when both top-k and top-p are on),
-    top-p dropped (when on), min-p dropped (when on)."""
+    top-p dropped (when on), min-p dropped (when on), the bans dropped (when any)."""
     out: dict[str, SamplingParams | str] = {"recorded": p, "sampling-greedy": "greedy"}
     if p.temperature != 1.0:
         out["sampling-temperature-1"] = dataclasses.replace(p, temperature=1.0)
@@ -43,6 +43,8 @@ def candidates(p: SamplingParams) -> dict[str, SamplingParams | str]:
         out["sampling-top-p-dropped"] = dataclasses.replace(p, top_p=1.0)
     if p.min_p:
         out["sampling-min-p-dropped"] = dataclasses.replace(p, min_p=None)
+    if p.banned_token_ids:
+        out["sampling-banned-token-kept"] = dataclasses.replace(p, banned_token_ids=())
     return out
 
 
@@ -89,18 +91,25 @@ def prob_interval(ids: torch.Tensor, logits: torch.Tensor, lse: float, token: in
         tail = (0.0, s1 * math.exp(gap * (1.0 / t - 1.0)))
     else:
         tail = (s1, max(vocab - m, 0) * math.exp(gap / t))
+    banned = set(cand.banned_token_ids)
+    all_m = torch.tensor([i not in banned for i in ids_l], dtype=torch.bool)  # a banned entry is -inf
+    if banned:
+        e = torch.where(all_m, e, torch.zeros_like(e))
+        if len(banned & set(ids_l)) < len(banned):  # a banned token in the tail: its mass unknown
+            tail = (0.0, tail[1])
     tail_full = tail
-    all_m = torch.ones(m, dtype=torch.bool)
     keep = all_m
     has_k = 0 < cand.top_k < vocab
-    if has_k and cand.top_k <= m:
-        kth = s[cand.top_k - 1]
-        if float(s[-1]) == float(kth) and vocab > m:
-            return None  # ties with the k-th logit may reach past the stored entries
-        keep = s >= kth
-        tail = (0.0, 0.0)
-    elif has_k:
-        tail = (0.0, tail[1])  # the tail is partly cut by top-k
+    if has_k:
+        kept = all_m.nonzero().flatten()  # the stored entries not banned, descending
+        if cand.top_k <= kept.numel():
+            kth = s[kept[cand.top_k - 1]]
+            if float(s[-1]) == float(kth) and vocab > m:
+                return None  # ties with the k-th logit may reach past the stored entries
+            keep = all_m & (s >= kth)
+            tail = (0.0, 0.0)
+        else:
+            tail = (0.0, tail[1])  # the tail is partly cut by top-k
     if cand.top_p < 1.0:
         if cand.order == "top_k_then_top_p" or not has_k:
             base = float(e[keep].sum())
@@ -119,6 +128,8 @@ def prob_interval(ids: torch.Tensor, logits: torch.Tensor, lse: float, token: in
             tail = (0.0, 0.0)
         else:
             tail = (0.0, tail[1])
+    if token in banned:
+        return (0.0, 0.0)
     if token not in ids_l:
         return (0.0, 0.0) if tail == (0.0, 0.0) else None
     k = ids_l.index(token)
@@ -164,33 +175,65 @@ _NAMES = {"sampling-greedy": "a request with T > 0 was verified greedily (its sa
           "sampling-temperature-1": "the verifier's rows are at temperature 1, not the request's temperature",
           "sampling-other-order": "the verifier's rows apply the other filtering order (top-p and top-k swapped)",
           "sampling-top-p-dropped": "the verifier's rows drop the request's top-p (the parameter never reached them)",
-          "sampling-min-p-dropped": "the verifier's rows drop the request's min-p (the parameter never reached them)"}
+          "sampling-min-p-dropped": "the verifier's rows drop the request's min-p (the parameter never reached them)",
+          "sampling-banned-token-kept": "the verifier's rows keep the tokens the request bans (its logits processors "
+                                        "never reached them)"}
+
+
+def banned_step(step: Step) -> tuple[int | None, str] | None:
+    """``(node, evidence)`` where a step's rows or output keep a token its request bans (any
+    level: the recorded child probabilities and the emitted tokens), or None."""
+    banned = set(step.params.banned_token_ids)
+    cp, tokens = step.child_probs, step.node_token_ids.tolist()
+    for i in range(1, step.num_nodes):
+        if tokens[i] in banned and cp is not None and float(cp[i]) > 0.0:  # NaN compares False
+            return i, f"node {i}: banned token {tokens[i]} has target p = {float(cp[i]):.6g} in its parent's row"
+    if step.output is not None:
+        hit = [t for t in step.emitted if t in banned]
+        if hit:
+            return None, f"emitted banned token {hit[0]}"
+    return None
 
 
 def check_sampling(run: Run, steps: list[Step] | None = None) -> CheckResult:
-    """:func:`sampling_step` on every sampled step stored at level ``full``; the finding names
-    the transform that explains the rows of the step (or none of the known ones)."""
+    """:func:`banned_step` on every step whose request bans tokens, then :func:`sampling_step`
+    on every sampled step stored at level ``full``; the finding names the transform that
+    explains the rows of the step (or none of the known ones)."""
     steps = run.steps if steps is None else steps
     result = CheckResult("sampling", ran=False)
+    found = []
+    for s in steps:
+        if s.params is None or not s.params.banned_token_ids or s.tree is None:
+            continue
+        result.checked += 1
+        got = banned_step(s)
+        if got is not None:
+            result.per_step[(s.step, s.request)] = "sampling-banned-token-kept"
+            found.append(Finding("sampling", _NAMES["sampling-banned-token-kept"], "sampling-banned-token-kept",
+                                 s.step, s.request, got[0], f"{got[1]} (the request bans "
+                                 f"{list(s.params.banned_token_ids)})", "high",
+                                 next_command("sampling", s.step, s.request)))
+    banned_checked = result.checked
     vocab = run.vocab_size
     eligible = [s for s in steps if s.params is not None and not s.params.is_greedy and s.rows is not None
                 and s.row_logits is not None and s.row_logsumexp is not None and s.child_probs is not None]
     if vocab is None:
-        result.why = "the run does not say its vocabulary size"
-        return result
+        eligible = []
+        result.note = "the run does not say its vocabulary size: the transforms not checked"
     stats = []
     for s in eligible:
+        if (s.step, s.request) in result.per_step:
+            continue  # named above from the bans
         got = sampling_step(s, vocab)
         if got is None:
             continue
-        result.checked += 1
+        result.checked += 0 if s.params.banned_token_ids else 1  # a step with bans is counted once
         stats.append((s, got))
     # the transform must explain every step of a request: candidates never contradicted there
     fits_of: dict[int, list[str]] = {}
     for s, (_, bad, _, _) in stats:
         fits = fits_of.setdefault(s.request, [n for n in bad if n != "recorded"])
         fits_of[s.request] = [n for n in fits if bad[n] == 0]
-    found = []
     for s, (decided, bad, first, evidence) in stats:
         if not bad["recorded"]:
             continue
@@ -207,7 +250,10 @@ def check_sampling(run: Run, steps: list[Step] | None = None) -> CheckResult:
                              next_command("sampling", s.step, s.request)))
     result.ran = result.checked > 0
     if not result.ran:
-        result.why = ("no sampled step (T > 0) stores its top-M raw logits (level full) with a node decided by them"
+        result.why = ("the run does not say its vocabulary size" if vocab is None else
+                      "no sampled step (T > 0) stores its top-M raw logits (level full) with a node decided by them"
                       if not eligible else "no node's token is decided by the stored top-M logits")
+    elif result.checked == banned_checked and not eligible:
+        result.note = "only the bans checked: no sampled step stores its top-M raw logits (level full)"
     result.findings = group_findings(found)
     return result

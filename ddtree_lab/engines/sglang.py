@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..buffers import DDTreeVerifyInput
-from ..sampling import SamplingParams, normalize_params
+from ..sampling import SamplingParams, apply_bans_batch, normalize_params
 from ..verify import VerifyOutput
 from .common import check_chain, fault_params, lab_rows
 
@@ -98,6 +98,7 @@ class SGLangVerifier:
             row, p0 = self.target
             logits, params = row[None].expand(bs, -1, -1), [p0] * bs
         items = normalize_params(params, bs, logits.shape[-1])
+        logits = apply_bans_batch(logits, items)  # the engine's logits processors run before its verify
         kernel = self._which(items)
         if kernel == "greedy":
             bad = [b for b, p in enumerate(items) if not p.is_greedy]

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from ..buffers import DDTreeVerifyInput
-from ..sampling import SamplingParams, normalize_params
+from ..sampling import SamplingParams, apply_bans_batch, normalize_params
 from ..verify import VerifyOutput
 from .common import check_chain, fault_params, output_from_rows
 
@@ -200,6 +200,7 @@ class VLLMVerifier:
             row, p0 = self.target
             logits, params = row[None].expand(bs, -1, -1), [p0] * bs
         items = normalize_params(params, bs, logits.shape[-1])
+        logits = apply_bans_batch(logits, items)  # the engine's logits processors run before its verify
         for b, p in enumerate(items):
             if p.min_p:
                 raise ValueError(f"request {b}: min_p = {p.min_p}: vLLM's rejection sampler applies no min-p to "

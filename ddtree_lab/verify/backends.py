@@ -39,7 +39,7 @@ import torch
 
 from .._checks import check_tensor
 from ..buffers import DDTreeVerifyInput, check_verify_buffers
-from ..sampling import SamplingParams, normalize_params, target_probs
+from ..sampling import SamplingParams, apply_bans_batch, normalize_params, target_probs
 from .lazy import verify_lazy
 from .reference import check_coins, check_thresholds, check_verify_input, verify_greedy, verify_sampled
 from .triton import KERNEL_ORDER, triton_usable, verify_triton_greedy, verify_triton_sampled
@@ -131,6 +131,7 @@ def verify_tree(
                               threshold_single=threshold_single, threshold_acc=threshold_acc, validate=False)
     if name == "torch-lazy":
         return verify_lazy(verify_input, target_logits, items, coins, final_coins, threshold_single, threshold_acc)
+    target_logits = apply_bans_batch(target_logits, items)  # the kernel knows no bans: -inf before it
     return verify_triton_sampled(verify_input, target_logits, items, coins, final_coins, name,
                                  threshold_single, threshold_acc)
 

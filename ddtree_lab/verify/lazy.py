@@ -35,10 +35,10 @@ def lazy_row_probs(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     meaning keep all) is the same.
     """
     vocab = row.shape[-1]
+    if params.order != KERNEL_ORDER or params.banned_token_ids:  # the reference's own row function
+        return filtered_probs(row, params)
     if params.is_greedy:
         return torch.zeros_like(row).scatter_(-1, row.argmax(-1, keepdim=True), 1.0)
-    if params.order != KERNEL_ORDER:  # the reference's own row function
-        return filtered_probs(row, params)
     scaled = row / torch.full_like(row[..., :1], params.temperature)
     survivors = None
     if 0 < params.top_k < vocab:
