@@ -1,14 +1,16 @@
 """The bug zoo: every planted fault kind in a short live run of the embedded default, what a user sees first, and what `diagnose` says.
 
 For each kind of :data:`ddtree_lab.faults.FAULT_KINDS`: a live run (2 prompts, 24 tokens,
-T = 0.8, top-k 20, top-p 0.9, budget 16) with the fault planted; the symptom (τ and acceptance
+T = 0.8, top-k 20, top-p 0.9, budget 16; the min-p and ban faults with a request that uses
+them) with the fault planted; the symptom (τ and acceptance
 by depth against the clean run); ``diagnose(run, model=...)`` (with the loaded target and
 drafter); the steps where the fault is active and observable (ground truth from the model:
 recorded rows against fresh right forwards, recorded drafts against fresh drafter runs, the
 lab's replay of the recorded walk, recorded rows against the right rows of the recorded
 parameters) and on how many of them diagnose names the fault. Then the false-alarm count over
-clean runs (greedy, T = 0.8, filtered, mixed batches, other seeds and budgets), and the timings
-of diagnose on a run of at least 100 step records, without and with the model.
+clean runs (greedy, T = 0.8, filtered, mixed batches, other seeds and budgets, bans), the
+output-law check's power and false alarms alone on synthetic runs, and the timings of diagnose
+on a run of at least 100 step records, without and with the model.
 
     DDTREE_LAB_THREADS=1 python benchmarks/bug_zoo.py [--quick] > benchmarks/bug_zoo.out.txt
 
@@ -32,8 +34,13 @@ from ddtree_lab.replay import replay_differences
 
 PROMPTS = ["Tell me about lighthouses.", "What is two plus two?"]
 SAMPLED = dl.SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=1)
-CHECKS = ("record", "verifier", "coins", "sampling", "greedy", "drafter-hits", "tree-forward", "drafter",
+CHECKS = ("record", "verifier", "coins", "output-law", "sampling", "greedy", "drafter-hits", "tree-forward", "drafter",
           "greedy-decoding")
+#: A fault that drops a filter or a ban shows only where the request uses it (the ids banned:
+#: ' a', ' of', ' that', frequent in both prompts' answers).
+KIND_SAMPLING = {"sampling-min-p-dropped": dl.SamplingParams(temperature=1.2, top_k=40, min_p=0.1, seed=1),
+                 "sampling-banned-token-kept": dl.SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=1,
+                                                                 banned_token_ids=(253, 282, 338))}
 GOAL_RATE = 0.9
 
 
@@ -92,7 +99,7 @@ def zoo(target, drafter, kinds) -> list[dict]:
     rows = []
     for kind in kinds:
         t0 = time.perf_counter()
-        run = live(target, drafter, [kind])
+        run = live(target, drafter, [kind], sampling=KIND_SAMPLING.get(kind, SAMPLED))
         t_run = time.perf_counter() - t0
         t0 = time.perf_counter()
         d = dl.diagnose(run, model=(target, drafter))
@@ -141,6 +148,9 @@ def clean_configs(quick: bool) -> list[dict]:
                     "sampling": [g, dl.SamplingParams(temperature=0.8, top_p=0.95, seed=seed)]})
     out.append({"name": "T=1.2 top-k 40 min-p 0.05", "seed": 2, "budget": 16,
                 "sampling": dl.SamplingParams(temperature=1.2, top_k=40, min_p=0.05, seed=3)})
+    out.append({"name": "bans (greedy + T=0.8 filtered, 3 tokens banned)", "seed": 4, "budget": 16,
+                "sampling": [dl.SamplingParams(temperature=0.0, banned_token_ids=(253, 282, 338)),
+                             KIND_SAMPLING["sampling-banned-token-kept"]]})
     return out[:6] if quick else out
 
 
@@ -161,6 +171,32 @@ def false_alarms(target, drafter, quick: bool) -> list[dict]:
                      "lines": lines[:3], "ran": sum(r.ran for r in d.results)})
         print(f"  clean {c['name']}: {len(run.steps)} steps, {rows[-1]['findings']} finding(s)", flush=True)
     return rows
+
+
+def law_power(quick: bool) -> dict:
+    """The output-law check alone (no model, no coins read) on synthetic runs
+    (:func:`ddtree_lab.io.synthetic.synthetic_steps`: 4 requests, budget 16, V = 200, T = 1):
+    false alarms over clean runs, and for each verifier fault the share of runs it flags at
+    25 and 100 decoding steps (100 and 400 step records), with the recorded coins replaced
+    by fresh ones (a verifier whose recorded coins are not the ones it used)."""
+    from ddtree_lab.diagnose.law import check_law
+    from ddtree_lab.io.synthetic import SyntheticShape, synthetic_steps
+
+    shape = SyntheticShape(requests=4, budget=16, vocab=200, level="light", temperature=1.0)
+    g = torch.Generator().manual_seed(0)
+
+    def flagged(faults, seed, steps):
+        run = dl.Run({"vocab_size": 200}, [s.replace(coins=torch.rand(s.num_nodes, generator=g), final_coin=0.5)
+                                           for k in range(steps) for s in synthetic_steps(shape, seed, k, faults=faults)])
+        return bool(check_law(run).findings)
+
+    runs = 4 if quick else 20
+    out = {"clean_runs": runs * 2, "clean_flagged": sum(flagged(None, seed, 25) for seed in range(runs * 2)),
+           "runs_per_cell": runs, "faults": {}}
+    for kind in VERIFIER_FAULTS:
+        out["faults"][kind] = {str(n): sum(flagged([kind], 1000 + seed, n) for seed in range(runs)) for n in (25, 100)}
+        print(f"  output-law on {kind}: {out['faults'][kind]} of {runs} runs flagged", flush=True)
+    return out
 
 
 def timings(target, drafter) -> dict:
@@ -191,6 +227,7 @@ def main() -> None:
           f"{clean['acceptance_by_depth']}", flush=True)
     rows = zoo(target, drafter, kinds)
     alarms = false_alarms(target, drafter, args.quick)
+    law = law_power(args.quick)
     times = timings(target, drafter)
 
     print("\n== The zoo: symptom first (what the views show), then what diagnose says ==")
@@ -215,6 +252,11 @@ def main() -> None:
     for a in alarms:
         print(f"  {a['config']:48s} {a['steps']:3d} steps  {a['findings']} finding(s)" +
               ("" if not a["lines"] else "  " + a["lines"][0]))
+    print(f"\n== The output-law check alone (statistical; no model, no coin read), synthetic runs ==\n"
+          f"  false alarms: {law['clean_flagged']} of {law['clean_runs']} clean runs (100 step records each)")
+    for kind, cells in law["faults"].items():
+        print(f"  {kind:32s} flagged in {cells['25']} of {law['runs_per_cell']} runs at 100 step records, "
+              f"{cells['100']} of {law['runs_per_cell']} at 400")
     print(f"\n== Timings (models loaded once: {load_s:.1f} s) ==\n  run of {times['step_records']} step records "
           f"({times['decoding_steps']} decoding steps, 2 requests): diagnose without a model {times['no_model_s']} s, "
           f"with the model {times['with_model_s']} s")
@@ -229,6 +271,7 @@ def main() -> None:
     print(f"  diagnose without a model on >= 100 step records: {times['no_model_s']} s (goal <= 5 s); "
           f"with the model: {times['with_model_s']} s (goal <= 120 s)")
     Path(args.json).write_text(json.dumps({"clean": clean, "zoo": rows, "false_alarms": alarms, "timings": times,
+                                           "output_law": law,
                                            "load_s": round(load_s, 1), "checks": list(CHECKS)}, indent=1))
 
 

@@ -52,7 +52,17 @@ column is the symptom: some kinds barely move it (siblings visible, a batch-only
 lossless and only slow (a wrong drafter anchor), some change the output law without moving it
 much (the verifier rules). Only the cause tells them apart.
 
-## One fault live: the tree mask shows earlier siblings"""),
+The `output-law` column is the one check that reads neither coins nor decisions: it tests the
+recorded outputs across steps (accepted paths and bonus tokens) against the exact law of a
+lossless verifier on the recorded rows, so it still sees a verifier whose recorded coins are
+not the ones it used. Being statistical it needs steps; its power and false alarms alone, on
+synthetic runs whose coins were replaced:"""),
+    ("code", """law = zoo["output_law"]
+print(f"false alarms: {law['clean_flagged']} of {law['clean_runs']} clean runs")
+for kind, cells in law["faults"].items():
+    print(f"{kind:28s} flagged in {cells['25']}/{law['runs_per_cell']} runs at 100 step records, "
+          f"{cells['100']}/{law['runs_per_cell']} at 400")"""),
+    ("md", """## One fault live: the tree mask shows earlier siblings"""),
     ("code", """target, drafter = lab.load_default()
 params = dl.SamplingParams(temperature=0.0)
 clean = dl.LiveSession(target, drafter, budget=16, sampling=params).run("Tell me about lighthouses.", max_new_tokens=12)
