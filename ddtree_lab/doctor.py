@@ -108,6 +108,8 @@ class RecordedRowsCheck:
 
     def text(self) -> str:
         worst = max(self.diffs) if self.diffs else 0.0
+        if not self.checked:
+            return "could not compare any node (no sampled node's token is in its parent's stored rows): not checked"
         if self.first_bad is None:
             return (f"recorded target p of {len(self.checked)} nodes match causal forwards "
                     f"(max |diff| {worst:.3g} <= {self.atol:g})")

@@ -198,3 +198,17 @@ def test_an_unknown_forward_fault_is_told_apart_by_the_spine(target, drafter):
         bad = dataclasses.replace(run, steps=[s.replace(row_logits=logits)] + run.steps[1:])
         r = check_tree_forward(bad, target, steps=[bad.steps[0]], confirm=False)
         assert len(r.findings) == 1 and words in r.findings[0].kind and r.findings[0].fault is None, r.findings
+
+
+def test_an_sglang_recording_is_diagnosed_on_sglang_s_own_output(capsys):
+    from ddtree_lab.cli import main
+
+    d = dl.diagnose(dl.load("fixtures/sglang_cpu_recording.json"))
+    bad = [f for f in d.findings if f.check == "verifier"]
+    assert len(bad) == 1 and "SGLang" in bad[0].kind and (bad[0].step, bad[0].request) == (2, 4), d.text()
+    assert "accept_index" in bad[0].evidence
+    # the law check reads SGLang's output too: it left the tree where the children hold all the mass
+    assert any(f.check == "output-law" and f.step == 2 for f in d.findings), d.text()
+    assert main(["diagnose", "fixtures/sglang_cpu_recording.json"]) == 1
+    assert main(["diagnose", "fixtures/engine_summaries/sglang_generate.jsonl"]) == 2
+    assert "acceptance summary" in capsys.readouterr().err

@@ -208,11 +208,20 @@ class AuditReport:
         return self.p_value < self.alpha
 
     @property
+    def untestable(self) -> bool:
+        """Every test had 0 degrees of freedom (the exact law is one outcome here): the draws
+        cannot tell a lossy verifier from a lossless one, and nothing passed."""
+        return all(r.dof == 0 for r in (self.law, self.first_token, self.depth))
+
+    @property
     def verdict(self) -> str:
         if self.rejected:
             return "LOSSY (the empirical law differs from the exact one)"
         if self.findings:
             return "LOSSY by construction (" + "; ".join(self.findings) + ")"
+        if self.untestable:
+            return ("NOT TESTED: the exact law has a single outcome on this case (0 degrees of freedom), so the "
+                    "draws cannot tell lossy from lossless; audit another step or `ddtree-lab diagnose` the run")
         return "consistent with lossless"
 
     def text(self, k: int = 5) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import common
-from .common import (MIN_DRAWS, EXIT_PROBLEM, CLIError, bundle_module, check_bundle_dir, check_bundle_selection,
+from .common import (MIN_DRAWS, EXIT_NOT_RUN, EXIT_PROBLEM, CLIError, bundle_module, check_bundle_dir, check_bundle_selection,
                      check_out_file, check_suffix, count, find_step, kind_of, load_run, params_override,
                      recording_step, select_steps, sglang_module, thread_note, write_output)
 
@@ -100,6 +100,8 @@ def cmd_audit(args) -> int:
             print(f"  plot -> {path}")
         if report.rejected or report.findings:
             worst = EXIT_PROBLEM
+        elif report.untestable and worst != EXIT_PROBLEM:
+            worst = EXIT_NOT_RUN  # a check that could not run never counts as passing
     if engine is not None:
         engine.close()
     return worst
@@ -146,6 +148,8 @@ def cmd_doctor(args) -> int:
         run = load_run(args.source)
         found += len(run.problems)
         steps = select_steps(run, args.step, args.request, args.source)
+        if not steps and not run.problems:
+            raise CLIError(f"{args.source}: nothing to check: this {run.source} records no steps")
         if steps and all(s.buffers is None for s in steps):
             raise CLIError(f"{args.source}: nothing to check: this {run.source} records no verify buffers")
         for s in steps:
@@ -162,5 +166,9 @@ def cmd_doctor(args) -> int:
             print(f"step {step.step}, request {step.request}: {check.text()}")
             if check.first_bad is not None:
                 found += 1
+            if not check.checked:
+                raise CLIError(f"step {step.step}, request {step.request}: the model check compared no node (none of "
+                               "the sampled nodes' tokens is in its parent's stored rows); try another --seed or "
+                               "`ddtree-lab diagnose` with --model")
     print(f"{count(checked, 'row' if kind == 'recording' else 'step')} checked, {count(found, 'problem')}")
     return EXIT_PROBLEM if found else 0

@@ -15,14 +15,18 @@ def cmd_diagnose(args) -> int:
     divergent step by bisection), the drafter's input and plain greedy decoding are checked too.
     A check that could not run says so and never counts as passing.
 
-    Exit status: 1 on a finding, 0 when every check that ran found nothing, 2 on bad input."""
+    Exit status: 1 on a finding or a damaged part of the file, 0 when every check that ran
+    found nothing, 2 on bad input."""
     from ..diagnose import diagnose
 
     if args.model is not None and args.model != "default" and not Path(args.model).is_dir():
         raise CLIError(f"--model {args.model}: not 'default' and not a model directory")
     run = load_run(args.run)
+    if not run.steps and run.source == "engine summary":
+        raise CLIError(f"{args.run}: an engine's acceptance summary: it records no steps to diagnose; "
+                       f"`ddtree-lab info {args.run}` shows its acceptance figures")
     if not run.steps:
-        raise CLIError(f"{args.run}: no readable steps")
+        raise CLIError(f"{args.run}: no readable steps" + (f" ({run.problems[0]})" if run.problems else ""))
     try:
         result = diagnose(run, model=args.model, step=args.step, request=args.request)
     except KeyError as exc:
@@ -30,4 +34,7 @@ def cmd_diagnose(args) -> int:
     print(result.text().replace(" RUN ", f" {args.run} "))
     if not any(r.ran for r in result.results):
         raise CLIError(f"{args.run}: no check could run on this run")
-    return EXIT_PROBLEM if result.findings else 0
+    if run.problems:
+        print(f"{len(run.problems)} damaged or unreadable part(s) of {args.run} left out (listed above as "
+              "'unreadable'): not diagnosed")
+    return EXIT_PROBLEM if result.findings or run.problems else 0

@@ -122,6 +122,8 @@ def cmd_bundle(args) -> int:
     out = Path(args.out)
     if not out.parent.exists():
         raise CLIError(f"{args.out}: parent directory {out.parent} does not exist")
+    if out.exists() and out.resolve() == Path(args.trace).resolve():
+        raise CLIError(f"-o {args.out}: is the source being read; write the bundle elsewhere")
     b = bundle.make_bundle(run, step)
     path = bundle.save_bundle(b, out)
     size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())

@@ -83,7 +83,8 @@ def next_command(kind: str, step: int | None, request: int | None) -> str:
         return "open labs/08_bug_zoo.ipynb (the zoo: what each kind looks like)"
     where = f"--step {step}" + (f" --request {request}" if request is not None else "")
     if kind in ("verifier", "coins"):
-        return f"ddtree-lab render RUN {where} --format decisions; ddtree-lab bundle RUN {where} -o BUG"
+        out = f"bug-s{step}" + (f"-r{request}" if request is not None else "")
+        return f"ddtree-lab render RUN {where} --format decisions; ddtree-lab bundle RUN {where} -o {out}"
     return f"ddtree-lab render RUN {where} -o tree.svg"
 
 

@@ -64,7 +64,8 @@ def check_greedy(run: Run, steps: list[Step] | None = None) -> CheckResult:
                              next_command("greedy", s.step, s.request)))
     result.ran = result.checked > 0
     if not result.ran:
-        result.why = "no greedy step stores its raw logits (level full)"
+        result.why = ("the run has no greedy step" if not any(s.params is not None and s.params.is_greedy for s in steps)
+                      else "no greedy step stores its raw logits (level full)")
     result.findings = group_findings(found)
     return result
 
@@ -88,6 +89,9 @@ def check_greedy_decoding(run: Run, target, max_tokens: int = 256) -> CheckResul
             continue
         if params.get("banned_token_ids"):
             notes.append(f"request {r['request']}: bans tokens; plain greedy decoding applies no bans, not compared")
+            continue
+        if not r.get("prompt_token_ids"):
+            notes.append(f"request {r['request']}: the run has no prompt token ids (not compared)")
             continue
         got = list(r["generated_token_ids"])[:max_tokens]
         prompt = list(r["prompt_token_ids"])

@@ -7,7 +7,8 @@ request's parameters). Seen from the tree, the walk at node ``n`` with children
 recorded ``child_probs``) and leaves the tree with ``1 - sum p(c_i)``; leaving it, the bonus
 token follows ``p`` restricted to the other tokens, renormalised. This check tests that law
 on what the steps recorded -- the accepted path and the bonus token against the recorded rows
--- and reads no coin and no decision log: it tests the verifier that ran as a black box, so it
+(for an SGLang recording, SGLang's own output, not the lab's walk) -- and reads no coin and no
+decision log: it tests the verifier that ran as a black box, so it
 also sees a verifier whose recorded coins are not the ones it used.
 
 Per observation a randomised probability integral transform (PIT) ``u = F(o-) + v p(o)``
@@ -40,7 +41,7 @@ from scipy import stats
 from ..step import Run, Step
 from .common import CheckResult, Finding, group_findings, next_command
 
-__all__ = ["check_law", "law_observations", "LawSample", "LAW_ALPHA", "MIN_DRAWS", "P_ZERO"]
+__all__ = ["check_law", "law_observations", "outcome", "LawSample", "LAW_ALPHA", "MIN_DRAWS", "P_ZERO"]
 
 #: Each of the four tests flags at p-value below this (fixed; four tests per run).
 LAW_ALPHA = 1e-5
@@ -73,6 +74,26 @@ def _children(nt: list[int], ns: list[int], n: int, limit: int) -> list[int]:
     return kids
 
 
+def outcome(step: Step) -> tuple[list[int], int] | None:
+    """``(accepted path of node indices, bonus token)`` the verifier that ran produced: the
+    step's output, or for a step converted from an SGLang recording (whose ``output`` is the
+    lab's walk) SGLang's emitted tokens followed down the tree; None when they leave it."""
+    extra = step.extra or {}
+    if extra.get("source") != "sglang" or "sglang_emitted" not in extra:
+        return (step.accepted_path or [0]), step.bonus_token
+    emitted = list(extra["sglang_emitted"])
+    if not emitted:
+        return None
+    nt, ns, tokens = step.retrieve_next_token.tolist(), step.retrieve_next_sibling.tolist(), step.node_token_ids.tolist()
+    path = [0]
+    for t in emitted[:-1]:
+        nxt = next((c for c in _children(nt, ns, path[-1], step.num_nodes) if tokens[c] == t), None)
+        if nxt is None:
+            return None
+        path.append(nxt)
+    return path, emitted[-1]
+
+
 def law_observations(step: Step, sample: LawSample) -> bool:
     """Add one step's observations to ``sample`` (module docstring); False when the step is not
     one the law covers (greedy, lossy, no output / rows / buffers, support exhausted)."""
@@ -84,7 +105,10 @@ def law_observations(step: Step, sample: LawSample) -> bool:
     v = torch.rand(64 + step.num_nodes, generator=g, dtype=torch.float64).tolist()
     nt, ns = step.retrieve_next_token.tolist(), step.retrieve_next_sibling.tolist()
     cp, tokens = step.child_probs.double().tolist(), step.node_token_ids.tolist()
-    path = step.accepted_path or [0]
+    got = outcome(step)
+    if got is None:
+        return False
+    path, bonus_token = got
     sample.steps += 1
     where = (int(step.step), int(step.request))
     residual_out = None
@@ -108,9 +132,9 @@ def law_observations(step: Step, sample: LawSample) -> bool:
             sample.moves.append((nxt is not None, 1.0 - p_out))
         residual_out = (n, kids, p_out)
     n, kids, mass = residual_out
-    b, prefix = step.bonus_token, step.final_row_prefix
-    if b < 0 or prefix is None or prefix.shape[0] != b + 1:
-        return True
+    b, prefix = bonus_token, step.final_row_prefix
+    if b < 0 or prefix is None or prefix.shape[0] != b + 1 or step.bonus is None or step.bonus.node != n:
+        return True  # the stored bonus row prefix is another node's (an engine's output left the lab's walk)
     kid_tokens = {tokens[c] for c in kids}
     if b in kid_tokens:
         sample.impossible.append((*where, n, f"the bonus {b} at node {n} is the token of one of its children"))

@@ -250,7 +250,9 @@ def check_sampling(run: Run, steps: list[Step] | None = None) -> CheckResult:
                              next_command("sampling", s.step, s.request)))
     result.ran = result.checked > 0
     if not result.ran:
-        result.why = ("the run does not say its vocabulary size" if vocab is None else
+        sampled = any(s.params is not None and not s.params.is_greedy for s in steps)
+        result.why = ("the run has no sampled step (T > 0) and no request with banned tokens" if not sampled else
+                      "the run does not say its vocabulary size" if vocab is None else
                       "no sampled step (T > 0) stores its top-M raw logits (level full) with a node decided by them"
                       if not eligible else "no node's token is decided by the stored top-M logits")
     elif result.checked == banned_checked and not eligible:

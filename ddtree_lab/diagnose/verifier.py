@@ -21,7 +21,7 @@ from ..step import Run, Step
 from ..verify import verify_sampled
 from .common import CheckResult, Finding, group_findings, next_command
 
-__all__ = ["check_verifier", "verifier_step"]
+__all__ = ["check_verifier", "verifier_step", "engine_finding"]
 
 
 def _same(step: Step, out) -> bool:
@@ -183,16 +183,42 @@ _KINDS = {
 }
 
 
+def engine_finding(step: Step):
+    """For a step converted from an engine's recording (an SGLang recording: its ``output`` is
+    the lab's walk on the recorded rows and coins, the engine's own in ``extra``): None when the
+    engine's output is the rule's, a :class:`Finding` when it is not; False for any other step."""
+    extra = step.extra or {}
+    if extra.get("source") != "sglang" or "sglang_emitted" not in extra:
+        return False
+    if extra.get("verdict") == "agrees":
+        return None
+    diffs = extra.get("differences") or []
+    why = (extra.get("explanation") or "").strip()
+    evidence = (f"SGLang emitted {extra['sglang_emitted']} (accept length {extra.get('sglang_accept_length')}), the "
+                f"target-only rule on the same recorded rows and coins emits {step.emitted}"
+                + (f"; {diffs[0]}" if diffs else "") + (f"; {why}" if why else ""))
+    return Finding("verifier", "SGLang's verify kernel departs from the target-only rule on its own recorded rows and "
+                   "coins", None, step.step, step.request, None, evidence, "high",
+                   f"ddtree-lab sglang replay RUN (call {extra.get('call')}, row {extra.get('row')})")
+
+
 def check_verifier(run: Run, steps: list[Step] | None = None) -> CheckResult:
     """The verifier that ran, on every step that stores its rows, coins and decisions
     (:func:`verifier_step`); one finding per kind and request (first step, count)."""
     steps = run.steps if steps is None else steps
     result = CheckResult("verifier", ran=False)
-    found, skipped, bounds, ok_steps, thresholds = [], [], {}, [], {}
+    found, skipped, bounds, ok_steps, thresholds, found_engine = [], [], {}, [], {}, []
 
     def vocab_of(s):  # the replay reads no token past the largest one the step stores (rows stay small)
         return max(int(s.node_token_ids.max()) + 1, s.final_row_prefix.shape[0])
     for s in steps:
+        engine = engine_finding(s)
+        if engine is not False:  # an engine's recording: its own output against the rule
+            result.checked += 1
+            if engine is not None:
+                result.per_step[(s.step, s.request)] = "unknown"
+                found_engine.append(engine)
+            continue
         if s.output is None or s.buffers is None or s.rows is None or s.coins is None or s.rows.cannot("replay"):
             skipped.append(s)
             continue
@@ -238,7 +264,7 @@ def check_verifier(run: Run, steps: list[Step] | None = None) -> CheckResult:
         result.per_step[(s.step, s.request)] = fault or "unknown"
         findings.append(Finding("verifier", kind, fault, s.step, s.request, node, evidence, sure,
                                 next_command("verifier", s.step, s.request)))
-    found = findings
+    found = findings + found_engine
     result.ran = result.checked > 0
     if not result.ran:
         result.why = (f"no step stores the verify rows, coins and decisions ({len(skipped)} step(s) without them: "
