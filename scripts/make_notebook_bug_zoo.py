@@ -40,9 +40,9 @@ from ddtree_lab.faults import FAULT_KINDS
 zoo = json.load(open("../benchmarks/bug_zoo.json"))
 checks = zoo["checks"]
 print(f"clean run: tau {zoo['clean']['tau']}, P(accept >= 1, 2, 3) {zoo['clean']['acceptance_by_depth']}")
-print(f"{'kind':30s} {'tau':>5s} " + " ".join(f"{c[:8]:>8s}" for c in checks) + "  named/observable")
+print(f"{'kind':30s} {'tau':>5s} " + " ".join(f"{c:>15s}" for c in checks) + "  named/observable")
 for r in zoo["zoo"]:
-    print(f"{r['kind']:30s} {r['tau']:5.2f} " + " ".join(f"{r['cells'].get(c, '?'):>8s}" for c in checks)
+    print(f"{r['kind']:30s} {r['tau']:5.2f} " + " ".join(f"{r['cells'].get(c, '?'):>15s}" for c in checks)
           + f"  {r['named']}/{r['observable']}")
 alarms = sum(a["findings"] > 0 for a in zoo["false_alarms"])
 print(f"false alarms: {alarms} of {len(zoo['false_alarms'])} clean runs; timings {zoo['timings']}")"""),
@@ -72,7 +72,9 @@ buggy.metadata.pop("planted_faults")   # diagnose never reads it; a real engine'
 tau = lambda run: sum(s.accept_length + 1 for s in run.steps) / len(run.steps)
 print(f"symptom: tau {tau(buggy):.2f} with the fault, {tau(clean):.2f} without")
 print("clean text:", repr(target.decode(clean.metadata["requests"][0]["generated_token_ids"])))
-print("buggy text:", repr(target.decode(buggy.metadata["requests"][0]["generated_token_ids"])))"""),
+print("buggy text:", repr(target.decode(buggy.metadata["requests"][0]["generated_token_ids"])))
+if tau(buggy) == tau(clean) and clean.metadata["requests"][0]["generated_token_ids"] == buggy.metadata["requests"][0]["generated_token_ids"]:
+    print("no symptom at all here: the same tau and the same greedy text; the fault shows only in the tree's rows")"""),
     ("md", "Without the model, the recording alone passes every check (the rows are self-consistent): "
            "the tree forward can only be judged against a fresh forward of the target."),
     ("code", """print(dl.diagnose(buggy).text())"""),

@@ -212,3 +212,12 @@ def test_an_sglang_recording_is_diagnosed_on_sglang_s_own_output(capsys):
     assert main(["diagnose", "fixtures/sglang_cpu_recording.json"]) == 1
     assert main(["diagnose", "fixtures/engine_summaries/sglang_generate.jsonl"]) == 2
     assert "acceptance summary" in capsys.readouterr().err
+
+
+def test_the_package_imports_without_scipy():
+    """vLLM's own venv imports ddtree_lab (engines.vllm_worker) and has no scipy."""
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['scipy'] = None; import ddtree_lab, ddtree_lab.diagnose.law"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))

@@ -36,7 +36,6 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from scipy import stats
 
 from ..step import Run, Step
 from .common import CheckResult, Finding, group_findings, next_command
@@ -154,6 +153,8 @@ def law_observations(step: Step, sample: LawSample) -> bool:
 
 def law_tests(sample: LawSample) -> list[tuple[str, float, str]]:
     """``(test, p-value, evidence)`` of each test with enough observations (:data:`MIN_DRAWS`)."""
+    from scipy import stats  # not at import: the vLLM venv imports the package without scipy
+
     got = []
     if len(sample.walk) >= MIN_DRAWS:
         ks = stats.kstest(sample.walk, "uniform")
