@@ -195,7 +195,9 @@ def check_law(run: Run, steps: list[Step] | None = None) -> CheckResult:
         if law_observations(s, sample):
             result.checked += 1
     if not result.checked:
-        result.why = "no sampled step (T > 0, lossless) stores its output and verify rows (child probabilities)"
+        sampled = any(s.params is not None and not s.params.is_greedy for s in steps)
+        result.why = ("no sampled step (T > 0, lossless) stores its output and verify rows (child probabilities)"
+                      if sampled else "the run has no sampled step (greedy steps follow a point law: the greedy check)")
         return result
     result.ran = True
     found = [Finding("output-law", "the verifier emitted a token the target's row gives probability 0", None, st, rq,
