@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 import ddtree_lab as dl
-from ddtree_lab.diagnose.forward import ROW_ATOL, request_prefix, step_rows_diff
+from ddtree_lab.diagnose.forward import request_prefix, row_atol, step_rows_diff
 from ddtree_lab.faults import (COMMIT_FAULTS, DRAFTER_FAULTS, FAULT_KINDS, FORWARD_FAULTS, SAMPLING_FAULTS,
                                VERIFIER_FAULTS)
 from ddtree_lab.replay import replay_differences
@@ -66,7 +66,7 @@ def observable(run, target, drafter, kind: str) -> set:
             prefix = request_prefix(run, s.request)[: s.prefix_len]
             state, _, _ = target.prefill_batch([prefix])
             logits = target.tree_forward_batch(state, s.buffers).logits[0].float()
-            if float(step_rows_diff(s, logits).max()) > ROW_ATOL:
+            if float(step_rows_diff(s, logits).max()) > row_atol(s):
                 out.add((s.step, s.request))
     elif kind in SAMPLING_FAULTS:
         for s in run.steps:

@@ -221,3 +221,16 @@ def test_the_package_imports_without_scipy():
 
     code = "import sys; sys.modules['scipy'] = None; import ddtree_lab, ddtree_lab.diagnose.law"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+
+
+@pytest.mark.parametrize("kind", [None, "mask-parent-only", "positions-node-index", "kv-commit-wrong-rows"])
+def test_the_model_checks_run_at_level_light(target, drafter, kind):
+    """Level light keeps only the child probabilities of the rows the walk read: a forward fault
+    may show only in the cache it leaves behind, and is still named (not called a commit bug)."""
+    run = live(target, drafter, [kind] if kind else None, record="light", budget=12)
+    d = dl.diagnose(run, model=(target, drafter), confirm=False)
+    ran = {r.check for r in d.results if r.ran}
+    assert "tree-forward" in ran, d.text()
+    assert d.faults == ({kind} if kind else set()), d.text()
+    if kind is None:
+        assert not d.findings, d.text()

@@ -158,8 +158,8 @@ def cmd_doctor(args) -> int:
                 found += 1
                 print(f"{args.source}: {p}")
         if args.model is not None:
+            step = find_step(run, args.step, args.request, args.source)  # before the model loads (seconds)
             target = common.load_model(args.model)
-            step = find_step(run, args.step, args.request, args.source)
             from .. import doctor
 
             check = doctor.check_recorded_rows(target, run, step, sample=args.sample, seed=args.seed)

@@ -1,14 +1,19 @@
 """Checks with the target: the tree forward (mask, positions) and the KV commit, from the first divergent step found by bisection.
 
-A step's rows are right when its stored top-M raw logits equal those of a fresh forward: a
-prefill of the committed prefix, then the recorded tree with its right mask and positions
-(:meth:`ddtree_lab.models.TargetModel.tree_forward_batch`). A wrong cache stays wrong, so the
+A step's rows are right when its stored top-M raw logits (level ``full``; at level ``light``
+the child probabilities of the rows the walk read, under the request's parameters) equal those
+of a fresh forward: a prefill of the committed prefix, then the recorded tree with its right
+mask and positions (:meth:`ddtree_lab.models.TargetModel.tree_forward_batch`). A wrong cache stays wrong, so the
 first wrong step of a request is found by bisection over its steps (after a coarse sample, for
-faults that come and go). At that step:
+faults that come and go; at level ``light``, whose rows can hide a wrong cache, every step is
+compared). At that step:
 
 * root row wrong (the previous step's rows were right): the cache after the last commit is
   wrong, a KV-commit (or cache rollback) bug; the previous step is re-run and committed under
-  each candidate commit fault (:data:`ddtree_lab.faults.COMMIT_FAULTS`) to name it;
+  each candidate commit fault (:data:`ddtree_lab.faults.COMMIT_FAULTS`) to name it; when none
+  reproduces the rows, the previous step's tree forward is re-run under each mask / positions
+  fault and its accepted rows committed: at level ``light`` a forward fault may leave the rows
+  the walk read right and show only in the cache it leaves behind;
 * root right, nodes wrong: the tree forward is re-run under each candidate mask/positions
   fault (:data:`ddtree_lab.faults.FORWARD_FAULTS`, the batch ones with the step's other
   requests rebuilt from the run), and the one reproducing every row is named; else an unknown
@@ -28,15 +33,19 @@ import torch
 from ..build import DDTreeBuildResult
 from ..buffers import compile_retrieve
 from ..faults import COMMIT_FAULTS, FORWARD_FAULTS, forward_input, kept_rows
+from ..sampling import apply_bans, target_probs
 from ..step import Run, Step
 from .common import CheckResult, Finding, next_command
 
-__all__ = ["check_tree_forward", "step_rows_diff", "request_prefix", "ROW_ATOL", "first_bad_step", "spine",
+__all__ = ["check_tree_forward", "step_rows_diff", "row_atol", "request_prefix", "ROW_ATOL", "PROB_ATOL",
+           "first_bad_step", "spine",
            "unknown_forward_kind"]
 
 #: Max |logit difference| between a recorded row and a fresh forward still counted equal (the
 #: batched live forward and a single-request forward differ by float rounding, ~1e-5).
 ROW_ATOL = 2e-3
+#: The same for a recorded probability (level ``light`` keeps no logits).
+PROB_ATOL = 1e-3
 
 
 def request_prefix(run: Run, request: int) -> list[int]:
@@ -61,10 +70,42 @@ def _forward(target, prefix: list[int], vi, state=None):
 
 
 def step_rows_diff(step: Step, logits: torch.Tensor) -> torch.Tensor:
-    """``[n]`` max |recorded top-M logit - ``logits``| per node (``logits [>= n, V]``)."""
+    """``[n]`` per node, how far its recorded row is from ``logits [>= n, V]``, in the units of
+    :func:`row_atol`: level ``full``, max |recorded top-M raw logit - logit|; level ``light``
+    (only the child probabilities of the rows the walk read), max |recorded p - p| over the
+    node's children under the request's parameters (greedy: 1 where the recorded verdict is not
+    the argmax by more than :data:`ROW_ATOL` in logits), 0 for a row not recorded."""
     n = step.num_nodes
-    got = logits[:n].gather(1, step.row_logit_ids.long())
-    return (got - step.row_logits.float()).abs().max(-1).values
+    if step.row_logits is not None:
+        got = logits[:n].gather(1, step.row_logit_ids.long())
+        return (got - step.row_logits.float()).abs().max(-1).values
+    cp, out = step.child_probs.float(), torch.zeros(n)
+    read = (~torch.isnan(cp)) & (torch.arange(n) > 0)
+    kids = read.nonzero().flatten()
+    if kids.numel() == 0:
+        return out
+    par, tok = step.parents[kids], step.node_token_ids[kids]
+    rows = logits[:n].float()
+    if step.params.is_greedy:
+        rows = apply_bans(rows, step.params)
+        top2 = rows.topk(2, -1).values
+        mine = rows[par, tok]
+        is_top = mine >= top2[par, 0] - ROW_ATOL  # within noise of the argmax
+        clear_top = mine > top2[par, 1] + ROW_ATOL  # the argmax by a margin
+        d = torch.where(cp[kids] >= 0.5, (~is_top).float(), clear_top.float())
+    else:
+        d = (target_probs(rows[None], step.params)[0][par, tok] - cp[kids]).abs()
+    return out.scatter_reduce(0, par, d, "amax")
+
+
+def row_atol(step: Step) -> float:
+    """The tolerance of :func:`step_rows_diff` for this step: :data:`ROW_ATOL` (logits, level
+    ``full``) or :data:`PROB_ATOL` (probabilities, level ``light``)."""
+    return ROW_ATOL if step.row_logits is not None else PROB_ATOL
+
+
+def _what(step: Step) -> str:
+    return "logits" if step.row_logits is not None else "target p"
 
 
 def spine(step: Step) -> list[int]:
@@ -144,12 +185,40 @@ def _confirm(run, target, steps, start: int, fault: str) -> tuple[int, int, list
     for s in steps[start:]:
         vi = _fault_input(run, s, fault) if fault in FORWARD_FAULTS else s.buffers
         logits, state = _forward(target, prefix[: s.prefix_len], vi, state)
-        if float(step_rows_diff(s, logits).max()) <= ROW_ATOL:
+        if float(step_rows_diff(s, logits).max()) <= row_atol(s):
             ok += 1
             which.append(s.step)
         target.keep_paths(state, kept_rows([s.accepted_path], fault if fault in COMMIT_FAULTS else None),
                           int(vi.node_token_ids.shape[1]))
     return ok, len(steps) - start, which
+
+
+def _from_start(run, target, steps: list[Step], k: int) -> list[str]:
+    """The faults (forward and commit) that, re-run from ``steps[0]`` on a fresh prefill with the
+    cache kept as the faulty engine keeps it, reproduce every step up to ``steps[k]``: for a
+    step whose cache was already wrong where the recorded rows could not show it (level
+    ``light`` keeps only the rows the walk read)."""
+    names = []
+    for name in (*FORWARD_FAULTS, *COMMIT_FAULTS):
+        ok, total, _ = _confirm(run, target, steps[: k + 1], 0, name)
+        if ok == total:
+            names.append(name)
+    return names
+
+
+def _named_from_start(run, target, steps, k, s, base, node):
+    """A :class:`Finding` naming the one fault :func:`_from_start` finds, or None."""
+    if k == 0:
+        return None
+    names = _from_start(run, target, steps, k)
+    if len(names) != 1:
+        return None
+    name = names[0]
+    check, kind = ("tree-forward", FORWARD_FAULTS[name]) if name in FORWARD_FAULTS else ("commit", COMMIT_FAULTS[name])
+    return Finding(check, kind, name, s.step, s.request, node,
+                   f"{base}; no fault reproduces it from a fresh prefill (the cache was already wrong where the "
+                   f"recorded rows do not show it), but re-running the request from step {steps[0].step} under it "
+                   f"reproduces all {k + 1} steps up to step {s.step}", "high", next_command(check, s.step, s.request))
 
 
 def _diagnose_request(run, target, steps: list[Step], confirm: bool, reproduced: list[int]):
@@ -162,13 +231,20 @@ def _diagnose_request(run, target, steps: list[Step], confirm: bool, reproduced:
             cache[k] = step_rows_diff(steps[k], logits)
         return cache[k]
 
-    k = first_bad_step(steps, lambda k: float(diff(k).max()) > ROW_ATOL)
+    def bad(k):
+        return float(diff(k).max()) > row_atol(steps[k])
+
+    if steps[0].row_logits is None:  # level light: a wrong cache may look right on the rows read: every step
+        k = next((k for k in range(len(steps)) if bad(k)), None)
+    else:
+        k = first_bad_step(steps, bad)
     if k is None:
         return None, len(cache)
     s, d = steps[k], diff(k)
-    bad_nodes = (d > ROW_ATOL).nonzero().flatten().tolist()
+    atol = row_atol(s)
+    bad_nodes = (d > atol).nonzero().flatten().tolist()
     node = bad_nodes[0]
-    if float(d[0]) > ROW_ATOL:  # the cache the step started from is wrong
+    if float(d[0]) > atol:  # the cache the step started from is wrong
         prev = steps[k - 1] if k > 0 else next((p for p in run.for_request(s.request) if p.step == s.step - 1
                                                  and p.buffers is not None), None)
         if prev is None:
@@ -178,7 +254,7 @@ def _diagnose_request(run, target, steps: list[Step], confirm: bool, reproduced:
                            next_command("commit", s.step, s.request)), len(cache)
         if k == 0:  # a restricted check: were the previous step's rows right?
             logits, _ = _forward(target, prefix[: prev.prefix_len], prev.buffers)
-            if float(step_rows_diff(prev, logits).max()) > ROW_ATOL:
+            if float(step_rows_diff(prev, logits).max()) > row_atol(prev):
                 return Finding("tree-forward", "the cache was already wrong before this step (the rows of the "
                                "previous step are wrong too)", None, s.step, s.request, 0,
                                f"root logits differ by {float(d[0]):.3g}; step {prev.step} differs as well",
@@ -189,13 +265,39 @@ def _diagnose_request(run, target, steps: list[Step], confirm: bool, reproduced:
             _, state = _forward(target, prefix[: prev.prefix_len], prev.buffers)
             target.keep_paths(state, kept_rows([prev.accepted_path], name), prev.num_nodes)
             logits, _ = _forward(target, prefix[: s.prefix_len], s.buffers, state)
-            if float(step_rows_diff(s, logits).max()) <= ROW_ATOL:
+            if float(step_rows_diff(s, logits).max()) <= atol:
                 names.append(name)
-        base = (f"root logits differ from a fresh prefill of the committed prefix by {float(d[0]):.3g} while step "
+        base = (f"root {_what(s)} differ from a fresh prefill of the committed prefix by {float(d[0]):.3g} while step "
                 f"{prev.step}'s rows were right (accepted path {prev.accepted_path})")
-        if not names:
-            return Finding("commit", "a KV-commit (cache rollback) bug: the cache after the verify keeps the wrong "
-                           "rows (not the ones of a known fault)", None, s.step, s.request, 0, base, "medium",
+        if not names:  # or the previous tree forward was wrong where its recorded rows do not show it
+            for name in FORWARD_FAULTS:
+                _, state = _forward(target, prefix[: prev.prefix_len], _fault_input(run, prev, name))
+                target.keep_paths(state, kept_rows([prev.accepted_path], None), prev.num_nodes)
+                logits, _ = _forward(target, prefix[: s.prefix_len], s.buffers, state)
+                if float(step_rows_diff(s, logits).max()) <= atol:
+                    names.append(name)
+            if len(names) == 1:
+                name = names[0]
+                extra = ""
+                if confirm:
+                    ok, total, which = _confirm(run, target, [prev] + steps[k:], 0, name)
+                    reproduced.extend(which)
+                    extra = f"; re-running from step {prev.step} under it reproduces {ok} of {total} steps"
+                return Finding("tree-forward", FORWARD_FAULTS[name], name, prev.step, s.request, None,
+                               f"step {s.step}'s root {_what(s)} differ from a fresh prefill of the committed prefix "
+                               f"by {float(d[0]):.3g}; step {prev.step}'s recorded rows were right, but its tree "
+                               f"forward under this fault, its accepted rows {prev.accepted_path} committed, "
+                               f"reproduces step {s.step}'s rows (only the rows the walk read were recorded){extra}",
+                               "high", next_command("tree-forward", prev.step, s.request)), len(cache)
+        named = _named_from_start(run, target, steps, k, s, base, 0) if len(names) != 1 else None
+        if named is not None:
+            reproduced.extend(x.step for x in steps[: k + 1])
+            return named, len(cache)
+        if not names or len(names) > 1:
+            kind = ("a KV-commit (cache rollback) bug: the cache after the verify keeps the wrong rows (not the ones "
+                    "of a known fault)" if not names else "the cache after the verify is wrong: " +
+                    " or ".join(FORWARD_FAULTS[n] for n in names) + " in the previous tree forward")
+            return Finding("commit", kind, None, s.step, s.request, 0, base, "medium",
                            next_command("commit", prev.step, s.request)), len(cache)
         name = names[0]
         extra = ""
@@ -209,11 +311,15 @@ def _diagnose_request(run, target, steps: list[Step], confirm: bool, reproduced:
     names = []
     for name in FORWARD_FAULTS:
         logits, _ = _forward(target, prefix[: s.prefix_len], _fault_input(run, s, name))
-        if float(step_rows_diff(s, logits).max()) <= ROW_ATOL:
+        if float(step_rows_diff(s, logits).max()) <= atol:
             names.append(name)
-    base = (f"node {node} (depth {int(s.depths[node])}): recorded logits differ from the right tree forward by "
+    base = (f"node {node} (depth {int(s.depths[node])}): recorded {_what(s)} differ from the right tree forward by "
             f"{float(d[node]):.3g} ({len(bad_nodes)} of {s.num_nodes} nodes wrong, root right)")
     if not names:
+        named = _named_from_start(run, target, steps, k, s, base, node)
+        if named is not None:
+            reproduced.extend(x.step for x in steps[: k + 1])
+            return named, len(cache)
         kind, how = unknown_forward_kind(s, bad_nodes)
         return Finding("tree-forward", kind, None, s.step, s.request, node, f"{base}; {how}; no known fault "
                        "reproduces the rows", "medium", next_command("tree-forward", s.step, s.request)), len(cache)
@@ -240,10 +346,11 @@ def check_tree_forward(run: Run, target, steps: list[Step] | None = None, confir
     """
     steps = run.steps if steps is None else steps
     result = CheckResult("tree-forward", ran=False)
-    usable = [s for s in steps if s.buffers is not None and s.row_logits is not None and s.output is not None
+    usable = [s for s in steps if s.buffers is not None and (s.row_logits is not None or s.child_probs is not None)
+              and s.output is not None
               and s.prefix_len is not None]
     if not usable:
-        result.why = "no step stores its buffers and top-M raw logits (level full)"
+        result.why = "no step stores its buffers and target rows (top-M raw logits or child probabilities)"
         return result
     for r in sorted({s.request for s in usable}):
         mine = sorted((s for s in usable if s.request == r), key=lambda s: s.step)
@@ -262,5 +369,6 @@ def check_tree_forward(run: Run, target, steps: list[Step] | None = None, confir
     result.ran = result.checked > 0
     if not result.ran:
         result.why = result.note or "no request could be re-run"
-    result.note = (result.note + "; " if result.note else "") + "steps compared by bisection"
+    how = "bisection" if all(s.row_logits is not None for s in usable) else "bisection (level full), every step (light)"
+    result.note = (result.note + "; " if result.note else "") + f"steps compared by {how}"
     return result

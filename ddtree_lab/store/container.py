@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -59,6 +60,9 @@ def write_container(path: str | Path, doc: dict, tensors: dict[str, torch.Tensor
         raise
     except Exception as exc:  # safetensors raises its own error types (e.g. SafetensorError)
         raise OSError(f"{path}: cannot write ({exc})") from exc
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)  # safetensors creates the file 0600; a file to hand over is readable as usual
     return path
 
 
