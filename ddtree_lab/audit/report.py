@@ -208,9 +208,9 @@ class AuditReport:
         return self.p_value < self.alpha
 
     @property
-    def untestable(self) -> bool:
-        """Every test had 0 degrees of freedom (the exact law is one outcome here): the draws
-        cannot tell a lossy verifier from a lossless one, and nothing passed."""
+    def single_outcome(self) -> bool:
+        """The exact law is one outcome on this case (every test has 0 degrees of freedom): the
+        audit then tests only that every draw gives it, which a lossy verifier may pass too."""
         return all(r.dof == 0 for r in (self.law, self.first_token, self.depth))
 
     @property
@@ -219,9 +219,10 @@ class AuditReport:
             return "LOSSY (the empirical law differs from the exact one)"
         if self.findings:
             return "LOSSY by construction (" + "; ".join(self.findings) + ")"
-        if self.untestable:
-            return ("NOT TESTED: the exact law has a single outcome on this case (0 degrees of freedom), so the "
-                    "draws cannot tell lossy from lossless; audit another step or `ddtree-lab diagnose` the run")
+        if self.single_outcome:
+            return ("consistent with lossless, weakly: the exact law is a single outcome on this case and every draw "
+                    "gave it (0 degrees of freedom); a step with several possible outcomes tests more, "
+                    "`ddtree-lab diagnose` the whole run")
         return "consistent with lossless"
 
     def text(self, k: int = 5) -> str:

@@ -9,8 +9,6 @@ from pathlib import Path
 
 
 EXIT_PROBLEM = 1
-#: A check that could not run (it says why): never a pass.
-EXIT_NOT_RUN = 2
 
 
 EXIT_ERROR = 2
