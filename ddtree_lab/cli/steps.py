@@ -47,7 +47,9 @@ def cmd_info(args) -> int:
             print(f"did not return: step {s.step}, request {s.request} (its inputs are on disk: check / replay them)")
     for req in sorted({s.request for s in run.steps} | set(requests)):
         steps = [s for s in run.for_request(req) if not s.extra.get("did_not_return")]
-        taus = [s.accept_length + (0 if s.output is not None and bool(s.output.support_exhausted[0]) else 1)
+        # an SGLang recording's steps: SGLang's own emitted tokens (the step's output is the lab's walk)
+        taus = [len(s.extra["sglang_emitted"]) if "sglang_emitted" in s.extra else
+                s.accept_length + (0 if s.output is not None and bool(s.output.support_exhausted[0]) else 1)
                 for s in steps]
         r = requests.get(req, {})
         prompt = r.get("prompt")
@@ -66,6 +68,15 @@ def cmd_info(args) -> int:
             print(f"  prompt: {json.dumps(text, ensure_ascii=False)}")
         if steps:
             print("  steps (step:tau): " + " ".join(f"{s.step}:{t}" for s, t in zip(steps, taus)))
+        for s in steps:
+            if s.extra.get("verdict") not in (None, "agrees"):
+                print(f"  step {s.step}: SGLang emitted {s.extra.get('sglang_emitted')}, the target-only rule on its "
+                      f"inputs {s.emitted} (the views draw the lab's walk; `ddtree-lab diagnose` names it)")
+    skipped = meta.get("skipped_rows") or []
+    if skipped:
+        print(f"{count(len(skipped), 'recorded row')} not converted (no lab step): "
+              + "; ".join(f"call {x.get('call')} row {x.get('row')} ({x.get('request_id')}): {x.get('why')}"
+                          for x in skipped[:3]) + ("; ..." if len(skipped) > 3 else ""))
     return EXIT_PROBLEM if run.problems else 0
 
 
@@ -143,7 +154,8 @@ def _replay_trace(args) -> int:
     steps = select_steps(run, args.step, args.request, args.trace)
     if not any(s.output is not None and s.buffers is not None and s.rows is not None for s in steps):
         lacking = sorted({m for s in steps for m in s.missing_stages()})
-        raise CLIError(f"{args.trace}: nothing to replay: this {run.source} records no {', '.join(lacking)} "
+        what = ", ".join(lacking) if lacking else "steps"
+        raise CLIError(f"{args.trace}: nothing to replay: this {run.source} records no {what} "
                        "(replay needs the buffers, the rows the verifier read and the coins)")
     differing, exact, tolerant = 0, 0, 0
     lossy = lossy_note(steps)
