@@ -42,11 +42,15 @@ def cmd_info(args) -> int:
         print(run_summary_text(run).rstrip())
         return 0
     requests = {int(r.get("request", i)): r for i, r in enumerate(meta.get("requests", []))}
-    for s in run.steps:  # an append-only recording: the verify call never returned, its inputs are on disk
-        if s.extra.get("did_not_return"):
-            print(f"did not return: step {s.step}, request {s.request} (its inputs are on disk: check / replay them)")
+    def returned(s):  # an append-only recording: a verify call that never returned has its inputs only
+        return s.output is not None and not s.extra.get("did_not_return")
+
+    for s in run.steps:
+        if not returned(s):
+            print(f"did not return: step {s.step}, request {s.request} (its inputs are on disk: `ddtree-lab doctor` "
+                  "checks them)")
     for req in sorted({s.request for s in run.steps} | set(requests)):
-        steps = [s for s in run.for_request(req) if not s.extra.get("did_not_return")]
+        steps = [s for s in run.for_request(req) if returned(s)]
         # an SGLang recording's steps: SGLang's own emitted tokens (the step's output is the lab's walk)
         taus = [len(s.extra["sglang_emitted"]) if "sglang_emitted" in s.extra else
                 s.accept_length + (0 if s.output is not None and bool(s.output.support_exhausted[0]) else 1)

@@ -189,8 +189,8 @@ class AppendRun(Run):
                 lines.append(f"{role}: {m['name']}")
         lines += [f"problem: {p}" for p in self.problems]
         for r in hung:
-            lines.append(f"did not return: step {r[2]}, request {r[3]} (its verify inputs are on disk; check / "
-                         "replay them)")
+            lines.append(f"did not return: step {r[2]}, request {r[3]} (its verify inputs are on disk: "
+                         "`ddtree-lab doctor` checks them)")
         for req in sorted(by_request):
             rs = [r for r in by_request[req] if not r[7]]
             taus = [r[4] + (0 if r[5] else 1) for r in rs]
