@@ -6,11 +6,9 @@ and execute it in place so it carries static outputs.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-import nbformat
-from notebook_outputs import execute
+from notebook_outputs import main_for
 
 LABS = Path(__file__).resolve().parent.parent / "labs"
 
@@ -87,16 +85,7 @@ lab.show_step(buggy, next(i for i, s in enumerate(buggy.steps) if s.step == f.st
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--no-execute", action="store_true")
-    args = ap.parse_args()
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_markdown_cell(s) if k == "md" else nbformat.v4.new_code_cell(s) for k, s in CELLS]
-    if not args.no_execute:
-        execute(nb, LABS, timeout=900)
-    nbformat.write(nb, LABS / "08_bug_zoo.ipynb")
-    print("wrote labs/08_bug_zoo.ipynb")
+    main_for(__doc__, CELLS, LABS, "08_bug_zoo.ipynb")
 
 
 if __name__ == "__main__":

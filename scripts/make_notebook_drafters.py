@@ -6,11 +6,9 @@ execute it in place so it carries static outputs.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-import nbformat
-from notebook_outputs import execute
+from notebook_outputs import main_for
 
 LABS = Path(__file__).resolve().parent.parent / "labs"
 
@@ -62,16 +60,7 @@ for name, run in runs.items():
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--no-execute", action="store_true")
-    args = ap.parse_args()
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_markdown_cell(s) if k == "md" else nbformat.v4.new_code_cell(s) for k, s in CELLS]
-    if not args.no_execute:
-        execute(nb, LABS, timeout=900)
-    nbformat.write(nb, LABS / "07_drafters.ipynb")
-    print("wrote labs/07_drafters.ipynb")
+    main_for(__doc__, CELLS, LABS, "07_drafters.ipynb")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from nbclient import NotebookClient
 
-__all__ = ["execute", "strip_progress_bars", "is_progress_bar"]
+__all__ = ["execute", "strip_progress_bars", "is_progress_bar", "write_notebook", "main_for"]
 
 #: a tqdm bar's text: "Loading weights:   0%|          | 0/272 [00:00<?, ?it/s]"
 _BAR = re.compile(r"\d+%\|.*\|\s*\d+/\d+")
@@ -49,3 +49,27 @@ def execute(nb, labs: Path, timeout: int = 900):
     NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(labs)}}).execute()
     strip_progress_bars(nb)
     return nb
+
+
+def write_notebook(cells, labs: Path, name: str, run: bool = True, timeout: int = 900) -> None:
+    """Make a notebook of ``cells`` (``("md" | "code", source)`` pairs), execute it in ``labs``
+    for its saved outputs unless ``run`` is false, and write it as ``labs / name``."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_markdown_cell(s) if k == "md" else nbformat.v4.new_code_cell(s) for k, s in cells]
+    if run:
+        execute(nb, labs, timeout=timeout)
+    nbformat.write(nb, labs / name)
+    print(f"wrote labs/{name}")
+
+
+def main_for(doc: str, cells, labs: Path, name: str) -> None:
+    """A generator script's command line: ``[--no-execute]``, then :func:`write_notebook`."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--no-execute", action="store_true")
+    args = ap.parse_args()
+    write_notebook(cells, labs, name, run=not args.no_execute)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Finding", "CheckResult", "SURE", "next_command", "group_findings"]
+__all__ = ["Finding", "CheckResult", "SURE", "next_command", "group_findings", "engine_emitted"]
 
 #: How sure a finding is: ``high`` (a named fault reproduces the recorded data exactly),
 #: ``medium`` (an invariant of the rule is broken, the cause is one of a few), ``low`` (a
@@ -98,3 +98,13 @@ def group_findings(per_step: list[Finding]) -> list[Finding]:
         if key not in out or (f.step is not None and out[key].step is not None and f.step < out[key].step):
             out[key] = f
     return [Finding(**{**f.__dict__, "steps": count[k]}) for k, f in out.items()]
+
+
+def engine_emitted(step) -> list[int] | None:
+    """The tokens the engine itself emitted at a step converted from its recording (an SGLang
+    recording: the step's ``output`` is the lab's walk on the recorded inputs, SGLang's own
+    output is in ``extra``), or None for a step whose output is the verifier's that ran."""
+    extra = step.extra or {}
+    if extra.get("source") != "sglang" or "sglang_emitted" not in extra:
+        return None
+    return list(extra["sglang_emitted"])

@@ -177,12 +177,12 @@ def first_bad_step(steps: list[Step], bad) -> int | None:
     return hi
 
 
-def _confirm(run, target, steps, start: int, fault: str) -> tuple[int, int, list[int]]:
-    """Re-run ``steps[start:]`` under ``fault`` with the cache kept as it keeps it: ``(steps
-    reproduced, steps run, the step numbers reproduced)``."""
-    prefix = request_prefix(run, steps[start].request)
+def _confirm(run, target, steps, fault: str) -> tuple[int, int, list[int]]:
+    """Re-run ``steps`` (from a fresh prefill of the first) under ``fault`` with the cache kept
+    as the faulty engine keeps it: ``(steps reproduced, steps run, the step numbers reproduced)``."""
+    prefix = request_prefix(run, steps[0].request)
     state, ok, which = None, 0, []
-    for s in steps[start:]:
+    for s in steps:
         vi = _fault_input(run, s, fault) if fault in FORWARD_FAULTS else s.buffers
         logits, state = _forward(target, prefix[: s.prefix_len], vi, state)
         if float(step_rows_diff(s, logits).max()) <= row_atol(s):
@@ -190,7 +190,15 @@ def _confirm(run, target, steps, start: int, fault: str) -> tuple[int, int, list
             which.append(s.step)
         target.keep_paths(state, kept_rows([s.accepted_path], fault if fault in COMMIT_FAULTS else None),
                           int(vi.node_token_ids.shape[1]))
-    return ok, len(steps) - start, which
+    return ok, len(steps), which
+
+
+def _confirm_note(run, target, steps: list[Step], fault: str, reproduced: list[int], where: str) -> str:
+    """:func:`_confirm` of ``steps`` under ``fault`` as evidence text; the step numbers it
+    reproduces go into ``reproduced``."""
+    ok, total, which = _confirm(run, target, steps, fault)
+    reproduced.extend(which)
+    return f"; re-running {where} under it reproduces {ok} of {total} steps"
 
 
 def _from_start(run, target, steps: list[Step], k: int) -> list[str]:
@@ -200,7 +208,7 @@ def _from_start(run, target, steps: list[Step], k: int) -> list[str]:
     ``light`` keeps only the rows the walk read)."""
     names = []
     for name in (*FORWARD_FAULTS, *COMMIT_FAULTS):
-        ok, total, _ = _confirm(run, target, steps[: k + 1], 0, name)
+        ok, total, _ = _confirm(run, target, steps[: k + 1], name)
         if ok == total:
             names.append(name)
     return names
@@ -260,54 +268,47 @@ def _diagnose_request(run, target, steps: list[Step], confirm: bool, reproduced:
                                f"root logits differ by {float(d[0]):.3g}; step {prev.step} differs as well",
                                "low", "ddtree-lab diagnose RUN --model default (no --step: finds the first "
                                "divergent step)"), len(cache)
-        names = []
-        for name in COMMIT_FAULTS:
-            _, state = _forward(target, prefix[: prev.prefix_len], prev.buffers)
-            target.keep_paths(state, kept_rows([prev.accepted_path], name), prev.num_nodes)
+        def reproduced_after(vi_prev, commit_fault) -> bool:
+            """Step ``prev`` forwarded with ``vi_prev``, committed (under ``commit_fault``), then
+            step ``s``: are its recorded rows reproduced?"""
+            _, state = _forward(target, prefix[: prev.prefix_len], vi_prev)
+            target.keep_paths(state, kept_rows([prev.accepted_path], commit_fault), prev.num_nodes)
             logits, _ = _forward(target, prefix[: s.prefix_len], s.buffers, state)
-            if float(step_rows_diff(s, logits).max()) <= atol:
-                names.append(name)
+            return float(step_rows_diff(s, logits).max()) <= atol
+
+        def again(name):
+            return _confirm_note(run, target, [prev] + steps[k:], name, reproduced, f"from step {prev.step}") \
+                if confirm else ""
+
         base = (f"root {_what(s)} differ from a fresh prefill of the committed prefix by {float(d[0]):.3g} while step "
                 f"{prev.step}'s rows were right (accepted path {prev.accepted_path})")
-        if not names:  # or the previous tree forward was wrong where its recorded rows do not show it
-            for name in FORWARD_FAULTS:
-                _, state = _forward(target, prefix[: prev.prefix_len], _fault_input(run, prev, name))
-                target.keep_paths(state, kept_rows([prev.accepted_path], None), prev.num_nodes)
-                logits, _ = _forward(target, prefix[: s.prefix_len], s.buffers, state)
-                if float(step_rows_diff(s, logits).max()) <= atol:
-                    names.append(name)
-            if len(names) == 1:
-                name = names[0]
-                extra = ""
-                if confirm:
-                    ok, total, which = _confirm(run, target, [prev] + steps[k:], 0, name)
-                    reproduced.extend(which)
-                    extra = f"; re-running from step {prev.step} under it reproduces {ok} of {total} steps"
-                return Finding("tree-forward", FORWARD_FAULTS[name], name, prev.step, s.request, None,
-                               f"step {s.step}'s root {_what(s)} differ from a fresh prefill of the committed prefix "
-                               f"by {float(d[0]):.3g}; step {prev.step}'s recorded rows were right, but its tree "
-                               f"forward under this fault, its accepted rows {prev.accepted_path} committed, "
-                               f"reproduces step {s.step}'s rows (only the rows the walk read were recorded){extra}",
-                               "high", next_command("tree-forward", prev.step, s.request)), len(cache)
-        named = _named_from_start(run, target, steps, k, s, base, 0) if len(names) != 1 else None
+        commits = [n for n in COMMIT_FAULTS if reproduced_after(prev.buffers, n)]
+        if len(commits) == 1:
+            name = commits[0]
+            return Finding("commit", COMMIT_FAULTS[name], name, s.step, s.request, 0,
+                           base + f"; committing the first {len(prev.accepted_path)} tree rows instead reproduces "
+                           f"every row{again(name)}", "high", next_command("commit", prev.step, s.request)), len(cache)
+        # or the previous tree forward was wrong where its recorded rows do not show it (level light)
+        forwards = [] if commits else [n for n in FORWARD_FAULTS if reproduced_after(_fault_input(run, prev, n), None)]
+        if len(forwards) == 1:
+            name = forwards[0]
+            return Finding("tree-forward", FORWARD_FAULTS[name], name, prev.step, s.request, None,
+                           f"step {s.step}'s root {_what(s)} differ from a fresh prefill of the committed prefix "
+                           f"by {float(d[0]):.3g}; step {prev.step}'s recorded rows were right, but its tree "
+                           f"forward under this fault, its accepted rows {prev.accepted_path} committed, "
+                           f"reproduces step {s.step}'s rows (only the rows the walk read were recorded)"
+                           f"{again(name)}", "high", next_command("tree-forward", prev.step, s.request)), len(cache)
+        named = _named_from_start(run, target, steps, k, s, base, 0)
         if named is not None:
             reproduced.extend(x.step for x in steps[: k + 1])
             return named, len(cache)
-        if not names or len(names) > 1:
-            kind = ("a KV-commit (cache rollback) bug: the cache after the verify keeps the wrong rows (not the ones "
-                    "of a known fault)" if not names else "the cache after the verify is wrong: " +
-                    " or ".join(FORWARD_FAULTS[n] for n in names) + " in the previous tree forward")
-            return Finding("commit", kind, None, s.step, s.request, 0, base, "medium",
-                           next_command("commit", prev.step, s.request)), len(cache)
-        name = names[0]
-        extra = ""
-        if confirm:
-            ok, total, which = _confirm(run, target, [prev] + steps[k:], 0, name)
-            reproduced.extend(which)
-            extra = f"; re-running from step {prev.step} under it reproduces {ok} of {total} steps"
-        return Finding("commit", COMMIT_FAULTS[name], name, s.step, s.request, 0,
-                       base + f"; committing the first {len(prev.accepted_path)} tree rows instead reproduces "
-                       f"every row{extra}", "high", next_command("commit", prev.step, s.request)), len(cache)
+        kind = ("the cache after the verify is wrong: " + " or ".join(COMMIT_FAULTS[n] for n in commits) if commits
+                else "the cache after the verify is wrong: " + " or ".join(FORWARD_FAULTS[n] for n in forwards)
+                + " in the previous tree forward" if forwards
+                else "a KV-commit (cache rollback) bug: the cache after the verify keeps the wrong rows (not the ones "
+                     "of a known fault)")
+        return Finding("commit", kind, None, s.step, s.request, 0, base, "medium",
+                       next_command("commit", prev.step, s.request)), len(cache)
     names = []
     for name in FORWARD_FAULTS:
         logits, _ = _forward(target, prefix[: s.prefix_len], _fault_input(run, s, name))
@@ -323,11 +324,7 @@ def _diagnose_request(run, target, steps: list[Step], confirm: bool, reproduced:
         kind, how = unknown_forward_kind(s, bad_nodes)
         return Finding("tree-forward", kind, None, s.step, s.request, node, f"{base}; {how}; no known fault "
                        "reproduces the rows", "medium", next_command("tree-forward", s.step, s.request)), len(cache)
-    extra = ""
-    if confirm:
-        ok, total, which = _confirm(run, target, steps, k, names[0])
-        reproduced.extend(which)
-        extra = f"; re-running the request from here under it reproduces {ok} of {total} steps"
+    extra = _confirm_note(run, target, steps[k:], names[0], reproduced, "the request from here") if confirm else ""
     kind = FORWARD_FAULTS[names[0]] if len(names) == 1 else " or ".join(FORWARD_FAULTS[n] for n in names)
     return Finding("tree-forward", kind, names[0] if len(names) == 1 else None, s.step, s.request, node,
                    base + f"; the tree forward under it reproduces every row{extra}",

@@ -201,11 +201,11 @@ def check_sampling(run: Run, steps: list[Step] | None = None) -> CheckResult:
     explains the rows of the step (or none of the known ones)."""
     steps = run.steps if steps is None else steps
     result = CheckResult("sampling", ran=False)
-    found = []
+    found, seen = [], set()  # seen: the (step, request) compared by either part
     for s in steps:
         if s.params is None or not s.params.banned_token_ids or s.tree is None:
             continue
-        result.checked += 1
+        seen.add((s.step, s.request))
         got = banned_step(s)
         if got is not None:
             result.per_step[(s.step, s.request)] = "sampling-banned-token-kept"
@@ -213,7 +213,7 @@ def check_sampling(run: Run, steps: list[Step] | None = None) -> CheckResult:
                                  s.step, s.request, got[0], f"{got[1]} (the request bans "
                                  f"{list(s.params.banned_token_ids)})", "high",
                                  next_command("sampling", s.step, s.request)))
-    banned_checked = result.checked
+    bans_only = bool(seen)
     vocab = run.vocab_size
     eligible = [s for s in steps if s.params is not None and not s.params.is_greedy and s.rows is not None
                 and s.row_logits is not None and s.row_logsumexp is not None and s.child_probs is not None]
@@ -227,7 +227,7 @@ def check_sampling(run: Run, steps: list[Step] | None = None) -> CheckResult:
         got = sampling_step(s, vocab)
         if got is None:
             continue
-        result.checked += 0 if s.params.banned_token_ids else 1  # a step with bans is counted once
+        seen.add((s.step, s.request))
         stats.append((s, got))
     # the transform must explain every step of a request: candidates never contradicted there
     fits_of: dict[int, list[str]] = {}
@@ -248,6 +248,7 @@ def check_sampling(run: Run, steps: list[Step] | None = None) -> CheckResult:
         found.append(Finding("sampling", kind, fault, s.step, s.request, first,
                              f"{evidence}; {bad['recorded']} of {decided} decided node(s) contradict them", sure,
                              next_command("sampling", s.step, s.request)))
+    result.checked = len(seen)
     result.ran = result.checked > 0
     if not result.ran:
         sampled = any(s.params is not None and not s.params.is_greedy for s in steps)
@@ -255,7 +256,7 @@ def check_sampling(run: Run, steps: list[Step] | None = None) -> CheckResult:
                       "the run does not say its vocabulary size" if vocab is None else
                       "no sampled step (T > 0) stores its top-M raw logits (level full) with a node decided by them"
                       if not eligible else "no node's token is decided by the stored top-M logits")
-    elif result.checked == banned_checked and not eligible:
+    elif bans_only and not eligible:
         result.note = "only the bans checked: no sampled step stores its top-M raw logits (level full)"
     result.findings = group_findings(found)
     return result

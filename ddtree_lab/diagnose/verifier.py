@@ -19,7 +19,8 @@ from ..faults import verify_p_over_q
 from ..replay import compare_outputs, replay_differences, stored_rows
 from ..step import Run, Step
 from ..verify import verify_sampled
-from .common import CheckResult, Finding, group_findings, next_command
+from ..verify.walk import children_of
+from .common import CheckResult, Finding, engine_emitted, group_findings, next_command
 
 __all__ = ["check_verifier", "verifier_step", "engine_finding"]
 
@@ -104,10 +105,10 @@ def _fast_ok(step: Step) -> bool:
     nt, ns = step.retrieve_next_token.tolist(), step.retrieve_next_sibling.tolist()
     decisions, k, cur = step.decisions, 0, 0
     while True:
-        kids, c = [], nt[cur]
-        while c != -1 and len(kids) <= step.num_nodes:
-            kids.append(c)
-            c = ns[c]
+        try:
+            kids = children_of(step.request, nt, ns, cur, step.num_nodes)
+        except ValueError:  # a cycle: the full replay says what is wrong
+            return False
         if not kids:
             break
         mine = []
@@ -187,14 +188,15 @@ def engine_finding(step: Step):
     """For a step converted from an engine's recording (an SGLang recording: its ``output`` is
     the lab's walk on the recorded rows and coins, the engine's own in ``extra``): None when the
     engine's output is the rule's, a :class:`Finding` when it is not; False for any other step."""
-    extra = step.extra or {}
-    if extra.get("source") != "sglang" or "sglang_emitted" not in extra:
+    emitted = engine_emitted(step)
+    if emitted is None:
         return False
+    extra = step.extra
     if extra.get("verdict") == "agrees":
         return None
     diffs = extra.get("differences") or []
     why = (extra.get("explanation") or "").strip()
-    evidence = (f"SGLang emitted {extra['sglang_emitted']} (accept length {extra.get('sglang_accept_length')}), the "
+    evidence = (f"SGLang emitted {emitted} (accept length {extra.get('sglang_accept_length')}), the "
                 f"target-only rule on the same recorded rows and coins emits {step.emitted}"
                 + (f"; {diffs[0]}" if diffs else "") + (f"; {why}" if why else ""))
     return Finding("verifier", "SGLang's verify kernel departs from the target-only rule on its own recorded rows and "
