@@ -55,7 +55,8 @@ class Finding:
 @dataclass
 class CheckResult:
     """What one check did: ``ran`` (it compared ``checked`` items), or not (``why``: it could
-    not run, which never counts as passing), and its findings."""
+    not run, which never counts as passing), ``not_run`` (the part of it that could not run),
+    and its findings."""
 
     check: str
     ran: bool
@@ -64,12 +65,17 @@ class CheckResult:
     findings: list[Finding] = field(default_factory=list)
     note: str = ""
     per_step: dict = field(default_factory=dict)  # (step, request) -> the fault name or kind found there
+    not_run: str = ""  # the part of the check that could not run (it never counts as passing)
 
     def line(self) -> str:
         if not self.ran:
             return f"could not run {self.check}: {self.why}"
         if self.findings:
-            return f"{self.check}: {len(self.findings)} finding(s) over {self.checked} item(s){self._note()}"
+            return (f"{self.check}: {len(self.findings)} finding(s) over {self.checked} item(s){self._note()}"
+                    + (f"; not run: {self.not_run}" if self.not_run else ""))
+        if self.not_run:
+            return (f"ran part of {self.check}: {self.checked} item(s), nothing found{self._note()}; not run: "
+                    f"{self.not_run}")
         return f"passed {self.check}: {self.checked} item(s), nothing found{self._note()}"
 
     def _note(self) -> str:

@@ -66,7 +66,7 @@ def check_drafter_hits(run: Run, steps: list[Step] | None = None) -> CheckResult
             "drafter-hits", "the drafter hits far below its model card (wrong anchor, mask slot or missing target "
             "features are the usual causes)", None, None, None, None,
             f"first-position hit rate {hits}/{n} = {hits / n:.3f} against the card's {p0:.3f} (P <= {tail:.2g} at half "
-            "the card's rate)", "low", "ddtree-lab diagnose RUN --model default (names the input that is wrong)"))
+            "the card's rate)", "low", "ddtree-lab diagnose RUN --model default  # names the input that is wrong"))
     return result
 
 

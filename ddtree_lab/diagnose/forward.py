@@ -55,8 +55,8 @@ def request_prefix(run: Run, request: int) -> list[int]:
         ValueError: the metadata has no token ids for the request.
     """
     for r in run.metadata.get("requests") or []:
-        if int(r["request"]) == request:
-            return list(r["prompt_token_ids"]) + list(r["generated_token_ids"])
+        if int(r["request"]) == request and r.get("prompt_token_ids") is not None:
+            return list(r["prompt_token_ids"]) + list(r.get("generated_token_ids") or [])
     raise ValueError(f"request {request}: the run's metadata has no prompt / generated token ids")
 
 
@@ -266,8 +266,9 @@ def _diagnose_request(run, target, steps: list[Step], confirm: bool, reproduced:
                 return Finding("tree-forward", "the cache was already wrong before this step (the rows of the "
                                "previous step are wrong too)", None, s.step, s.request, 0,
                                f"root logits differ by {float(d[0]):.3g}; step {prev.step} differs as well",
-                               "low", "ddtree-lab diagnose RUN --model default (no --step: finds the first "
-                               "divergent step)"), len(cache)
+                               "low", "ddtree-lab diagnose RUN --model default  # no --step: finds the first "
+                               "divergent step"), len(cache)
+
         def reproduced_after(vi_prev, commit_fault) -> bool:
             """Step ``prev`` forwarded with ``vi_prev``, committed (under ``commit_fault``), then
             step ``s``: are its recorded rows reproduced?"""
@@ -355,7 +356,7 @@ def check_tree_forward(run: Run, target, steps: list[Step] | None = None, confir
             reproduced: list[int] = []
             finding, checked = _diagnose_request(run, target, mine, confirm, reproduced)
         except ValueError as exc:
-            result.note = (result.note + "; " if result.note else "") + f"request {r}: {exc}"
+            result.note = (result.note + "; " if result.note else "") + str(exc)  # it names the request
             continue
         result.checked += checked
         if finding is not None:

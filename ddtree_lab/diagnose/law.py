@@ -187,6 +187,7 @@ def check_law(run: Run, steps: list[Step] | None = None) -> CheckResult:
     steps = run.steps if steps is None else steps
     result = CheckResult("output-law", ran=False)
     sample = LawSample()
+    lossy = sum(1 for s in steps if s.output is not None and s.output.lossy)
     for s in steps:
         try:
             if law_observations(s, sample):
@@ -195,7 +196,8 @@ def check_law(run: Run, steps: list[Step] | None = None) -> CheckResult:
             continue
     if not result.checked:
         sampled = any(s.params is not None and not s.params.is_greedy for s in steps)
-        result.why = ("no sampled step (T > 0, lossless) stores its output and verify rows (child probabilities)"
+        result.why = (f"every sampled step reports lossy thresholds ({lossy}): the exact law does not apply" if lossy
+                      else "no sampled step (T > 0, lossless) stores its output and verify rows (child probabilities)"
                       if sampled else "the run has no sampled step (greedy steps follow a point law: the greedy check)")
         return result
     result.ran = True
@@ -207,7 +209,9 @@ def check_law(run: Run, steps: list[Step] | None = None) -> CheckResult:
     short = [n for n, k in (("walk", sample.walk), ("accepts", sample.moves), ("bonus", sample.bonus),
                             ("leaf-bonus", sample.leaf_bonus)) if len(k) < MIN_DRAWS]
     if short:
-        notes.append(f"not enough draws for the {' / '.join(short)} test(s) (need {MIN_DRAWS})")
+        result.not_run = f"the {' / '.join(short)} test(s): not enough draws (need {MIN_DRAWS})"
+    if lossy:
+        notes.append(f"{lossy} step(s) report lossy thresholds: the exact law does not apply, not tested")
     if sample.undecided:
         notes.append(f"{sample.undecided} step(s) stop early (a row the walk read was not recorded)")
     result.note = "; ".join(notes)
@@ -215,7 +219,7 @@ def check_law(run: Run, steps: list[Step] | None = None) -> CheckResult:
         if p < LAW_ALPHA:
             found.append(Finding("output-law", _KINDS[name], None, None, None, None,
                                  f"{evidence}, p = {p:.2g} < {LAW_ALPHA:g} over {sample.steps} sampled step(s)", "low",
-                                 "ddtree-lab render RUN --step S --request R --format decisions (one step's walk, decision by decision)"))
+                                 "ddtree-lab render RUN --step S --request R --format decisions  # one step's walk, decision by decision"))
     for st, rq, _, _ in sample.impossible:
         result.per_step[(st, rq)] = "unknown"
     result.findings = group_findings(found)

@@ -201,7 +201,8 @@ def engine_finding(step: Step):
                 + (f"; {diffs[0]}" if diffs else "") + (f"; {why}" if why else ""))
     return Finding("verifier", "SGLang's verify kernel departs from the target-only rule on its own recorded rows and "
                    "coins", None, step.step, step.request, None, evidence, "high",
-                   f"ddtree-lab sglang replay RUN (call {extra.get('call')}, row {extra.get('row')})")
+                   f"ddtree-lab replay RUN --step {step.step}  # SGLang's call {extra.get('call')}, row "
+                   f"{extra.get('row')}, against the lab's walk (on the SGLang recording)")
 
 
 def check_verifier(run: Run, steps: list[Step] | None = None) -> CheckResult:
