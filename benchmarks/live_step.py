@@ -3,7 +3,7 @@
 For each batch size (default 1, 4, 8) at budget B=32, greedy, on SmolLM2-135M-Instruct with a
 drafter of L=16 (``--drafter``; ridge by default, the drafter the saved output
 ``benchmarks/live_step.out.txt`` was measured with): the mean step time, each stage's share (draft, build, compile, target,
-verify, record, commit: the names every ``StepTrace.timings`` uses), the target forward's share,
+verify, record, commit: the names every ``Step.timings`` uses), the target forward's share,
 and tokens/s against plain greedy decoding of the same prompts (batched, one token per request
 per forward; both sides include their prefill). Goal on a CPU: at bs=4, B=32, level ``light``,
 everything but the target forward <= 15% of the step. It also runs bs=4 ``light`` with torch's

@@ -63,9 +63,7 @@ from .draft import draft_topk_from_logits as draft_topk_from_logits
 from .replay import Difference as Difference
 from .replay import ReplayMismatch as ReplayMismatch
 from .step import Run as Run
-from .step import RunTrace as RunTrace
 from .step import Step as Step
-from .step import StepTrace as StepTrace
 from .step import TargetRows as TargetRows
 from .step import DraftTopK as DraftTopK
 from .io import load as load
@@ -74,7 +72,6 @@ from .check import StepProblem as StepProblem
 from .check import check as check
 from .io.lab_trace import TraceFormatError as TraceFormatError
 from .replay import compare_outputs as compare_outputs
-from .record import make_step_trace as make_step_trace
 from .io import load_trace as load_trace
 from .replay import replay as replay
 from .replay import replay_differences as replay_differences
@@ -100,3 +97,23 @@ from .session import LiveSession as LiveSession  # noqa: E402  (needs no model p
 from .diagnose import diagnose as diagnose  # noqa: E402  (the function; the checks are ddtree_lab.diagnose.*)
 
 from .version import __version__ as __version__  # noqa: E402
+
+
+#: Names the record had before it was made of the stage objects: still importable from the
+#: package's front door (with a DeprecationWarning), used nowhere inside the library.
+_DEPRECATED = {
+    "StepTrace": ("ddtree_lab.step", "Step"),
+    "RunTrace": ("ddtree_lab.step", "Run"),
+    "make_step_trace": ("ddtree_lab.record", "make_step_trace"),
+}
+
+
+def __getattr__(name: str):
+    if name in _DEPRECATED:
+        import importlib
+        import warnings
+
+        module, new = _DEPRECATED[name]
+        warnings.warn(f"ddtree_lab.{name} is deprecated: use {module}.{new}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(module), new)
+    raise AttributeError(f"module 'ddtree_lab' has no attribute {name!r}")

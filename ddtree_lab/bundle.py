@@ -45,7 +45,7 @@ from .io.bundle import (CHUNK, FILES, FORMAT, VERSION, Bundle, bundle_run, bundl
 from .store.container import write_container
 from .io.lab_trace import step_json, step_tensors
 from .replay import Difference, compare_outputs, replay_differences
-from .step import RunTrace, StepTrace, TargetRows
+from .step import Run, Step, TargetRows
 from .verify import VerifyOutput
 from .views.labels import mass_label
 
@@ -69,9 +69,9 @@ class BundleReplay:
         return [str(d) for d in self.differences]
 
 
-def make_bundle(run: RunTrace, step: int | StepTrace, request: int | None = None) -> Bundle:
+def make_bundle(run: Run, step: int | Step, request: int | None = None) -> Bundle:
     """The bundle of decoding step ``step`` of request ``request`` of ``run`` (or of the
-    :class:`StepTrace` ``step`` of ``run``).
+    :class:`Step` ``step`` of ``run``).
 
     The reduced rows are proven on the spot: the reference verifier on the bundle's rows
     must give exactly the output it gives on the full step's rows (whether or not that
@@ -84,10 +84,10 @@ def make_bundle(run: RunTrace, step: int | StepTrace, request: int | None = None
     """
     from . import views
 
-    if isinstance(step, StepTrace):
+    if isinstance(step, Step):
         s, step, request = step, step.step, step.request
     elif request is None:
-        raise TypeError("make_bundle(run, step, request): give the request, or pass a StepTrace as step")
+        raise TypeError("make_bundle(run, step, request): give the request, or pass a Step as step")
     else:
         s = run.find_step(step, request)
     if s.child_probs is None or s.final_row_prefix is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 
 from .models.loading import DEFAULT_DRAFTER, drafter_exists, load_default, load_drafter  # noqa: F401  (notebook calls)
-from .step import RunTrace
+from .step import Run
 from .views import committed_html, decisions_table_html, step_svg, step_view, to_text
 
 __all__ = ["DEFAULT_DRAFTER", "drafter_exists", "load_default", "load_drafter", "show_step", "show_steps", "show_text", "step_browser",
@@ -22,7 +22,7 @@ def _display(obj) -> None:
     display(obj)
 
 
-def show_step(run: RunTrace, step_index: int, collapse_unvisited: bool = True) -> None:
+def show_step(run: Run, step_index: int, collapse_unvisited: bool = True) -> None:
     """Display one recorded step's tree (SVG) in a notebook (unvisited subtrees collapsed, at
     most ``views.pick.WIDE_FAN`` children drawn per parent)."""
     from IPython.display import SVG
@@ -32,7 +32,7 @@ def show_step(run: RunTrace, step_index: int, collapse_unvisited: bool = True) -
     _display(SVG(step_svg(run.steps[step_index], run, collapse_unvisited, max_children=WIDE_FAN)))
 
 
-def show_steps(run: RunTrace, request: int = 0, limit: int | None = None, collapse_unvisited: bool = True) -> None:
+def show_steps(run: Run, request: int = 0, limit: int | None = None, collapse_unvisited: bool = True) -> None:
     """Display the trees of a request's steps, in order (the first ``limit`` when given; at
     most ``views.pick.WIDE_FAN`` children drawn per parent)."""
     from IPython.display import SVG
@@ -43,14 +43,14 @@ def show_steps(run: RunTrace, request: int = 0, limit: int | None = None, collap
         _display(SVG(step_svg(s, run, collapse_unvisited, max_children=WIDE_FAN)))
 
 
-def show_text(run: RunTrace, request: int = 0) -> None:
+def show_text(run: Run, request: int = 0) -> None:
     """Display the request's generated text coloured by step (bonus tokens underlined)."""
     from IPython.display import HTML
 
     _display(HTML(committed_html(run, request)))
 
 
-def step_browser(run: RunTrace, request: int = 0, position: int | None = None):
+def step_browser(run: Run, request: int = 0, position: int | None = None):
     """An ipywidgets slider over a request's steps showing each tree (at most
     ``views.pick.WIDE_FAN`` children per parent) and its decision log; it opens on
     ``position`` (None: the request's most informative step, :func:`ddtree_lab.views.informative_step`)."""
@@ -79,14 +79,14 @@ def step_browser(run: RunTrace, request: int = 0, position: int | None = None):
     return widgets.VBox([slider, picture, log])
 
 
-def decisions_html(run: RunTrace, step) -> str:
+def decisions_html(run: Run, step) -> str:
     """A step's decision log as an HTML table (:func:`ddtree_lab.views.decisions_table_html`
     of its :class:`ddtree_lab.views.StepView`): sampled steps show target p, ``S_k`` and the
     coin; greedy steps target p (softmax of the raw logits) and the argmax comparison."""
     return decisions_table_html(step_view(step, run))
 
 
-def summary(run: RunTrace) -> list[dict]:
+def summary(run: Run) -> list[dict]:
     """Per request: steps, generated tokens, mean accept length τ (accepted draft + bonus)."""
     rows = []
     for r in run.metadata["requests"]:
@@ -99,7 +99,7 @@ def summary(run: RunTrace) -> list[dict]:
     return rows
 
 
-def summary_html(run: RunTrace) -> str:
+def summary_html(run: Run) -> str:
     """:func:`summary` as an HTML table."""
     rows = summary(run)
     head = "".join(f"<th>{k}</th>" for k in rows[0]) if rows else ""
@@ -107,12 +107,12 @@ def summary_html(run: RunTrace) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def step_text(run: RunTrace, step_index: int) -> str:
+def step_text(run: Run, step_index: int) -> str:
     """The plain-text tree of one recorded step."""
     return to_text(step_view(run.steps[step_index], run))
 
 
-def fixture_trace(name: str = "smollm2_t08_b32") -> RunTrace:
+def fixture_trace(name: str = "smollm2_t08_b32") -> Run:
     """A recorded run shipped in ``fixtures/traces/`` (``smollm2_greedy_b32``, ``smollm2_t08_b32``).
 
     Raises:
@@ -134,14 +134,14 @@ def live_more(session, max_new_tokens: int):
     """A callable for :func:`verify_stepper`'s live button: one more step of ``session`` (a
     started :class:`ddtree_lab.LiveSession`) up to ``max_new_tokens`` per request, then the
     run so far. The stepper calls it; the stepper itself never touches the model."""
-    def more() -> RunTrace:
+    def more() -> Run:
         session.step(max_new_tokens)
         return session.trace()
 
     return more
 
 
-def verify_stepper(run: RunTrace, request: int | None = None, step: int = 0, more=None,
+def verify_stepper(run: Run, request: int | None = None, step: int = 0, more=None,
                    collapse_unvisited: bool = True):
     """The verify stepper widget (:class:`ddtree_lab.views.VerifyStepper`) on ``run``; display
     it as a cell's last value. ``more``: see :func:`live_more`."""

@@ -1,7 +1,7 @@
-"""Live DDTree decoding on a real target, one :class:`StepTrace` per request per step.
+"""Live DDTree decoding on a real target, one :class:`Step` per request per step.
 
 One step for the batch of active requests (Ringel & Romano, arXiv 2604.12989, §4; the reference
-``ddtree.py`` loop), each stage timed under one name (``StepTrace.timings``, seconds):
+``ddtree.py`` loop), each stage timed under one name (``Step.timings``, seconds):
 
 1. ``draft``: the drafter's logits for the L-1 positions after each anchor, then the draft
    top-k (:func:`ddtree_lab.draft_topk_from_logits`);
@@ -15,17 +15,17 @@ One step for the batch of active requests (Ringel & Romano, arXiv 2604.12989, §
 5. ``verify``: level ``full``: the full target rows (:func:`ddtree_lab.target_probs`) and the
    chosen backend; levels ``light`` / ``off``: the backend on the raw logits, reading only the
    rows the walk reaches (torch-lazy on CPU, Triton on CUDA by default);
-6. ``record``: the :class:`StepTrace` of each request at the recording level;
+6. ``record``: the :class:`Step` of each request at the recording level;
 7. ``commit``: each KV-cache row keeps exactly its accepted path
    (:meth:`~ddtree_lab.models.TargetModel.keep_paths`), the drafter gets the features of the
    root and the accepted nodes (``Drafter.commit``), the bonus becomes the next anchor, and
    finished requests leave the batch.
 
-Recording levels (``record=``): ``full`` (everything a :class:`StepTrace` holds, every node's
+Recording levels (``record=``): ``full`` (everything a :class:`Step` holds, every node's
 target row and its top-64 raw logits), ``light`` (buffers, draft top-k, decisions and only the
 rows the verifier read: ``child_probs`` of the visited nodes' children, NaN elsewhere, no
 top-M rows: those fields are None, see :func:`ddtree_lab.record.make_step_trace`), ``off``
-(outputs only: no StepTrace; the tokens, ``last_timings`` and ``stage_totals``).
+(outputs only: no Step; the tokens, ``last_timings`` and ``stage_totals``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from .models.drafter import DraftContext, Drafter
 from .buffers import compile_retrieve
 from .sampling import SamplingParams, normalize_params, target_probs
 from .record import TOP_M_LOGITS, make_step_trace
-from .step import RunTrace, StepTrace
+from .step import Run, Step
 from .build import build_tree
 from .draft import draft_topk_from_logits
 from .verify import VerifyOutput, draw_coins, make_generators, residual_draw, verify_sampled
@@ -120,7 +120,7 @@ class LiveSession:
         verify_backend: ``"reference"`` (:func:`ddtree_lab.verify_sampled` on
             :func:`ddtree_lab.target_probs`), ``"torch-lazy"``, ``"triton"`` or ``"auto"``
             (:func:`ddtree_lab.verify_tree` on the raw logits); default
-            :func:`default_backend` of the level. Recorded in every :class:`StepTrace`.
+            :func:`default_backend` of the level. Recorded in every :class:`Step`.
         record: ``"full"`` (default), ``"light"`` or ``"off"`` (module docstring).
         threshold_single, threshold_acc: SGLang's acceptance thresholds, passed to the
             verifier (:func:`ddtree_lab.verify_sampled`); 1.0 (default) is the exact rule,
@@ -184,7 +184,7 @@ class LiveSession:
 
         self.faults = as_faults(faults)  # planted faults: identity hooks unless given
         self.requests: list[RequestState] = []
-        self.steps: list[StepTrace] = []
+        self.steps: list[Step] = []
         self.last_timings: dict[str, float] = {}
         self.stage_totals: dict[str, float] = dict.fromkeys(STAGES, 0.0)
         self.num_steps = 0
@@ -255,7 +255,7 @@ class LiveSession:
 
     # -- one step ----------------------------------------------------------------------------
 
-    def step(self, max_new_tokens: int) -> list[StepTrace]:
+    def step(self, max_new_tokens: int) -> list[Step]:
         """One DDTree step for every unfinished request, one batched target forward.
 
         On a GPU the step reads from the device twice: the draft top-k comes to the host for
@@ -331,7 +331,7 @@ class LiveSession:
             self.recorder.steps(traces, self.target.token_text)
         return traces
 
-    def _record(self, step_no, b, r, ids, lps, tree, vi, logits, probs, coins, final, out, timings) -> StepTrace:
+    def _record(self, step_no, b, r, ids, lps, tree, vi, logits, probs, coins, final, out, timings) -> Step:
         n = int(tree.num_nodes[b])
         local = vi.request(b)
         return make_step_trace(
@@ -371,8 +371,8 @@ class LiveSession:
     # -- whole runs --------------------------------------------------------------------------
 
     def generate(self, prompts: str | Sequence[str], max_new_tokens: int = 64, chat: bool = True,
-                 request_ids: Sequence[str] | None = None) -> Iterator[StepTrace]:
-        """Start the prompts and yield each request's :class:`StepTrace` as steps complete."""
+                 request_ids: Sequence[str] | None = None) -> Iterator[Step]:
+        """Start the prompts and yield each request's :class:`Step` as steps complete."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         self.start(prompts, chat=chat, request_ids=request_ids)
@@ -392,8 +392,8 @@ class LiveSession:
             self.recorder.close(run.metadata, run.token_texts, note)
 
     def run(self, prompts: str | Sequence[str], max_new_tokens: int = 64, chat: bool = True,
-            request_ids: Sequence[str] | None = None) -> RunTrace:
-        """Generate to the end and return the recorded :class:`RunTrace`."""
+            request_ids: Sequence[str] | None = None) -> Run:
+        """Generate to the end and return the recorded :class:`Run`."""
         for _ in self.generate(prompts, max_new_tokens, chat, request_ids):
             pass
         return self.trace()
@@ -404,8 +404,8 @@ class LiveSession:
             raise IndexError(f"request {request} does not exist: the session has {len(self.requests)} requests")
         return self.target.decode(self.requests[request].generated)
 
-    def trace(self) -> RunTrace:
-        """The run so far as a :class:`RunTrace` (metadata, steps, token texts)."""
+    def trace(self) -> Run:
+        """The run so far as a :class:`Run` (metadata, steps, token texts)."""
         import platform
 
         from .version import __version__
@@ -442,7 +442,7 @@ class LiveSession:
             meta["versions"]["transformers"] = transformers.__version__
         except ImportError:  # pragma: no cover - models extra missing
             pass
-        return RunTrace(metadata=meta, steps=list(self.steps), token_texts=texts)
+        return Run(metadata=meta, steps=list(self.steps), token_texts=texts)
 
 
 class _Clock:

@@ -29,8 +29,7 @@ from .build import DDTreeBuildResult
 from .sampling import SamplingParams
 from .verify import BonusDraw, Decision, VerifyOutput
 
-__all__ = ["Step", "Run", "DraftTopK", "TargetRows", "ROW_KINDS", "LEVELS", "STAGES", "normalize_timings",
-           "StepTrace", "RunTrace"]
+__all__ = ["Step", "Run", "DraftTopK", "TargetRows", "ROW_KINDS", "LEVELS", "STAGES", "normalize_timings"]
 
 LEVELS = ("full", "light", "off")
 STAGES = ("draft", "build", "compile", "target", "verify", "record", "commit")
@@ -455,9 +454,3 @@ class Run:
 
     def text(self, token_id: int) -> str:
         return self.token_texts.get(int(token_id), f"<{int(token_id)}>")
-
-
-#: The names this record had before it was made of stage objects (kept for existing code).
-StepTrace = Step
-RunTrace = Run
-

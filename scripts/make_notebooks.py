@@ -123,7 +123,7 @@ lab knows one) or `not replayable` (SGLang ran something the lab does not implem
 print("\\n".join(sglang.replay_report(results)))"""),
     ("md", """## The recording as lab step traces
 
-`recording_to_trace` turns every replayable row into a lab `StepTrace` (request ids from
+`recording_to_trace` turns every replayable row into a lab `Step` (request ids from
 SGLang, the lab's decision log, SGLang's own output and the verdict in `step.extra`), so the
 lab's summaries, views, `ddtree-lab render` and `dl.replay` work on it. Draft log-weights and
 ranks are not recorded by SGLang: the views show them as `nan` / `-1`."""),

@@ -29,7 +29,7 @@ GREEDY_VS_SAMPLING = [
 
 One live batch on the embedded default target (SmolLM2-135M-Instruct) with its DFlash drafter,
 the **same prompt** under three settings: greedy (T = 0), T = 0.7, and T = 1.0 with top-p 0.9.
-Every figure below reads the recorded `StepTrace`s only (`ddtree_lab.views.compare`), so the
+Every figure below reads the recorded `Step`s only (`ddtree_lab.views.compare`), so the
 same cells work on a loaded trace file.
 
 Words: *accept length* counts accepted draft tokens; *τ* = accept length + 1 (the bonus

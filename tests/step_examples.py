@@ -15,7 +15,7 @@ import torch
 
 from ddtree_lab.sampling import SamplingParams, target_probs
 from ddtree_lab.record import row_records
-from ddtree_lab.step import RunTrace, StepTrace
+from ddtree_lab.step import Run, Step
 from ddtree_lab.verify import draw_coins, make_generators, verify_sampled
 
 __all__ = ["make_step", "golden_cases", "random_step"]
@@ -24,7 +24,7 @@ __all__ = ["make_step", "golden_cases", "random_step"]
 def make_step(draft_token_ids: torch.Tensor, draft_logprobs: torch.Tensor, anchor: int, budget: int,
               row: Callable[[tuple[int, ...]], torch.Tensor], params: SamplingParams, *,
               rows_are_probs: bool = False, coins: Sequence[float] | None = None, final_coin: float | None = None,
-              step: int = 0, request: int = 0, prefix_len: int = 4, top_m: int = 8) -> StepTrace:
+              step: int = 0, request: int = 0, prefix_len: int = 4, top_m: int = 8) -> Step:
     """One recorded step of one request from hand-made inputs.
 
     Args:
@@ -70,7 +70,7 @@ def make_step(draft_token_ids: torch.Tensor, draft_logprobs: torch.Tensor, ancho
     out = verify_sampled(vi, probs, drawn, final)
     bonus = out.bonus[0]
     records = row_records(parents, tokens, probs[0, :n], display, bonus, top_m)
-    return StepTrace.from_fields(
+    return Step.from_fields(
         step=step, request=request, request_id=str(request), prefix_len=prefix_len,
         draft_token_ids=draft_token_ids.clone(), draft_logprobs=draft_logprobs.clone(), node_token_ids=tokens.clone(),
         parents=parents.clone(), depths=tree.depths[0, :n].clone(), ranks=tree.ranks[0, :n].clone(),
@@ -102,13 +102,13 @@ GOLDEN_TEXTS = {0: "<s>", 1: " the", 2: " a", 3: " cat", 4: " dog", 5: " sat", 6
 VOCAB = 20
 
 
-def golden_cases() -> dict[str, tuple[StepTrace, RunTrace]]:
+def golden_cases() -> dict[str, tuple[Step, Run]]:
     """The hand-made steps of the view golden files, by name: ``greedy``, ``sampled_residual``
     (a sampled step whose bonus comes from a residual), ``leaf_bonus``, ``exhausted`` (the
     residual is empty: no bonus), ``collapsed`` (a wider tree for the collapse options) and
     ``escaping`` (tokens with quotes, backslashes, newlines, ``<``, ``>``, ``&``, braces and
-    whitespace). Each comes with a :class:`RunTrace` holding the token texts."""
-    texts = RunTrace(metadata={"requests": []}, steps=[], token_texts=dict(GOLDEN_TEXTS))
+    whitespace). Each comes with a :class:`Run` holding the token texts."""
+    texts = Run(metadata={"requests": []}, steps=[], token_texts=dict(GOLDEN_TEXTS))
     # depth 1: ' the' .5 ' a' .3 ' cat' .2 ; depth 2: ' cat' .6 ' dog' .35 ' ran' .05 ; depth 3: ' sat' .7 ...
     ids, lps = _topk([[(1, .5), (2, .3), (3, .2)], [(3, .6), (4, .35), (6, .05)], [(5, .7), (7, .2), (6, .1)]])
     cases = {}
@@ -156,7 +156,7 @@ def golden_cases() -> dict[str, tuple[StepTrace, RunTrace]]:
 
 
 def random_step(budget: int = 256, vocab: int = 512, depth: int = 15, seed: int = 0, temperature: float = 1.0,
-                top_k: int | None = None) -> tuple[StepTrace, RunTrace]:
+                top_k: int | None = None) -> tuple[Step, Run]:
     """A random step with ``budget`` draft nodes (drafter and target rows from seeded
     Gaussian logits) and token texts ``tok<id>``: the render benchmark's 256-node tree."""
     g = torch.Generator().manual_seed(seed)
@@ -170,5 +170,5 @@ def random_step(budget: int = 256, vocab: int = 512, depth: int = 15, seed: int 
         return table[hash(path) % 4096]
 
     step = make_step(ids[0], lps[0], 0, budget, row, SamplingParams(temperature=temperature, seed=seed), top_m=16)
-    texts = RunTrace(metadata={"requests": []}, steps=[], token_texts={t: f"tok{t}" for t in range(vocab)})
+    texts = Run(metadata={"requests": []}, steps=[], token_texts={t: f"tok{t}" for t in range(vocab)})
     return step, texts

@@ -76,7 +76,7 @@ def test_replay_reports_each_difference(tmp_path, capsys):
     run = dl.load_trace(TRACE)
     step = next(s for s in run.steps if s.step == 3 and s.request == 0)
     step.output.accept_length[0] += 1  # a recorded output that the verifier does not reproduce
-    bad = dl.save_trace(dl.RunTrace(run.metadata, [step], run.token_texts), tmp_path / "bad.ddtrace.safetensors")
+    bad = dl.save_trace(dl.Run(run.metadata, [step], run.token_texts), tmp_path / "bad.ddtrace.safetensors")
     assert main(["replay", str(bad)]) == 1
     out = capsys.readouterr().out
     assert "step 3, request 0" in out and "accept_length" in out and "1 differ" in out
@@ -154,7 +154,7 @@ def test_doctor_reports_every_problem(tmp_path, capsys):
     step.retrieve_next_sibling[kids[-1]] = kids[0]  # the root's sibling chain loops
     step.positions = step.positions.clone()
     step.positions[3] += 1
-    bad = dl.save_trace(dl.RunTrace(run.metadata, [step], run.token_texts), tmp_path / "bad.ddtrace.safetensors")
+    bad = dl.save_trace(dl.Run(run.metadata, [step], run.token_texts), tmp_path / "bad.ddtrace.safetensors")
     assert main(["doctor", str(bad)]) == 1
     out = capsys.readouterr().out
     loop = [line for line in out.splitlines() if "reached twice" in line or "cycle" in line]

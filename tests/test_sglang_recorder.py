@@ -361,7 +361,7 @@ def test_step_parts_hold_what_a_step_trace_needs():
 
 
 def test_recording_becomes_a_lab_trace_that_opens_replays_and_renders(tmp_path):
-    """The recorder's output opens in the lab: StepTrace per row, save/load, replay, views."""
+    """The recorder's output opens in the lab: Step per row, save/load, replay, views."""
     from pathlib import Path
 
     import ddtree_lab as dl

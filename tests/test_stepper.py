@@ -20,7 +20,7 @@ def _run_of(*names):
         s, texts = CASES[name]
         s.step = k
         steps.append(s)
-    return dl.RunTrace(metadata={"requests": []}, steps=steps, token_texts=texts.token_texts)
+    return dl.Run(metadata={"requests": []}, steps=steps, token_texts=texts.token_texts)
 
 
 def test_buttons_and_sliders_move_the_cursor():
@@ -176,7 +176,7 @@ def test_live_button_calls_more_and_shows_the_new_step():
         calls.append(1)
         return full
 
-    stepper = views.VerifyStepper(dl.RunTrace(full.metadata, full.steps[:1], full.token_texts), more=more)
+    stepper = views.VerifyStepper(dl.Run(full.metadata, full.steps[:1], full.token_texts), more=more)
     b = stepper.widget and stepper._widgets
     assert not b["more"].disabled and b["step"].max == 0
     b["more"].click()

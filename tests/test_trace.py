@@ -201,7 +201,7 @@ def test_make_step_trace_light_and_off(params, tmp_path):
             dl.replay(off)
         assert off.num_nodes == full.num_nodes and off.emitted == full.emitted
         steps += [light, off]
-    path = dl.save_trace(dl.RunTrace({"target": {"vocab_size": 300}}, steps), tmp_path / "levels.ddtrace.safetensors")
+    path = dl.save_trace(dl.Run({"target": {"vocab_size": 300}}, steps), tmp_path / "levels.ddtrace.safetensors")
     back = dl.load_trace(path)
     assert [s.level for s in back.steps] == ["light", "off"] * 2
     for a, s in zip(back.steps, steps):
@@ -414,7 +414,7 @@ def test_lossy_thresholds_round_trip_and_show_in_the_views(tmp_path):
     lossy, exact = (_make(0, "full", (tree, vi, ids, lps, logits, probs, coins, final, o), params) for o in outs)
     assert lossy.thresholds == (1.0, 0.5) and lossy.lossy
     assert exact.thresholds == (1.0, 1.0) and not exact.lossy
-    path = dl.save_trace(dl.RunTrace({"target": {"vocab_size": 300}}, [lossy, exact]), tmp_path / "t.ddtrace.safetensors")
+    path = dl.save_trace(dl.Run({"target": {"vocab_size": 300}}, [lossy, exact]), tmp_path / "t.ddtrace.safetensors")
     back = dl.load_trace(path)
     assert [(s.thresholds, s.lossy) for s in back.steps] == [((1.0, 0.5), True), ((1.0, 1.0), False)]
     for s in back.steps:

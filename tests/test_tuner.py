@@ -226,7 +226,7 @@ def test_tuner_data_refuses_v1_steps():
 
 @pytest.fixture(scope="module")
 def small_run():
-    from ddtree_lab.step import RunTrace
+    from ddtree_lab.step import Run
 
     g = torch.Generator().manual_seed(5)
     steps = []
@@ -235,7 +235,7 @@ def small_run():
         s = make_step(rows, 12 + k, 16, seed=k, step=k, params=SamplingParams(temperature=0.8))
         s.accept_length = k % 3
         steps.append(s)
-    return RunTrace(metadata={"vocab_size": 300}, steps=steps, token_texts={i: f"t{i}" for i in range(300)})
+    return Run(metadata={"vocab_size": 300}, steps=steps, token_texts={i: f"t{i}" for i in range(300)})
 
 
 def test_tuner_widget_state_follows_simulated_slider_moves(small_run):
@@ -367,14 +367,14 @@ def test_tuner_on_the_v2_fixture_trace():
 
 
 def _two_request_run(small_run):
-    from ddtree_lab.step import RunTrace
+    from ddtree_lab.step import Run
 
     steps = []
     for k, s in enumerate(small_run.steps):  # interleaved as a batch records them: r0 s0, r1 s0, r0 s1 ...
         t = SimpleNamespace(**vars(s))
         t.request, t.request_id, t.step = k % 2, f"r{k % 2}", k // 2
         steps.append(t)
-    return RunTrace(metadata={"vocab_size": 300}, steps=steps, token_texts=small_run.token_texts)
+    return Run(metadata={"vocab_size": 300}, steps=steps, token_texts=small_run.token_texts)
 
 
 def test_tuner_step_controls_are_request_and_step_and_the_chart_follows(small_run):

@@ -72,7 +72,7 @@ class AuditCase:
 
 def case_from_logits(step, logits: torch.Tensor, params: SamplingParams | None = None, texts=None,
                      name: str | None = None) -> AuditCase:
-    """An :class:`AuditCase` from a recorded :class:`ddtree_lab.StepTrace` and the target's
+    """An :class:`AuditCase` from a recorded :class:`ddtree_lab.Step` and the target's
     full ``[n, V]`` logits of its nodes (e.g. from :func:`step_logits`)."""
     return AuditCase(step.verify_input(), logits.float(), params or step.params,
                      name or f"step {step.step}, request {step.request}", dict(texts or {}))
@@ -160,7 +160,7 @@ def step_logits(target, run, step) -> torch.Tensor:
 
     Args:
         target: a :class:`ddtree_lab.models.TargetModel` (the one the trace was recorded with).
-        run: the :class:`ddtree_lab.RunTrace` (its metadata gives the prompt and generated ids).
+        run: the :class:`ddtree_lab.Run` (its metadata gives the prompt and generated ids).
         step: one of ``run.steps``.
 
     Raises:

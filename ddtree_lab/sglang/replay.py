@@ -318,7 +318,7 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
     """
     from ..buffers import decode_retrieve
     from ..record import make_step_trace
-    from ..step import RunTrace
+    from ..step import Run
 
     requests: dict[str, dict] = {}
     prompts = recording.metadata.get("prompts") or {}
@@ -373,4 +373,4 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
             "requests": list(requests.values()),
             "target": {"name": str(recording.metadata.get("target", "unknown (SGLang)"))}, "vocab_size": vocab or None,
             "generated_from": "the first converted row's root token, then SGLang's emitted tokens per converted row"}
-    return RunTrace(metadata=meta, steps=steps, token_texts={})
+    return Run(metadata=meta, steps=steps, token_texts={})

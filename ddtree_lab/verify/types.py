@@ -157,7 +157,7 @@ def events_of(decisions: Sequence[Decision], bonus: "BonusDraw | UndrawnBonus | 
 
     Args:
         decisions: the request's :class:`Decision` s in walk order (``VerifyOutput.decisions[b]``,
-            ``StepTrace.decisions``).
+            ``Step.decisions``).
         bonus: its :class:`BonusDraw` (``None``: no bonus event).
     """
     events = []

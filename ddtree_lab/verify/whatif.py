@@ -48,7 +48,7 @@ def walk_request(
         retrieve_next_token, retrieve_next_sibling, node_token_ids: ``[n]`` (tensors or lists)
             of the request (local indices).
         child_probs: ``[n]`` float, ``child_probs[i]`` = target p of node ``i``'s token in its
-            parent's row (``StepTrace.child_probs``; root entry ignored).
+            parent's row (``Step.child_probs``; root entry ignored).
         coins: ``[n]`` coins in [0, 1) (``coins[i]`` decides among node ``i``'s children).
         final_coin: the bonus coin (``None``: the bonus is not drawn).
         request: the request index written into the events.

@@ -26,7 +26,7 @@ import statistics
 from typing import Sequence
 
 from .. import analysis
-from ..step import RunTrace
+from ..step import Run
 
 __all__ = ["settings_of", "tau_figure", "tau_distribution_figure", "calibration_figure", "acceptance_figure",
            "sibling_rank_figure", "throughput_figure", "sibling_quality_figure", "trees_html", "looks_greedy_html",
@@ -38,7 +38,7 @@ COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c
 
 
 def _steps(run_or_steps) -> list:
-    return list(run_or_steps.steps if isinstance(run_or_steps, RunTrace) else run_or_steps)
+    return list(run_or_steps.steps if isinstance(run_or_steps, Run) else run_or_steps)
 
 
 def settings_of(steps: Sequence) -> list[str]:
@@ -204,7 +204,7 @@ def sibling_quality_figure(run_or_steps):
     return fig
 
 
-def trees_html(run: RunTrace, step: int, collapse_unvisited: bool = True) -> str:
+def trees_html(run: Run, step: int, collapse_unvisited: bool = True) -> str:
     """The trees of decoding step ``step`` of every request, one under another at their own
     size (text as in every other tree picture), each in a box that scrolls sideways when the
     tree is wider than the page.

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from ..step import RunTrace
+from ..step import Run
 from .model import LOSSY_COLOR, StepView, token_label
 from .labels import mass_label
 from .labels import number_label
@@ -199,7 +199,7 @@ def bonus_html(view: StepView, limit: int = 12) -> str:
 _PALETTE = ["#fde2e4", "#e2ece9", "#dfe7fd", "#fff1c1", "#e8dff5", "#d8f3dc", "#ffe5d9", "#cddafd"]
 
 
-def committed_html(run: RunTrace, request: int = 0) -> str:
+def committed_html(run: Run, request: int = 0) -> str:
     """The request's generated text, each step's tokens on its own colour; a step's bonus
     token is underlined. The prefill's first token is grey. Hover shows step and role."""
     meta = run.metadata["requests"][request]

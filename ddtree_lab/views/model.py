@@ -7,7 +7,7 @@ a :class:`ddtree_lab.step.Step` directly. Lower once, render many ways.
 **One meaning per number** (docs/DESIGN.md, "Words"):
 
 * ``target p`` -- the target's probability of a node's token in its parent's row under the
-  request's sampling parameters. Sampled requests: ``StepTrace.child_probs`` (exact).
+  request's sampling parameters. Sampled requests: ``Step.child_probs`` (exact).
   Greedy requests verify with one-hot rows, so their ``target p`` is the softmax of the raw
   logits at temperature 1, read from the stored display rows (``top_probs``); a token
   outside the stored top-M shows the smallest stored value as an upper bound (``p<x``).
@@ -43,7 +43,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from ..step import RunTrace, StepTrace
+from ..step import Run, Step
 from .collapse import collapse_nodes
 from .nodes import STATUSES, NodeView
 from .labels import LOSSY_COLOR, lossy_mark, mass_label, number_label, token_label
@@ -256,16 +256,16 @@ class StepView:
 
 
 def text_lookup(texts) -> Callable[[int], str]:
-    if isinstance(texts, RunTrace):
+    if isinstance(texts, Run):
         return texts.text
     if texts is None:
         return lambda t: f"<{int(t)}>"
     if isinstance(texts, Mapping):
         return lambda t: texts.get(int(t), f"<{int(t)}>")
-    raise TypeError(f"texts must be a RunTrace, a dict token id -> text, or None; got {type(texts).__name__}")
+    raise TypeError(f"texts must be a Run, a dict token id -> text, or None; got {type(texts).__name__}")
 
 
-def _display_p(step: StepTrace, row: int, token: int) -> tuple[float | None, bool]:
+def _display_p(step: Step, row: int, token: int) -> tuple[float | None, bool]:
     """The token's temperature-1 probability in node ``row``'s row (greedy steps' target p).
 
     Exact from trace format v2's raw logits when the token is among the row's stored top-M
@@ -279,7 +279,7 @@ def _display_p(step: StepTrace, row: int, token: int) -> tuple[float | None, boo
     return _stored_p(step, row, token)
 
 
-def _stored_p(step: StepTrace, row: int, token: int) -> tuple[float | None, bool]:
+def _stored_p(step: Step, row: int, token: int) -> tuple[float | None, bool]:
     """The token's probability in node ``row``'s stored display row (``top_probs``: greedy
     steps the temperature-1 softmax, sampled steps the target under the request's
     parameters): exact when stored, else the smallest stored value as an upper bound."""
@@ -292,7 +292,7 @@ def _stored_p(step: StepTrace, row: int, token: int) -> tuple[float | None, bool
     return bound, bound > 0.0
 
 
-def _node_p(step: StepTrace, i: int, parent: int, token: int) -> tuple[float | None, bool]:
+def _node_p(step: Step, i: int, parent: int, token: int) -> tuple[float | None, bool]:
     """Greedy target p of node ``i``: exact from v2's ``node_logits`` and the parent row's
     log-sum-exp, else :func:`_display_p`."""
     if step.node_logits is not None and step.row_logsumexp is not None:
@@ -306,16 +306,16 @@ def _finite(x: float) -> float | None:
     return None if x is None or math.isnan(x) else x
 
 
-def _greedy_p_known(step: StepTrace) -> bool:
+def _greedy_p_known(step: Step) -> bool:
     # SGLang greedy recordings store the target's argmax only (their display rows are one-hot).
     return not (step.params.is_greedy and step.extra.get("source") == "sglang")
 
 
-def _mode(step: StepTrace) -> str:
+def _mode(step: Step) -> str:
     return step.params.label(" ")
 
 
-def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None, collapse_unvisited: bool = False,
+def step_view(step: Step, texts: Run | Mapping[int, str] | None = None, collapse_unvisited: bool = False,
               *, max_depth: int | None = None, min_target_p: float | None = None,
               min_drafter_q: float | None = None, cursor: int | None = None, keep=None,
               max_children: int | None = None) -> StepView:
@@ -323,7 +323,7 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
 
     Args:
         step: the recorded step.
-        texts: token id -> text (a :class:`RunTrace` works too; ``None`` shows ``<id>``).
+        texts: token id -> text (a :class:`Run` works too; ``None`` shows ``<id>``).
         collapse_unvisited: hide every node the walk never reached.
         max_depth: hide nodes deeper than this.
         min_target_p, min_drafter_q: hide nodes whose target p (its upper bound when the token
@@ -425,7 +425,7 @@ def step_view(step: StepTrace, texts: RunTrace | Mapping[int, str] | None = None
     return view if cursor is None else view.at(cursor)
 
 
-def _bonus_view(step: StepTrace, lookup, greedy: bool, p_known: bool) -> BonusView:
+def _bonus_view(step: Step, lookup, greedy: bool, p_known: bool) -> BonusView:
     b = step.bonus
     rejected = [d.token for d in step.decisions if d.parent == b.node and d.verdict == "reject"]
     if b.token >= 0 and greedy and p_known:

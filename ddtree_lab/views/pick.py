@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..step import RunTrace, StepTrace
+from ..step import Run, Step
 
 __all__ = ["informative_step", "WIDE_FAN"]
 
@@ -10,7 +10,7 @@ __all__ = ["informative_step", "WIDE_FAN"]
 WIDE_FAN = 12
 
 
-def informative_step(run: RunTrace, request: int | None = None) -> StepTrace:
+def informative_step(run: Run, request: int | None = None) -> Step:
     """The step with the longest accepted path (ties: the earliest recorded; among the
     request's steps when ``request`` is given), so a view opens on a step where the tree
     mattered rather than on step 0, whose root fans out over every first-level draft.

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from ..step import RunTrace, StepTrace
+from ..step import Run, Step
 from .dot import render_svg, to_dot
 from .html import bonus_html, children_html, decisions_table_html, mass_bar_svg, segments
 from .labels import token_label
@@ -59,7 +59,7 @@ class WhatIf:
     same_path: bool
 
 
-def what_if(step: StepTrace, node: int, coin: float) -> WhatIf:
+def what_if(step: Step, node: int, coin: float) -> WhatIf:
     """Re-run the reference verifier (:func:`ddtree_lab.verify_sampled`) on ``step`` with the
     coin of ``node`` (the coin deciding among its children) set to ``coin``.
 
@@ -94,7 +94,7 @@ class VerifyStepper:
         run: the recorded run (loaded or live).
         request: the request to show first (its index in the batch).
         step: position of the first step to show among the request's steps.
-        more: optional callable with no arguments returning the updated :class:`RunTrace`
+        more: optional callable with no arguments returning the updated :class:`Run`
             after one more live step (``None``: no live button).
         collapse_unvisited: draw the never-reached subtrees as summary nodes (default).
 
@@ -102,8 +102,8 @@ class VerifyStepper:
         ValueError: the run has no steps, or the request has none.
     """
 
-    def __init__(self, run: RunTrace, request: int | None = None, step: int = 0,
-                 more: Callable[[], RunTrace] | None = None, collapse_unvisited: bool = True):
+    def __init__(self, run: Run, request: int | None = None, step: int = 0,
+                 more: Callable[[], Run] | None = None, collapse_unvisited: bool = True):
         if not run.steps:
             raise ValueError("the run has no recorded steps")
         self.run = run
@@ -125,11 +125,11 @@ class VerifyStepper:
         return sorted({s.request for s in self.run.steps})
 
     @property
-    def steps(self) -> list[StepTrace]:
+    def steps(self) -> list[Step]:
         return self.run.for_request(self.request)
 
     @property
-    def trace(self) -> StepTrace:
+    def trace(self) -> Step:
         """The recorded step on show."""
         return self.steps[self.position]
 
@@ -260,8 +260,8 @@ class VerifyStepper:
         if self.more is None:
             raise ValueError("this stepper has no live session (pass more=... to run more steps)")
         run = self.more()
-        if not isinstance(run, RunTrace):
-            raise TypeError(f"more() must return a RunTrace, got {type(run).__name__}")
+        if not isinstance(run, Run):
+            raise TypeError(f"more() must return a Run, got {type(run).__name__}")
         before = len(self.steps)
         self.run = run
         self.message = ("one more step recorded" if len(self.steps) > before

@@ -8,7 +8,7 @@ target probability and reach probability -- all from the trace, no model. Where 
 top-M logits do not determine a value, the interval the stored data allow is shown.
 
 A "run live" button calls a function the notebook passes in (``live(params, budget) ->
-RunTrace | list of StepTrace``); the widget never touches a model. It then shows the observed
+Run | list of Step``); the widget never touches a model. It then shows the observed
 tau of the new run beside the tau predicted from the recording.
 
 The selected step is chosen as in the verify stepper: a ``request`` dropdown, then a ``step``
@@ -32,7 +32,7 @@ from typing import Callable
 from .. import analysis
 from ..analysis import TunerData, TunerResult
 from ..sampling import SamplingParams
-from ..step import RunTrace
+from ..step import Run
 
 __all__ = ["TunerState", "Tuner", "expected_tau_text", "params_from_controls", "reach_tree_dot", "bars_svg"]
 
@@ -60,7 +60,7 @@ def _prob_text(lo: float, hi: float) -> str:
     return a if a == b else f"[{a}, {b}]"
 
 
-def expected_tau_text(result_or_data: TunerResult | TunerData | RunTrace, params: SamplingParams | None = None,
+def expected_tau_text(result_or_data: TunerResult | TunerData | Run, params: SamplingParams | None = None,
                       budget: int | None = None) -> str:
     """The mean expected tau over the packed steps as the tuner displays it: ``"2.345"``, or
     ``"2.345 ± 0.012"`` where the stored top-M logits do not determine it (the midpoint and
@@ -68,11 +68,11 @@ def expected_tau_text(result_or_data: TunerResult | TunerData | RunTrace, params
 
     Args:
         result_or_data: a :class:`TunerResult`, or :class:`TunerData` (or the recorded
-            :class:`RunTrace`) with ``params`` and ``budget`` (None: the recorded budget) to
+            :class:`Run`) with ``params`` and ``budget`` (None: the recorded budget) to
             analyse. A browser test reading the widget's ``ddtree-expected-tau`` text compares
             it with ``expected_tau_text(run, params_from_controls(T, k, p, min_p), budget)``.
     """
-    if isinstance(result_or_data, RunTrace):
+    if isinstance(result_or_data, Run):
         result_or_data = TunerData.from_run(result_or_data)
     if isinstance(result_or_data, TunerData):
         if params is None:
@@ -244,7 +244,7 @@ class TunerState:
     step: int = 0
 
     @classmethod
-    def from_run(cls, run: RunTrace) -> "TunerState":
+    def from_run(cls, run: Run) -> "TunerState":
         """Start from the run's first step's recorded parameters and its largest budget."""
         data = TunerData.from_run(run)
         p = data.steps[0].params
@@ -310,8 +310,8 @@ class Tuner:
     """The ipywidgets tuner over a recorded run (module docstring).
 
     Args:
-        run: a :class:`RunTrace` in trace format v2.
-        live: optional ``live(params, budget) -> RunTrace | list[StepTrace]`` behind the "run
+        run: a :class:`Run` in trace format v2.
+        live: optional ``live(params, budget) -> Run | list[Step]`` behind the "run
             live" button.
 
     Attributes:
@@ -323,7 +323,7 @@ class Tuner:
         ValueError: the run is not trace format v2.
     """
 
-    def __init__(self, run: RunTrace, live: Callable | None = None):
+    def __init__(self, run: Run, live: Callable | None = None):
         import ipywidgets as w
 
         self.run = run
@@ -463,7 +463,7 @@ class Tuner:
         except Exception as exc:  # shown to the user, not swallowed
             self.live_out.value = f"<span style='color:#b3261e'>live run failed: {html.escape(repr(exc))}</span>"
             raise
-        steps = list(got.steps if isinstance(got, RunTrace) else got)
+        steps = list(got.steps if isinstance(got, Run) else got)
         self.live_out.value = live_comparison_html(steps, self.result)
 
 
