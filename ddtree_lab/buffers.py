@@ -121,6 +121,18 @@ class DDTreeVerifyInput(TreeBatch):
         parts["retrieve_index"] = torch.where(ri >= 0, ri - b * self.num_rows, ri)
         return DDTreeVerifyInput(**parts)
 
+    def compact(self) -> "DDTreeVerifyInput":
+        """The same buffers with the padding rows past the largest ``num_nodes`` dropped
+        (``N = max(num_nodes)``; ``tree_mask`` cut to ``[bs, N, N]``), on the CPU, detached.
+        Only for a batch of one or request-local indices: ``retrieve_index`` is kept as it is."""
+        n = int(self.num_nodes.max()) if self.num_nodes.numel() else 0
+        parts = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            v = v if f.name == "num_nodes" else v[:, :n, :n] if f.name == "tree_mask" else v[:, :n]
+            parts[f.name] = v.detach().cpu().clone()
+        return DDTreeVerifyInput(**parts)
+
 
 def encode_retrieve(parents: torch.Tensor, num_nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Retrieve buffers from parent indices; children are linked in ascending index order.

@@ -98,6 +98,13 @@ class DDTreeBuildResult(TreeBatch):
         """The tree of request ``b`` as a batch of one (same ``N``)."""
         return DDTreeBuildResult(**{f.name: getattr(self, f.name)[b : b + 1] for f in fields(self)})
 
+    def compact(self) -> "DDTreeBuildResult":
+        """The same trees with the padding rows past the largest ``num_nodes`` dropped
+        (``N = max(num_nodes)``; a batch of one: exactly its nodes), on the CPU, detached."""
+        n = int(self.num_nodes.max()) if self.num_nodes.numel() else 0
+        return DDTreeBuildResult(**{f.name: (getattr(self, f.name) if f.name == "num_nodes" else
+                                             getattr(self, f.name)[:, :n]).detach().cpu().clone() for f in fields(self)})
+
     def equals(self, other: "DDTreeBuildResult") -> bool:
         """True when every field is identical (values and dtypes)."""
         return all(

@@ -24,7 +24,7 @@ One step for the batch of active requests (Ringel & Romano, arXiv 2604.12989, §
 Recording levels (``record=``): ``full`` (everything a :class:`Step` holds, every node's
 target row and its top-64 raw logits), ``light`` (buffers, draft top-k, decisions and only the
 rows the verifier read: ``child_probs`` of the visited nodes' children, NaN elsewhere, no
-top-M rows: those fields are None, see :func:`ddtree_lab.record.make_step_trace`), ``off``
+top-M rows: those fields are None, see :func:`ddtree_lab.record.record_step`), ``off``
 (outputs only: no Step; the tokens, ``last_timings`` and ``stage_totals``).
 """
 
@@ -40,16 +40,13 @@ import torch
 from .models.drafter import DraftContext, Drafter
 from .buffers import compile_retrieve
 from .sampling import SamplingParams, normalize_params, target_probs
-from .record import TOP_M_LOGITS, make_step_trace
-from .step import Run, Step
+from .record import TOP_M_LOGITS, record_step
+from .step import LEVELS, STAGES, DraftTopK, Run, Step
 from .build import build_tree
 from .draft import draft_topk_from_logits
 from .verify import VerifyOutput, draw_coins, make_generators, residual_draw, verify_sampled
 
-__all__ = ["LiveSession", "RequestState", "RECORD_LEVELS", "STAGES"]
-
-RECORD_LEVELS = ("full", "light", "off")
-STAGES = ("draft", "build", "compile", "target", "verify", "record", "commit")
+__all__ = ["LiveSession", "RequestState"]
 
 
 @dataclass
@@ -149,8 +146,8 @@ class LiveSession:
                  record_to=None, inputs_first: str = "buffers", faults=None):
         if block_size is not None and block_size != drafter.block_size:
             raise ValueError(f"block_size {block_size} != the drafter's block size {drafter.block_size}")
-        if record not in RECORD_LEVELS:
-            raise ValueError(f"record must be one of {RECORD_LEVELS}, got {record!r}")
+        if record not in LEVELS:
+            raise ValueError(f"record must be one of {LEVELS}, got {record!r}")
         from .threads import configure_threads
 
         configure_threads()
@@ -314,8 +311,7 @@ class LiveSession:
         traces = []
         if self.record != "off":
             for b, r in enumerate(active):
-                traces.append(self._record(step_no, b, r, ids, lps, tree, vi, logits, probs, coins, final, out,
-                                           {}))
+                traces.append(self._record(step_no, b, r, ids, lps, tree, vi, logits, probs, coins, final, out))
         clock.mark("record")
         self._commit(active, out, fwd.hidden, vi.num_rows, max_new_tokens)
         clock.mark("commit")
@@ -331,19 +327,13 @@ class LiveSession:
             self.recorder.steps(traces, self.target.token_text)
         return traces
 
-    def _record(self, step_no, b, r, ids, lps, tree, vi, logits, probs, coins, final, out, timings) -> Step:
-        n = int(tree.num_nodes[b])
-        local = vi.request(b)
-        return make_step_trace(
+    def _record(self, step_no, b, r, ids, lps, tree, vi, logits, probs, coins, final, out) -> Step:
+        return record_step(
             step=step_no, request=r.request, request_id=r.request_id, prefix_len=r.prefix_len, params=r.params,
-            output=_request_output(out, b), level=self.record,
-            node_token_ids=tree.node_token_ids[b, :n], parents=tree.parents[b, :n], depths=tree.depths[b, :n],
-            ranks=tree.ranks[b, :n], node_logws=tree.node_logws[b, :n],
-            retrieve_next_token=local.retrieve_next_token[0, :n], retrieve_next_sibling=local.retrieve_next_sibling[0, :n],
-            positions=vi.positions[b, :n], draft_token_ids=ids[b], draft_logprobs=lps[b], coins=coins[b, :n],
-            final_coin=float(final[b]), logits=logits[b, :n], probs=None if probs is None else probs[b, :n],
-            top_m=self.top_m, top_m_logits=TOP_M_LOGITS, timings=timings,
-            backend=out.backend)
+            tree=tree.request(b), buffers=vi.request(b), output=_request_output(out, b),
+            coins=coins[b], final_coin=float(final[b]), draft=DraftTopK(ids[b], lps[b]),
+            logits=logits[b], probs=None if probs is None else probs[b], level=self.record,
+            top_m=self.top_m, top_m_logits=TOP_M_LOGITS, backend=out.backend)
 
     def _commit(self, active: list[RequestState], out: VerifyOutput, features: torch.Tensor, num_rows: int,
                 max_new_tokens: int) -> None:

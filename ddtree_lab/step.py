@@ -351,50 +351,167 @@ class Step:
 
     # -- per-node accessors (views into the stage objects) ------------------------------------
 
-    def _tree_field(self, name):
-        return None if self.tree is None else getattr(self.tree, name)[0]
-
-    def _buffer_field(self, name):
-        return None if self.buffers is None else getattr(self.buffers, name)[0]
-
-    def _row_field(self, name):
-        return None if self.rows is None else getattr(self.rows, name)
-
-    def _set_buffer_field(self, name: str, value: torch.Tensor) -> None:
-        self.buffers = dataclasses_replace(self.verify_input(), **{name: value[None]})
-
-    def _set_row_field(self, name: str, value) -> None:
+    def _rows_for_writing(self) -> TargetRows:
         if self.rows is None:
             self.rows = TargetRows(kind="read")
-        setattr(self.rows, name, value)
+        return self.rows
 
     @property
-    def draft_token_ids(self):
+    def node_token_ids(self) -> torch.Tensor | None:
+        """``tree.node_token_ids`` of this request: ``[n]`` int64, token of each node (root: the anchor token);
+        None without a tree."""
+        return None if self.tree is None else self.tree.node_token_ids[0]
+
+    @property
+    def parents(self) -> torch.Tensor | None:
+        """``tree.parents`` of this request: ``[n]`` int64, parent of each node (root -1); None without a tree."""
+        return None if self.tree is None else self.tree.parents[0]
+
+    @property
+    def depths(self) -> torch.Tensor | None:
+        """``tree.depths`` of this request: ``[n]`` int64, root 0; None without a tree."""
+        return None if self.tree is None else self.tree.depths[0]
+
+    @property
+    def ranks(self) -> torch.Tensor | None:
+        """``tree.ranks`` of this request: ``[n]`` int64, rank of the node's token at its depth (root and
+        unknown: -1); None without a tree."""
+        return None if self.tree is None else self.tree.ranks[0]
+
+    @property
+    def node_logws(self) -> torch.Tensor | None:
+        """``tree.node_logws`` of this request: ``[n]`` float32, node log-weight: sum of draft log-probs along
+        the path (NaN: not recorded); None without a tree."""
+        return None if self.tree is None else self.tree.node_logws[0]
+
+    @property
+    def retrieve_index(self) -> torch.Tensor | None:
+        """``buffers.retrieve_index`` of this request: ``[n]`` int64, request-local ``retrieve_index``; None
+        without buffers."""
+        return None if self.buffers is None else self.buffers.retrieve_index[0]
+
+    @retrieve_index.setter
+    def retrieve_index(self, value: torch.Tensor) -> None:
+        self.buffers = dataclasses_replace(self.verify_input(), retrieve_index=value[None])
+
+    @property
+    def retrieve_next_token(self) -> torch.Tensor | None:
+        """``buffers.retrieve_next_token`` of this request: ``[n]`` int64, first child or -1; None without buffers."""
+        return None if self.buffers is None else self.buffers.retrieve_next_token[0]
+
+    @retrieve_next_token.setter
+    def retrieve_next_token(self, value: torch.Tensor) -> None:
+        self.buffers = dataclasses_replace(self.verify_input(), retrieve_next_token=value[None])
+
+    @property
+    def retrieve_next_sibling(self) -> torch.Tensor | None:
+        """``buffers.retrieve_next_sibling`` of this request: ``[n]`` int64, next sibling or -1; None without
+        buffers."""
+        return None if self.buffers is None else self.buffers.retrieve_next_sibling[0]
+
+    @retrieve_next_sibling.setter
+    def retrieve_next_sibling(self, value: torch.Tensor) -> None:
+        self.buffers = dataclasses_replace(self.verify_input(), retrieve_next_sibling=value[None])
+
+    @property
+    def positions(self) -> torch.Tensor | None:
+        """``buffers.positions`` of this request: ``[n]`` int64, prefix length + depth; None without buffers."""
+        return None if self.buffers is None else self.buffers.positions[0]
+
+    @positions.setter
+    def positions(self, value: torch.Tensor) -> None:
+        self.buffers = dataclasses_replace(self.verify_input(), positions=value[None])
+
+    @property
+    def child_probs(self) -> torch.Tensor | None:
+        """``rows.child_probs``: ``[n]`` float32, ``p_parent(i)(token_i)`` (root 0; NaN where unread); None when
+        not kept."""
+        return None if self.rows is None else self.rows.child_probs
+
+    @child_probs.setter
+    def child_probs(self, value: torch.Tensor | None) -> None:
+        self._rows_for_writing().child_probs = value
+
+    @property
+    def top_token_ids(self) -> torch.Tensor | None:
+        """``rows.top_token_ids``: ``[n, m]`` int64 display tokens (level ``full``); None when not kept."""
+        return None if self.rows is None else self.rows.top_token_ids
+
+    @top_token_ids.setter
+    def top_token_ids(self, value: torch.Tensor | None) -> None:
+        self._rows_for_writing().top_token_ids = value
+
+    @property
+    def top_probs(self) -> torch.Tensor | None:
+        """``rows.top_probs``: ``[n, m]`` float32 display probabilities (level ``full``); None when not kept."""
+        return None if self.rows is None else self.rows.top_probs
+
+    @top_probs.setter
+    def top_probs(self, value: torch.Tensor | None) -> None:
+        self._rows_for_writing().top_probs = value
+
+    @property
+    def final_row_prefix(self) -> torch.Tensor | None:
+        """``rows.final_row_prefix``: ``[t + 1]`` float32, the bonus row up to the drawn token; None when not kept."""
+        return None if self.rows is None else self.rows.final_row_prefix
+
+    @final_row_prefix.setter
+    def final_row_prefix(self, value: torch.Tensor | None) -> None:
+        self._rows_for_writing().final_row_prefix = value
+
+    @property
+    def row_logit_ids(self) -> torch.Tensor | None:
+        """``rows.row_logit_ids``: ``[n, M]`` int64, ids of the top-M raw logits (format v2, ``full``); None when
+        not kept."""
+        return None if self.rows is None else self.rows.row_logit_ids
+
+    @row_logit_ids.setter
+    def row_logit_ids(self, value: torch.Tensor | None) -> None:
+        self._rows_for_writing().row_logit_ids = value
+
+    @property
+    def row_logits(self) -> torch.Tensor | None:
+        """``rows.row_logits``: ``[n, M]`` float32, the top-M raw logits (format v2, ``full``); None when not kept."""
+        return None if self.rows is None else self.rows.row_logits
+
+    @row_logits.setter
+    def row_logits(self, value: torch.Tensor | None) -> None:
+        self._rows_for_writing().row_logits = value
+
+    @property
+    def row_logsumexp(self) -> torch.Tensor | None:
+        """``rows.row_logsumexp``: ``[n]`` float64, log-sum-exp of each raw row (format v2, ``full``); None when
+        not kept."""
+        return None if self.rows is None else self.rows.row_logsumexp
+
+    @row_logsumexp.setter
+    def row_logsumexp(self, value: torch.Tensor | None) -> None:
+        self._rows_for_writing().row_logsumexp = value
+
+    @property
+    def node_logits(self) -> torch.Tensor | None:
+        """``rows.node_logits``: ``[n]`` float32, each node's raw logit in its parent's row (format v2,
+        ``full``); None when not kept."""
+        return None if self.rows is None else self.rows.node_logits
+
+    @node_logits.setter
+    def node_logits(self, value: torch.Tensor | None) -> None:
+        self._rows_for_writing().node_logits = value
+
+    @property
+    def draft_token_ids(self) -> torch.Tensor | None:
+        """``draft.token_ids``: ``[L-1, K]`` int64; None without a draft."""
         return None if self.draft is None else self.draft.token_ids
 
     @property
-    def draft_logprobs(self):
+    def draft_logprobs(self) -> torch.Tensor | None:
+        """``draft.logprobs``: ``[L-1, K]`` float32; None without a draft."""
         return None if self.draft is None else self.draft.logprobs
 
     @property
-    def final_mass(self):
-        return self._row_field("final_mass")
-
-
-def _accessor(kind: str, name: str):
-    get = {"tree": Step._tree_field, "buffers": Step._buffer_field, "rows": Step._row_field}[kind]
-    setter = {"buffers": Step._set_buffer_field, "rows": Step._set_row_field}.get(kind)
-    return property(lambda self: get(self, name),
-                    None if setter is None else (lambda self, value: setter(self, name, value)),
-                    doc=f"``{kind}.{name}`` of this request (None when the step has no {kind}).")
-
-
-for _name in _TREE_FIELDS:
-    setattr(Step, _name, _accessor("tree", _name))
-for _name in _BUFFER_FIELDS:
-    setattr(Step, _name, _accessor("buffers", _name))
-for _name in _ROW_FIELDS:
-    setattr(Step, _name, _accessor("rows", _name))
+    def final_mass(self) -> float | None:
+        """``rows.final_mass``: float64 residual mass of the bonus draw; None when not kept."""
+        return None if self.rows is None else self.rows.final_mass
 
 
 @dataclass

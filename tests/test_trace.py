@@ -1,5 +1,5 @@
 """Trace files: the shipped real traces load (v2, and a v1 file), replay bit for bit, stay
-small; make_step_trace at every level; compare_outputs; corrupted or bad files fail clearly."""
+small; record_step (and the deprecated make_step_trace) at every level; compare_outputs; corrupted or bad files fail clearly."""
 
 import json
 import struct
@@ -12,7 +12,8 @@ from safetensors.torch import save_file
 
 import ddtree_lab as dl
 from ddtree_lab.store.container import write_container
-from ddtree_lab.record import make_step_trace
+from ddtree_lab.record import make_step_trace, record_step
+from ddtree_lab.step import DraftTopK
 from ddtree_lab.replay import Difference, compare_outputs, replay_differences
 from ddtree_lab.step import LEVELS, STAGES
 
@@ -119,7 +120,7 @@ def test_truncation_bound_covers_every_child_outside_the_display_rows():
     assert checked > 0  # some children lie outside their parent's display rows
 
 
-# -- make_step_trace on synthetic steps --------------------------------------------------------
+# -- record_step on synthetic steps --------------------------------------------------------
 
 
 def _synthetic(params, vocab=300, budget=12, seed=0, **thresholds):
@@ -143,6 +144,18 @@ def _make(b, level, data, params, with_probs=True):
     from ddtree_lab.session import _request_output
 
     tree, vi, ids, lps, logits, probs, coins, final, out = data
+    return record_step(
+        step=3, request=b, params=params, output=_request_output(out, b), level=level, prefix_len=5,
+        tree=tree.request(b), buffers=vi.request(b), draft=DraftTopK(ids[b], lps[b]), coins=coins[b],
+        final_coin=float(final[b]), logits=logits[b], probs=probs[b] if with_probs else None,
+        top_m_logits=20, timings={"draft": 0.5, "retrieve": 0.1})
+
+
+def _make_flat(b, level, data, params):
+    """The same step through the deprecated flat-field constructor."""
+    from ddtree_lab.session import _request_output
+
+    tree, vi, ids, lps, logits, probs, coins, final, out = data
     n = int(tree.num_nodes[b])
     local = vi.request(b)
     return make_step_trace(
@@ -151,8 +164,50 @@ def _make(b, level, data, params, with_probs=True):
         ranks=tree.ranks[b, :n], node_logws=tree.node_logws[b, :n],
         retrieve_next_token=local.retrieve_next_token[0, :n], retrieve_next_sibling=local.retrieve_next_sibling[0, :n],
         positions=vi.positions[b, :n], draft_token_ids=ids[b], draft_logprobs=lps[b], coins=coins[b, :n],
-        final_coin=float(final[b]), logits=logits[b, :n], probs=probs[b, :n] if with_probs else None,
+        final_coin=float(final[b]), logits=logits[b, :n], probs=probs[b, :n],
         top_m_logits=20, timings={"draft": 0.5, "retrieve": 0.1})
+
+
+@pytest.mark.parametrize("level", ["full", "light", "off"])
+def test_record_step_keeps_the_stage_objects_and_the_flat_constructor_agrees(level):
+    params = dl.SamplingParams(temperature=0.7, top_p=0.9)
+    data = _synthetic(params, budget=9)
+    tree, vi = data[0], data[1]
+    for b in range(2):
+        s = _make(b, level, data, params)
+        n = int(tree.num_nodes[b])
+        assert s.num_nodes == n
+        if level == "off":
+            assert s.tree is None and s.buffers is None and s.rows is None
+        else:
+            # the tree and the buffers the stages produced, cut to the request's nodes: nothing rebuilt
+            assert s.tree.equals(tree.request(b).compact()) and s.tree.num_rows == n
+            local = vi.request(b)
+            assert torch.equal(s.buffers.tree_mask, local.tree_mask[:, :n, :n])
+            assert torch.equal(s.retrieve_next_sibling, local.retrieve_next_sibling[0, :n])
+            assert s.buffers.node_token_ids.data_ptr() != vi.node_token_ids.data_ptr()  # a copy, on the host
+        with pytest.warns(DeprecationWarning, match="record_step"):
+            f = _make_flat(b, level, data, params)
+        assert f.missing() == s.missing() and f.decisions == s.decisions and f.emitted == s.emitted
+        for name in ("node_token_ids", "parents", "depths", "ranks", "node_logws", "retrieve_next_token", "positions",
+                     "coins", "child_probs", "top_probs", "final_row_prefix", "row_logits", "node_logits"):
+            a, c = getattr(s, name), getattr(f, name)
+            assert (a is None) == (c is None), name
+            if a is not None:
+                assert torch.equal(a.nan_to_num(-7.0), c.nan_to_num(-7.0)), name
+
+
+def test_old_names_warn_at_the_front_door_only():
+    import ddtree_lab.step as step_module
+
+    for old, new in (("StepTrace", dl.Step), ("RunTrace", dl.Run)):
+        with pytest.warns(DeprecationWarning, match=old):
+            assert getattr(dl, old) is new
+        assert not hasattr(step_module, old)
+    with pytest.warns(DeprecationWarning):
+        assert dl.make_step_trace is make_step_trace
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        getattr(dl, "NoSuchName")
 
 
 @pytest.mark.parametrize("params", [dl.SamplingParams(temperature=0.0), dl.SamplingParams(temperature=0.7, top_p=0.9)],
@@ -217,6 +272,14 @@ def test_make_step_trace_refuses_bad_input():
         _make(0, "medium", data, params)
     tree, vi, ids, lps, logits, probs, coins, final, out = data
     with pytest.raises(ValueError, match="output must be a VerifyOutput of one request"):
+        record_step(step=0, request=0, params=params, tree=tree.request(0), buffers=vi.request(0), output=out,
+                    coins=coins[0], final_coin=float(final[0]), logits=logits[0])
+    with pytest.raises(ValueError, match="step 0, request 0: tree must be a batch of one request, got 2"):
+        from ddtree_lab.session import _request_output
+
+        record_step(step=0, request=0, params=params, tree=tree, buffers=vi, output=_request_output(out, 0),
+                    coins=coins[0], final_coin=float(final[0]), logits=logits[0])
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="output must be a VerifyOutput of one"):
         make_step_trace(step=0, request=0, params=params, output=out)
     bad = list(data)
     bad[4] = logits.clone()

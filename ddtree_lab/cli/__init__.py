@@ -29,6 +29,7 @@ from .diagnose import cmd_diagnose
 from .common import EXIT_ERROR, CLIError
 from .live import cmd_lab, cmd_record
 from .steps import cmd_bundle, cmd_info, cmd_render, cmd_replay, cmd_sglang
+from ..step import LEVELS
 
 
 # -- loading --------------------------------------------------------------------------------
@@ -84,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="coin seed (request b: seed * 1000 + b unless its own)")
     p.add_argument("--budget", type=int, default=32, help="draft nodes per tree (B)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per request")
-    p.add_argument("--level", choices=["full", "light", "off"], default="full", help="recording level")
+    p.add_argument("--level", choices=list(LEVELS), default="full", help="recording level")
     p.add_argument("--backend", choices=["reference", "torch-lazy", "triton", "auto"], help="verify backend")
     p.add_argument("--threshold-single", type=float, default=1.0,
                    help="SGLang's threshold_single (1: exact; below 1 the run is recorded as lossy)")

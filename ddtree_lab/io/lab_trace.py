@@ -3,8 +3,8 @@
 A :class:`Step` holds the drafter's top-k, the tree, the verify buffers, the sampling
 parameters, the coins, the target rows the verifier read, the verify output with its
 decision log, and stage timings. A :class:`Run` is a list of them plus run metadata.
-:func:`make_step_trace` is the one constructor (live sessions and SGLang recordings);
-:func:`compare_outputs` the one comparator of a recorded and a replayed output.
+:func:`ddtree_lab.record.record_step` builds a live step from the stage objects (live sessions,
+SGLang recordings); :func:`compare_outputs` is the one comparator of a recorded and a replayed output.
 
 **Recording levels** (``Step.level``): ``"full"`` stores everything below;
 ``"light"`` stores the tree, buffers, coins, outputs, decisions and the rows the verifier

@@ -6,7 +6,7 @@ step of a batch of requests the way a live session does -- the drafter's top-k (
 build (:func:`ddtree_lab.build_tree`), the buffers (:func:`ddtree_lab.compile_retrieve`), the
 lab's reference verifier (:func:`ddtree_lab.verify_sampled`) on target rows that put mass
 ``q * U(0.5, 1.5)`` on each child's token (``q`` its drafter probability) and the rest on a few
-random tokens, then :func:`ddtree_lab.record.make_step_trace` at the given level. The verifier
+random tokens, then :func:`ddtree_lab.record.record_step` at the given level. The verifier
 runs on the step's own small vocabulary (the ids the rows use, in ascending order, so every
 draw is the same) and the ids are mapped back after; the bonus row prefix is the full
 vocabulary's, zeros where the row has no mass. Everything is
@@ -21,9 +21,9 @@ import torch
 
 from ..build import build_tree
 from ..buffers import compile_retrieve
-from ..record import make_step_trace
+from ..record import record_step
 from ..sampling import SamplingParams
-from ..step import Step
+from ..step import DraftTopK, Step
 from ..verify import draw_coins, verify_sampled
 
 __all__ = ["synthetic_steps", "SyntheticShape"]
@@ -95,12 +95,11 @@ def synthetic_steps(shape: SyntheticShape, seed: int, step: int, prefix_lens: li
             o, fin = planted.verify(vib, rows, coins[b : b + 1, :vib.num_rows], fin, lw[None])
         else:
             o = verify_sampled(vib, rows, coins[b : b + 1, :vib.num_rows], fin)
-        s = make_step_trace(
+        s = record_step(
             step=step, request=b, params=params, output=o, level=shape.level, prefix_len=int(prefix[b]),
-            node_token_ids=ctok, parents=par, depths=tree.depths[b, :n], ranks=tree.ranks[b, :n], node_logws=lw,
-            retrieve_next_token=vib.retrieve_next_token[0, :n], retrieve_next_sibling=vib.retrieve_next_sibling[0, :n],
-            positions=vi.positions[b, :n], draft_token_ids=ids[b], draft_logprobs=lps[b], coins=coins[b, :n],
-            final_coin=float(fin[0]), probs=rows[0], timings=timings or {}, backend="reference")
+            tree=dataclasses.replace(tree.request(b), node_token_ids=ctok[None]), buffers=vib,
+            draft=DraftTopK(ids[b], lps[b]), coins=coins[b, :n], final_coin=float(fin[0]), probs=rows[0],
+            timings=timings or {}, backend="reference")
         out.append(_to_vocab(s, ids_used))
     return out
 

@@ -311,13 +311,14 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
     (greedy rows: one-hot rows at SGLang's ``target_predict`` and coins 0, as a lab greedy
     session verifies; sampled rows: the recorded rows renormalised, as :func:`replay_step`).
     SGLang's own output, the replay verdict and any difference are in ``step.extra``. Built by
-    :func:`ddtree_lab.record.make_step_trace` (level ``full``, from probabilities: SGLang hands
+    :func:`ddtree_lab.record.record_step` (level ``full``, from probabilities: SGLang hands
     its kernels no logits). What SGLang does not record is marked, not invented: draft top-k
     empty, ``node_logws`` NaN, ``ranks`` -1, target rows the kernel never read zero. Rows not replayable, or whose lab
     walk reaches a row that was not recorded, are listed in ``metadata["skipped_rows"]``.
     """
     from ..buffers import decode_retrieve
-    from ..record import make_step_trace
+    from ..build import DDTreeBuildResult
+    from ..record import record_step
     from ..step import Run
 
     requests: dict[str, dict] = {}
@@ -358,12 +359,14 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
             parents, depths = decode_retrieve(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes)
             if kind != "greedy":  # greedy rows are sized by the largest token id, not by V
                 vocab = max(vocab, int(rows.shape[-1]))
-            steps.append(make_step_trace(
+            # what SGLang does not record is marked: ranks -1, node log-weights NaN, no draft top-k
+            tree = DDTreeBuildResult(node_token_ids=vi.node_token_ids[:, :n], parents=parents[:, :n],
+                                     depths=depths[:, :n], ranks=torch.full((1, n), -1, dtype=torch.int64),
+                                     node_logws=torch.full((1, n), float("nan")), num_nodes=vi.num_nodes)
+            steps.append(record_step(
                 step=k, request=entry["request"], request_id=rid, params=_params(parts["sampling"], kind), output=out,
-                level="full", prefix_len=int(vi.positions[0, 0]), node_token_ids=vi.node_token_ids[0, :n],
-                parents=parents[0, :n], depths=depths[0, :n], retrieve_next_token=vi.retrieve_next_token[0, :n],
-                retrieve_next_sibling=vi.retrieve_next_sibling[0, :n], positions=vi.positions[0, :n],
-                coins=coins[0, :n], final_coin=float(final[0]), probs=rows[0, :n], top_m=top_m, backend="reference",
+                level="full", prefix_len=int(vi.positions[0, 0]), tree=tree, buffers=vi, coins=coins[0],
+                final_coin=float(final[0]), probs=rows[0], top_m=top_m, backend="reference",
                 extra={"source": "sglang", "kernel": parts["kernel"], "kind": kind, "rank": parts["rank"],
                        "call": parts["call"], "row": row, "verdict": result.verdict,
                        "sglang_emitted": [t for t in sgl.emitted_tokens[0].tolist() if t >= 0],

@@ -44,6 +44,7 @@ from typing import Callable, Mapping
 import torch
 
 from ..step import Run, Step
+from ..verify import WalkEvent, events_of
 from .collapse import collapse_nodes
 from .nodes import STATUSES, NodeView
 from .labels import LOSSY_COLOR, lossy_mark, mass_label, number_label, token_label
@@ -107,36 +108,9 @@ class BonusView:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class WalkEvent:
-    """One event of the verify walk (docs/DESIGN.md, "The walk"): ``kind`` is ``consider``
-    (``decision`` judged a child), ``move`` (the walk moved to ``node``) or ``bonus``
-    (``bonus`` is the final draw at ``node``)."""
-
-    kind: str
-    request: int
-    node: int
-    decision: object = None
-    bonus: object = None
-
-
-def _events_of(decisions, bonus) -> list[WalkEvent]:
-    out = []
-    for d in decisions:
-        out.append(WalkEvent("consider", d.request, d.node, d, None))
-        if d.verdict == "accept":
-            out.append(WalkEvent("move", d.request, d.node, d, None))
-    out.append(WalkEvent("bonus", bonus.request, bonus.node, None, bonus))
-    return out
-
-
-def walk_events(decisions, bonus) -> list:
-    """The walk's events from a recorded decision log: ``ddtree_lab.verify.events_of`` where
-    it exists, else the same list built here (consider / move / bonus, in walk order)."""
-    try:
-        from ..verify import events_of
-    except ImportError:
-        return _events_of(decisions, bonus)
+def walk_events(decisions, bonus) -> list[WalkEvent]:
+    """The walk's events from a recorded decision log (:func:`ddtree_lab.verify.events_of`:
+    consider / move / bonus, in walk order)."""
     return list(events_of(decisions, bonus))
 
 
