@@ -3,7 +3,7 @@
 VENV := .venv
 READY := $(VENV)/.ddtree-lab-ready
 
-.PHONY: lab test test-fast setup bench
+.PHONY: lab test test-fast lint setup bench
 
 $(READY): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -20,6 +20,11 @@ test: $(READY)
 # (marked slow). `make test` and CI still run everything.
 test-fast: $(READY)
 	$(VENV)/bin/python -m pytest -m "not slow" -q
+
+# ruff and pyright as configured in pyproject.toml (`make test` runs them too, in tests/test_lint.py).
+lint: $(READY)
+	$(VENV)/bin/ruff check ddtree_lab tests scripts benchmarks
+	$(VENV)/bin/pyright
 
 bench: $(READY)
 	$(VENV)/bin/python benchmarks/tree_build.py
