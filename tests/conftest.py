@@ -43,6 +43,7 @@ SLOW_TESTS = {
     "test_cli.py::test_doctor_with_the_model": "real model via the CLI",
     "test_cli.py::test_record_inline_and_jsonl": "real model via `record`",
     "test_cli.py::test_a_lossy_recording_is_marked_by_info_replay_and_render": "real model via `record`",
+    "test_recording_scale.py::test_record_on_ctrl_c_keeps_what_it_has": "real model via `record`",
     "test_dflash.py::test_lab_loads_either_drafter": "real model via lab.load_default",
     # many fresh Python processes (each imports torch)
     "test_cli.py::test_a_corrupted_step_is_named_and_the_others_stay_readable": "18 s, CLI in fresh processes",
