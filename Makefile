@@ -16,8 +16,8 @@ lab: $(READY)
 test: $(READY)
 	$(VENV)/bin/python -m pytest
 
-# The edit loop: everything but the real-model, notebook, browser and long statistical tests
-# (marked slow). `make test` and CI still run everything.
+# The edit loop: everything but the tests tests/conftest.py marks slow (real model, notebooks, browser,
+# kernel compiles, fresh processes, long statistical tests; docs/TESTING.md). `make test` and CI run everything.
 test-fast: $(READY)
 	$(VENV)/bin/python -m pytest -m "not slow" -q
 
