@@ -468,7 +468,8 @@ def _assemble(nodes: _Nodes, quota: np.ndarray, tokens: np.ndarray, n: int) -> d
     row_of[e] = row
     parent, d, rank = nodes.parent[e], nodes.depth[e], nodes.rank[e]
 
-    out = {name: np.full((bs, n), -1, dtype=np.int64) for name in ("node_token_ids", "parents", "depths", "ranks")}
+    out: dict[str, np.ndarray] = {name: np.full((bs, n), -1, dtype=np.int64)
+                                  for name in ("node_token_ids", "parents", "depths", "ranks")}
     out["node_logws"] = np.full((bs, n), -np.inf, dtype=np.float32)
     out["depths"][:, 0] = 0
     out["node_logws"][:, 0] = 0.0

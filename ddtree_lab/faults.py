@@ -235,6 +235,7 @@ def _bonus_from_parent_row(vi, probs, out: VerifyOutput) -> VerifyOutput:
         if node <= 0 or draw.token < 0:
             continue
         rejected = [d.token for d in out.decisions[b] if d.parent == node and d.verdict == "reject"]
+        assert draw.coin is not None  # a sampled verify's bonus draw carries its final coin
         token, mass, token_p = residual_draw(probs[b, parents[b][node]], rejected, float(draw.coin))
         if token < 0:
             continue

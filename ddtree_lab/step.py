@@ -225,9 +225,21 @@ class Step:
             if name == "node_token_ids" and value is None:
                 new.stored_num_nodes, new.tree, new.buffers = self.num_nodes, None, None
             elif name in _TREE_FIELDS:
-                new.tree = None if value is None else dataclasses_replace(new.tree, **{name: value[None]})
+                if value is None:
+                    new.tree = None
+                elif new.tree is None:
+                    raise ValueError(f"Step.replace: step {self.step}, request {self.request} has no tree to set "
+                                     f"{name!r} in")
+                else:
+                    new.tree = dataclasses_replace(new.tree, **{name: value[None]})
             elif name in _BUFFER_FIELDS:
-                new.buffers = None if value is None else dataclasses_replace(new.buffers, **{name: value[None]})
+                if value is None:
+                    new.buffers = None
+                elif new.buffers is None:
+                    raise ValueError(f"Step.replace: step {self.step}, request {self.request} has no buffers to set "
+                                     f"{name!r} in")
+                else:
+                    new.buffers = dataclasses_replace(new.buffers, **{name: value[None]})
             elif name in _ROW_FIELDS or name == "final_mass":
                 new.rows = dataclasses_replace(new.rows) if new.rows is not None else TargetRows(kind="read")
                 setattr(new.rows, name, value)

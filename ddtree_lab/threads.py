@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import Mapping
 
 __all__ = ["ThreadChoice", "choose_threads", "configure_threads", "ENV_VAR"]
 
@@ -70,7 +71,7 @@ def _load() -> float:
         return 0.0
 
 
-def choose_threads(env: dict | None = None, cores: int | None = None, quota: float | None = -1.0,
+def choose_threads(env: Mapping[str, str] | None = None, cores: int | None = None, quota: float | None = -1.0,
                    load: float | None = None) -> ThreadChoice:
     """The thread count the lab would use (module docstring), without applying it.
 

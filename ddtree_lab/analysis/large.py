@@ -63,7 +63,9 @@ def acceptance_by_depth_sql(parquet_dir: str | Path) -> dict[str, list]:
     con = connect(parquet_dir)
     try:
         rows = con.execute(ACCEPTANCE_BY_DEPTH).fetchall()
-        (steps,) = con.execute("SELECT count(*) FROM steps WHERE NOT did_not_return").fetchone()
+        counted = con.execute("SELECT count(*) FROM steps WHERE NOT did_not_return").fetchone()
+        assert counted is not None  # count(*) always returns one row
+        (steps,) = counted
     finally:
         con.close()
     depth = [int(r[0]) for r in rows]

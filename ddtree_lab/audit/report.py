@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, cast
 
 import numpy as np
 import torch
@@ -154,7 +154,9 @@ def _two_sample(a: Counter, b: Counter, label: Callable, min_expected: float = 5
     cells = [Cell(lbl, r[0], (r[0] + r[1]) * na / (na + nb)) for lbl, r in zip(labels, rows)]
     if len(rows) < 2:
         return FitResult("verify vs plain sampler (first token)", 1.0, 0.0, 0, cells, [])
-    stat, p, dof, _ = chi2_contingency(np.array(rows, dtype=np.float64).T, lambda_="log-likelihood")
+    table = np.array(rows, dtype=np.float64).T
+    # scipy types its result bunch loosely: (statistic, p-value, degrees of freedom, expected counts)
+    stat, p, dof, _ = cast("tuple[float, float, int, np.ndarray]", chi2_contingency(table, lambda_="log-likelihood"))
     return FitResult("verify vs plain sampler (first token)", float(p), float(stat), int(dof), cells, [])
 
 
@@ -332,7 +334,12 @@ def audit(case: AuditCase, verifier: Verifier | str = "reference", draws: int = 
     depth = _fit("accepted depth", law.depth(), depth_counts, lambda d: f"depth {d}")
     sres = vs = None
     if sampler is not None:
-        sfn = plain_sample if sampler == "lab" else sampler
+        if sampler == "lab":
+            sfn = plain_sample
+        elif callable(sampler):
+            sfn = sampler
+        else:
+            raise ValueError(f"audit: sampler must be 'lab', None or a callable, got {sampler!r}")
         g = torch.Generator().manual_seed(seed + 1)
         coins = torch.rand(draws, generator=g, dtype=torch.float32)
         toks = sfn(case.logits[0], case.params, coins).tolist()
@@ -343,7 +350,8 @@ def audit(case: AuditCase, verifier: Verifier | str = "reference", draws: int = 
                        _findings(case, threshold_single, threshold_acc))
 
 
-def resolve_verifier(verifier, threshold_single: float, threshold_acc: float, validate: bool = True) -> tuple[Verifier, str]:
+def resolve_verifier(verifier: Verifier | str, threshold_single: float, threshold_acc: float,
+                     validate: bool = True) -> tuple[Verifier, str]:
     if callable(verifier):
         return verifier, getattr(verifier, "__name__", "callable")
     if verifier == "reference":

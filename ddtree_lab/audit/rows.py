@@ -24,15 +24,16 @@ def sampled_walk(vi: DDTreeVerifyInput, logits: torch.Tensor, params, coins: tor
     ``verify_sampled`` runs after its checks) over those rows. ``validate=False`` skips those
     checks (the buffer validation every backend runs by default)."""
     items = normalize_params(params, vi.batch_size, logits.shape[-1])
-    kw = {"threshold_single": threshold_single, "threshold_acc": threshold_acc}
     if logits.stride(0) == 0 and all(p == items[0] for p in items):
         rows = make(logits[:1], items[0], vi.num_nodes[:1])
         if validate:
-            verify_sampled(vi.request(0), rows, coins[:1], final_coins[:1], **kw)  # the reference's checks, once
+            verify_sampled(vi.request(0), rows, coins[:1], final_coins[:1], threshold_single=threshold_single,
+                           threshold_acc=threshold_acc)  # the reference's checks, once
         return walk_sampled_batch(vi, lambda b, i: rows[0, i], coins, final_coins, threshold_single, threshold_acc,
                                   None, "reference")
     rows = torch.cat([make(logits[b : b + 1], items[b], vi.num_nodes[b : b + 1]) for b in range(logits.shape[0])])
-    return verify_sampled(vi, rows, coins, final_coins, **kw)
+    return verify_sampled(vi, rows, coins, final_coins, threshold_single=threshold_single,
+                          threshold_acc=threshold_acc)
 
 
 def lab_rows(logits, p, num_nodes):

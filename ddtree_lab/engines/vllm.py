@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import IO
 
 import torch
 
@@ -72,6 +73,9 @@ class VLLMWorker:
         self.timeout = timeout
         self._proc = subprocess.Popen([str(py), str(_WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._err, text=True, cwd=self._dir.name)
+        assert self._proc.stdin is not None and self._proc.stdout is not None  # both are pipes (above)
+        self._stdin: IO[str] = self._proc.stdin
+        self._stdout: IO[str] = self._proc.stdout
         self._calls = 0
         hello = self._read()
         if not hello.get("ready"):
@@ -87,7 +91,7 @@ class VLLMWorker:
 
     def _read(self) -> dict:
         box: list = []
-        th = threading.Thread(target=lambda: box.append(self._proc.stdout.readline()), daemon=True)
+        th = threading.Thread(target=lambda: box.append(self._stdout.readline()), daemon=True)
         th.start()
         th.join(self.timeout)
         if not box:
@@ -127,8 +131,8 @@ class VLLMWorker:
         req = {"inputs": f"{base}-in.safetensors", "output": f"{base}-out.safetensors", "broadcast": broadcast,
                "temperature": [p.temperature for p in params], "top_k": [p.top_k for p in params],
                "top_p": [p.top_p for p in params]}
-        self._proc.stdin.write(json.dumps(req) + "\n")
-        self._proc.stdin.flush()
+        self._stdin.write(json.dumps(req) + "\n")
+        self._stdin.flush()
         reply = self._read()
         if not reply.get("ok"):
             raise RuntimeError(f"vLLM's sampler failed: {reply.get('error')}")
@@ -142,8 +146,8 @@ class VLLMWorker:
         """Stop the worker and remove its files."""
         if self._proc.poll() is None:
             try:
-                self._proc.stdin.write("\n")
-                self._proc.stdin.close()
+                self._stdin.write("\n")
+                self._stdin.close()
                 self._proc.wait(10)
             except (OSError, subprocess.TimeoutExpired):
                 self._proc.kill()

@@ -36,22 +36,25 @@ if __name__ == "__main__":
 
 def load_sampler():
     """vLLM's RejectionSampler, its metadata classes and version, set up for this process."""
-    from vllm.platforms import current_platform
+    # vLLM is imported from its own venv (scripts/setup_vllm.sh): pyright cannot resolve it from the lab's venv,
+    # and takes the sibling engines/vllm.py for `vllm`
+    from vllm.platforms import current_platform  # pyright: ignore[reportMissingImports]  # own venv
 
     import vllm
-    from vllm.v1.sample.ops import topk_topp_sampler
+    from vllm.v1.sample.ops import topk_topp_sampler  # pyright: ignore[reportMissingImports]  # own venv
 
     current_platform.num_compute_units = lambda *a, **k: 1  # the unspecified platform raises
     topk_topp_sampler.HAS_TRITON = False  # vLLM's PyTorch top-k/top-p route
-    from vllm.v1.sample.logits_processor import LogitsProcessors
-    from vllm.v1.sample.metadata import SamplingMetadata
-    from vllm.v1.sample.rejection_sampler import RejectionSampler
-    from vllm.v1.sample.sampler import Sampler
-    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+    from vllm.v1.sample.logits_processor import LogitsProcessors  # pyright: ignore[reportMissingImports]  # own venv
+    from vllm.v1.sample.metadata import SamplingMetadata  # pyright: ignore[reportMissingImports]  # own venv
+    from vllm.v1.sample.rejection_sampler import RejectionSampler  # pyright: ignore[reportMissingImports]  # own venv
+    from vllm.v1.sample.sampler import Sampler  # pyright: ignore[reportMissingImports]  # own venv
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata  # pyright: ignore[reportMissingImports]  # own venv
 
+    version = vllm.__version__  # pyright: ignore[reportAttributeAccessIssue]  # the real vllm (above)
     return {"sampler": RejectionSampler(Sampler()), "SamplingMetadata": SamplingMetadata,
             "SpecDecodeMetadata": SpecDecodeMetadata, "LogitsProcessors": LogitsProcessors,
-            "version": vllm.__version__, "route": "pytorch top-k/top-p" if not topk_topp_sampler.HAS_TRITON else "triton"}
+            "version": version, "route": "pytorch top-k/top-p" if not topk_topp_sampler.HAS_TRITON else "triton"}
 
 
 def run_request(kit, req: dict) -> None:

@@ -31,7 +31,7 @@ def greedy_verify_kernel(
     z = tl.full([], 1.0, tl.float32)
     while going != 0:
         row_ptr = logits_ptr + b * stride_b + cur * stride_n
-        m, amax, z, err = row_max(row_ptr, V, True, BLOCK)
+        m, amax, z, err = row_max(row_ptr, V, True, BLOCK)  # pyright: ignore[reportArgumentType]  # WITH_Z: constexpr
         child = tl.load(nt_ptr + base + cur)
         mass = tl.zeros([], tl.float32)
         acc = tl.full([], -1, tl.int64)

@@ -214,7 +214,7 @@ def measure(configs=CONFIGS, archs=None, workers: int = 2, timeout: float = 900.
 
 def main(argv=None) -> int:
     by_name = {c.name: c for c in CONFIGS}
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)  # None under python -OO
     p.add_argument("--job", action="append", default=[], help="CONFIG@ARCH, e.g. sampled-bf16-gather@90 "
                    f"(configs: {', '.join(by_name)})")
     args = p.parse_args(argv)

@@ -39,7 +39,9 @@ def lattice(h, LOW: tl.constexpr):
     u = h << LOW
     if LOW > 0:
         # a negative value's key has its low bits inverted: all ones for an upcast half
-        u = tl.where(u < 2147483648, u | ((1 << LOW) - 1), u)
+        u = tl.where(u < 2147483648,
+                     u | ((1 << LOW) - 1),  # pyright: ignore[reportOperatorIssue]  # LOW is an int at jit time
+                     u)
     return u
 
 
@@ -87,7 +89,7 @@ def kth_largest_key(row_ptr, V, K, LOW: tl.constexpr, BLOCK: tl.constexpr):
     bins = tl.arange(0, 256)
     prefix = tl.zeros([], tl.int64)
     k_rem = K + tl.zeros([], tl.int32)
-    for j in tl.static_range(NBP // 8):
+    for j in tl.static_range(NBP // 8):  # pyright: ignore[reportGeneralTypeIssues]  # unrolled by the jit compiler
         hist = tl.zeros([256], tl.int32)
         for start in range(0, V, BLOCK):
             offs = start + offs0
@@ -100,7 +102,7 @@ def kth_largest_key(row_ptr, V, K, LOW: tl.constexpr, BLOCK: tl.constexpr):
         d = tl.max(tl.where(at_least >= k_rem, bins, -1), 0)
         above = tl.sum(tl.where(bins > d, hist, 0), 0)
         k_rem = k_rem - above
-        prefix = (prefix << 8) | d.to(tl.int64)
+        prefix = (prefix << 8) | d.to(tl.int64)  # pyright: ignore[reportAttributeAccessIssue]  # tl.max: a tensor here
     prefix = prefix >> PAD
     return prefix
 
@@ -150,7 +152,8 @@ def sum_over(src_ptr, limit, WHAT: tl.constexpr, T, ms, kth_s, z1, c, cut, z2, m
 def top_p_cut(src_ptr, limit, T, ms, kth_s, z1, P, LOW: tl.constexpr, BLK: tl.constexpr):
     """(cut, Z2): keep p1 > cut; the bitwise search over the logit key (module docstring)."""
     zero64 = tl.zeros([], tl.int64)
-    a0 = sum_over(src_ptr, limit, 1, T, ms, kth_s, z1, -1.0, -1.0, 1.0, 0.0, BLK)
+    a0 = sum_over(src_ptr, limit, 1,  # pyright: ignore[reportArgumentType]  # WHAT: a tl.constexpr takes a plain int
+                  T, ms, kth_s, z1, -1.0, -1.0, 1.0, 0.0, BLK)
     z2 = a0
     cut = tl.full([], -1.0, tl.float32)
     if a0 >= P:
@@ -158,7 +161,8 @@ def top_p_cut(src_ptr, limit, T, ms, kth_s, z1, P, LOW: tl.constexpr, BLK: tl.co
         for i in range(0, 32 - LOW):
             cand = h | (zero64 + 1) << (zero64 + (31 - LOW - i))
             c = p_top_k(value_of(lattice(cand, LOW)), T, ms, float("-inf"), z1)
-            a = sum_over(src_ptr, limit, 1, T, ms, kth_s, z1, c, -1.0, 1.0, 0.0, BLK)
+            a = sum_over(src_ptr, limit, 1,  # pyright: ignore[reportArgumentType]  # WHAT: a tl.constexpr takes an int
+                         T, ms, kth_s, z1, c, -1.0, 1.0, 0.0, BLK)
             ok = a >= P
             h = tl.where(ok, cand, h)
             z2 = tl.where(ok, a, z2)
@@ -171,12 +175,14 @@ def normalisers(src_ptr, limit, T, ms, kth_s, P, MINP, cut, z2, mthr, z3, LOW: t
     """The top-k, top-p and min-p normalisers of the rows at ``src_ptr[:limit]`` (the gathered
     survivors or the whole row): ``(z1, cut, z2, mthr, z3)``, the given ``cut`` .. ``z3`` kept
     where top-p / min-p are off."""
-    z1 = sum_over(src_ptr, limit, 0, T, ms, kth_s, 1.0, -1.0, -1.0, 1.0, 0.0, BLK)
+    z1 = sum_over(src_ptr, limit, 0,  # pyright: ignore[reportArgumentType]  # WHAT: a tl.constexpr takes a plain int
+                  T, ms, kth_s, 1.0, -1.0, -1.0, 1.0, 0.0, BLK)
     if P < 1.0:
         cut, z2 = top_p_cut(src_ptr, limit, T, ms, kth_s, z1, P, LOW, BLK)
     if MINP > 0.0:
         mthr = MINP * tl.math.div_rn(tl.math.div_rn(1.0, z1), z2)
-        z3 = sum_over(src_ptr, limit, 2, T, ms, kth_s, z1, -1.0, cut, z2, mthr, BLK)
+        z3 = sum_over(src_ptr, limit, 2,  # pyright: ignore[reportArgumentType]  # WHAT: a tl.constexpr takes an int
+                      T, ms, kth_s, z1, -1.0, cut, z2, mthr, BLK)
     return z1, cut, z2, mthr, z3
 
 
@@ -222,7 +228,7 @@ def row_state(row_ptr, V, T, K, P, MINP, sx_ptr, si_ptr,
     only them (``compact`` = 1); otherwise each step is a pass over the row.
     """
     offs0 = tl.arange(0, BLOCK)
-    m, amax, _z, err = row_max(row_ptr, V, False, BLOCK)
+    m, amax, _z, err = row_max(row_ptr, V, False, BLOCK)  # pyright: ignore[reportArgumentType]  # WITH_Z: constexpr
     ms = tl.full([], 0.0, tl.float32)
     kth_s = tl.full([], float("-inf"), tl.float32)
     z1 = tl.full([], 1.0, tl.float32)

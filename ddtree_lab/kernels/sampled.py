@@ -117,7 +117,7 @@ def sampled_verify_kernel(
                     p = residual_block(row_ptr, offs, V, T, ms, kth_s, z1, cut, z2, mthr, z3,
                                        tok_ptr, ns_ptr, base, first_child, n)
                     total += tl.sum(p.to(tl.float64), 0)
-            if total > 0.0:
+            if total > 0.0:  # pyright: ignore[reportOperatorIssue]  # stubs: tl.sum may be a tuple
                 target = fcoin.to(tl.float64) * total
                 found = tl.full([], -1, tl.int32)
                 last_pos = tl.full([], -1, tl.int32)
@@ -155,7 +155,7 @@ def sampled_verify_kernel(
                                                 tok_ptr, ns_ptr, base, first_child, n, KCAP)
                 p64 = p.to(tl.float64)
                 total = tl.sum(p64, 0)
-                if total > 0.0:
+                if total > 0.0:  # pyright: ignore[reportOperatorIssue]  # stubs: tl.sum may be a tuple
                     cs = tl.cumsum(p64, 0)
                     hit = tl.min(tl.where(cs > fcoin.to(tl.float64) * total, lane, KCAP), 0)
                     # rounding left coin * mass at or past the total: the last positive token
@@ -163,7 +163,8 @@ def sampled_verify_kernel(
                     tl.store(btok_ptr + b, tl.sum(tl.where(lane == hit, ids, 0), 0))
                     tl.store(bkind_ptr + b, kind)
                     tl.store(bmass_ptr + b, total)
-                    tl.store(bprob_ptr + b, tl.sum(tl.where(lane == hit, p64, 0.0), 0) / total)
+                    token_p = tl.sum(tl.where(lane == hit, p64, 0.0), 0)
+                    tl.store(bprob_ptr + b, token_p / total)  # pyright: ignore[reportOperatorIssue]  # tl.sum: a tensor
                 else:
                     tl.store(btok_ptr + b, -1)
                     tl.store(bkind_ptr + b, 3)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Iterable, Protocol, Sequence, cast
 
 import torch
 from torch import nn
@@ -105,6 +105,7 @@ class DFlashConfig:
             missing.append("dflash_config.mask_token_id")
         if missing:
             raise ValueError(f"DFlash config.json lacks {missing}")
+        assert block_size is not None  # in missing otherwise
         if cfg.get("attention_bias"):
             raise ValueError("DFlash config.json: attention_bias=true is not supported")
         rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
@@ -261,6 +262,9 @@ class DFlashDraftModel(nn.Module):
         self.layers = nn.ModuleList([Layer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def _layers(self) -> Iterable[Layer]:
+        return cast("Iterable[Layer]", self.layers)  # torch's ModuleList iterates as plain nn.Module
+
     def project_context(self, features: torch.Tensor) -> torch.Tensor:
         """``hidden_norm(fc(features))``: ``[..., k*H] -> [..., H]``."""
         return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
@@ -270,7 +274,7 @@ class DFlashDraftModel(nn.Module):
         ``[B, C, k*H]`` at ``positions [B, C]`` (the draft KV cache entries)."""
         ctx = self.project_context(features)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, ctx.dtype)
-        return [layer.self_attn.keys_values(ctx, cos, sin) for layer in self.layers]
+        return [layer.self_attn.keys_values(ctx, cos, sin) for layer in self._layers()]
 
     def block_forward(self, block_embeds: torch.Tensor, positions: torch.Tensor,
                       ctx_kv: Sequence[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> torch.Tensor:
@@ -289,7 +293,7 @@ class DFlashDraftModel(nn.Module):
         """
         x = block_embeds.to(self.fc.weight.dtype)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
-        for layer, (ck, cv) in zip(self.layers, ctx_kv):
+        for layer, (ck, cv) in zip(self._layers(), ctx_kv):
             x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, ck, cv, mask)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
@@ -496,18 +500,21 @@ class DFlashDrafter:
         dev = self.model.fc.weight.device
         bs = len(context.requests)
         lengths = []
+        caches: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per request of the context
         for i, r in enumerate(context.requests):
             self._check_request(int(r))
-            if self._lengths[int(r)] != int(context.positions[i]) or self._cache[int(r)] is None:
+            cache = self._cache[int(r)]
+            if self._lengths[int(r)] != int(context.positions[i]) or cache is None:
                 raise ValueError(f"request {int(r)}: anchor at position {int(context.positions[i])} but the draft "
                                  f"cache holds {self._lengths[int(r)]} committed tokens (commit them first)")
             lengths.append(self._lengths[int(r)])
+            caches.append(cache)
         c_max = max(lengths)
         ctx_kv = []
         for layer in range(cfg.num_hidden_layers):
             ks, vs = [], []
-            for r, n in zip(context.requests, lengths):
-                k, v = self._cache[int(r)][layer]
+            for cache, n in zip(caches, lengths):
+                k, v = cache[layer]
                 ks.append(torch.nn.functional.pad(k, (0, 0, 0, c_max - n)))
                 vs.append(torch.nn.functional.pad(v, (0, 0, 0, c_max - n)))
             ctx_kv.append((torch.cat(ks), torch.cat(vs)))
@@ -545,8 +552,27 @@ def target_features(target, token_ids: Sequence[int], layer_ids: Sequence[int]) 
     return select_features(out.hidden_states, layer_ids)[0].float()
 
 
+class BlockDrafter(Protocol):
+    """What :func:`block_hit_rates` uses of a drafter (a :class:`DFlashDrafter` has it all)."""
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def target(self) -> Any: ...
+
+    @property
+    def target_layer_ids(self) -> Sequence[int]: ...
+
+    def start(self, num_requests: int) -> None: ...
+
+    def commit(self, request: int, features: torch.Tensor, start: int) -> None: ...
+
+    def draft_logits(self, context: DraftContext) -> torch.Tensor: ...
+
+
 @torch.no_grad()
-def block_hit_rates(drafter: DFlashDrafter | object, sequences: Sequence[tuple[Sequence[int], int]],
+def block_hit_rates(drafter: BlockDrafter, sequences: Sequence[tuple[Sequence[int], int]],
                     stride: int = 4, features: Sequence[torch.Tensor] | None = None) -> dict:
     """Held-out hit rates of a drafter's argmax block, through its own start/commit/draft_logits.
 

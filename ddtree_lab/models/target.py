@@ -27,6 +27,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, Sequence, cast
 
 import torch
 
@@ -84,6 +85,22 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(allowed, zero, torch.tensor(torch.finfo(dtype).min, dtype=dtype))
 
 
+class KVLayer(Protocol):
+    """One full-attention layer of a KV cache: ``keys`` / ``values`` ``[bs, kv_heads, C, hd]``."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+class KVCache(Protocol):
+    """What the lab uses of a ``transformers`` ``DynamicCache`` of full-attention layers."""
+
+    @property
+    def layers(self) -> Sequence[KVLayer]: ...
+
+    def get_seq_length(self) -> int: ...
+
+
 @dataclass
 class BatchCache:
     """The KV cache of a batch of live requests, right-padded (one row per active request).
@@ -95,7 +112,7 @@ class BatchCache:
         lengths: ``[bs]`` int64 (host), committed tokens in each row's cache.
     """
 
-    cache: object
+    cache: KVCache
     lengths: torch.Tensor
 
     @property
@@ -125,7 +142,8 @@ class TargetModel:
         """Load a local Hugging Face model directory (no hub access is attempted)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True, **kwargs).to(device)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True, **kwargs)
+        model = model.to(device)  # pyright: ignore[reportArgumentType]  # transformers types this .to as unbound
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         return cls(model, tokenizer, name=Path(path).name)
 
@@ -285,7 +303,8 @@ class TargetModel:
         feats = self.layer_features(hs, layer_ids)
         last = hs[-1][torch.arange(bs, device=dev), (lengths - 1).to(dev)]
         logits = self.lm_head(last)
-        state = BatchCache(cache=cache, lengths=lengths.clone())
+        # transformers types a layer's keys/values as optional (layers of every kind): here they are filled
+        state = BatchCache(cache=cast(KVCache, cache), lengths=lengths.clone())
         return state, [feats[b, : len(p)] for b, p in enumerate(prompts)], logits
 
     @torch.no_grad()

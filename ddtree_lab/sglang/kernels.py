@@ -272,9 +272,9 @@ def sglang_verify_target_only(
         threshold_acc=threshold_acc,
         deterministic=True,
     )
-    cpu = [t.cpu() for t in (predicts, accept_index, accept_num)]
-    out = verify_output_from_sglang(verify_input, *cpu, backend="sglang-target-only")
-    return SGLangVerifyResult(out, *cpu, getattr(fn, "__name__", str(fn)))
+    predicts, accept_index, accept_num = (t.cpu() for t in (predicts, accept_index, accept_num))
+    out = verify_output_from_sglang(verify_input, predicts, accept_index, accept_num, backend="sglang-target-only")
+    return SGLangVerifyResult(out, predicts, accept_index, accept_num, getattr(fn, "__name__", str(fn)))
 
 
 

@@ -49,7 +49,8 @@ def pending_steps(step: dict, index: int, request_of: dict[str, int]) -> list:
             extra={"did_not_return": True, "kind": step["kind"], "kernel": step["kernel"], "call": step["call"],
                    "row": row, "rows_stored": "target_prob_rows" in t or not sampled,
                    "why": "its inputs were written before the kernel ran and its outputs never were"})
-        s.stored_inputs = {"step": step, "row": row}  # the recorded call, for replay_pending
+        # the recorded call, for replay_pending: an ad-hoc attribute (no Step field), read back with getattr
+        setattr(s, "stored_inputs", {"step": step, "row": row})
         out.append(s)
     return out
 

@@ -56,11 +56,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
 from .recording import KINDS, Recording, save_recording
+
+if TYPE_CHECKING:  # imported where the append-only layout is chosen
+    from .append import AppendSink
 
 __all__ = ["PATCH_POINTS", "RecordFilter", "SGLangRecorder", "install_from_env", "hook_dir", "ENV_PREFIX"]
 
@@ -170,7 +173,7 @@ class SGLangRecorder:
         self._patched: list[tuple[Any, str, Any]] = []
         self._finder: _PatchFinder | None = None
         self._lock = threading.Lock()
-        self.sink = None  # an append-only file (:class:`~ddtree_lab.sglang.append.AppendSink`), or None
+        self.sink: AppendSink | None = None  # an append-only file (:class:`AppendSink`), or None
 
     # -- context --------------------------------------------------------------------------
     def set_context(self, request_ids: Sequence[str] | None = None, seq_lens: torch.Tensor | None = None,
@@ -233,7 +236,7 @@ class SGLangRecorder:
                     recorder.errors.append(f"call {index}: could not record: {type(err).__name__}: {err}")
             return result
 
-        recorded.__ddtree_lab_original__ = fn
+        setattr(recorded, "__ddtree_lab_original__", fn)  # ad-hoc: marks the wrapper (read back with getattr)
         return recorded
 
     def _wrap_context(self, fn: Callable) -> Callable:
@@ -259,7 +262,7 @@ class SGLangRecorder:
             finally:
                 recorder.clear_context()
 
-        with_context.__ddtree_lab_original__ = fn
+        setattr(with_context, "__ddtree_lab_original__", fn)  # ad-hoc: marks the wrapper (read back with getattr)
         return with_context
 
     def _rows(self, bs: int) -> tuple[list[int], list[str] | None]:
@@ -373,15 +376,17 @@ class SGLangRecorder:
                 probs = keep["target_probs"].reshape(keep["bs"], keep["n"], int(keep["target_probs"].shape[-1]))
                 step["tensors"]["target_prob_rows"] = _cpu(probs.index_select(0, keep["sel"])).float()
                 step["tensors"]["target_prob_nodes"] = torch.arange(keep["n"]).expand(len(keep["rows"]), -1).clone()
+            assert self.sink is not None  # the wrapper writes inputs only to a sink
             if not self.sink.inputs(step):
                 self._sink_stopped()
         except Exception as err:  # noqa: BLE001 -- never break SGLang
             self.errors.append(f"call {index}: could not write the inputs: {type(err).__name__}: {err}")
 
     def _sink_stopped(self) -> None:
-        if self.sink.stopped and self.sink.stopped not in self.errors:
-            self.errors.append(self.sink.stopped)
-            print(f"[ddtree-lab] SGLang recorder {self.sink.stopped}; SGLang goes on", file=sys.stderr)
+        stopped = self.sink.stopped if self.sink is not None else None
+        if stopped and stopped not in self.errors:
+            self.errors.append(stopped)
+            print(f"[ddtree-lab] SGLang recorder {stopped}; SGLang goes on", file=sys.stderr)
 
     def _keep_prompt(self, req: Any) -> None:
         rid = str(getattr(req, "rid", ""))
@@ -532,6 +537,16 @@ def _parse_targets(text: str) -> dict[str, dict[str, str]]:
     return targets
 
 
+def _parse_calls(text: str) -> tuple[int, int]:
+    start, sep, stop = text.partition(":")
+    try:
+        if sep and ":" not in stop:
+            return int(start), int(stop)
+    except ValueError:
+        pass
+    raise ValueError(f"{ENV_PREFIX}_CALLS must be start:stop (two ints), got {text!r}")
+
+
 def install_from_env(environ: dict | None = None) -> SGLangRecorder | None:
     """Install a recorder configured by ``DDTREE_LAB_SGLANG_RECORD*`` (module docstring); None when unset.
 
@@ -551,7 +566,7 @@ def install_from_env(environ: dict | None = None) -> SGLangRecorder | None:
     f = RecordFilter(
         rank=int(env.get(f"{ENV_PREFIX}_RANK", 0)),
         max_steps=int(env.get(f"{ENV_PREFIX}_MAX_STEPS", 64)),
-        calls=tuple(int(v) for v in calls.split(":")) if calls else None,
+        calls=_parse_calls(calls) if calls else None,
         requests=frozenset(r.strip() for r in requests.split(",") if r.strip()) if requests else None,
         max_rows=int(env.get(f"{ENV_PREFIX}_ROWS", 8)),
         prob_rows=env.get(f"{ENV_PREFIX}_PROB_ROWS", "path"),

@@ -150,8 +150,8 @@ def load_recording(path: str | os.PathLike) -> Recording:
 
     if not Path(path).exists() and is_segment_file(str(path) + ".ddrec"):  # NAME for NAME.ddrec
         path = str(path) + ".ddrec"
-    if is_segment_file(path):  # the append-only file (calls that did not return: metadata["did_not_return"])
-        return load_append_recording(path)[0]
+    if is_segment_file(os.fspath(path)):  # the append-only file (calls that did not return: metadata["did_not_return"])
+        return load_append_recording(os.fspath(path))[0]
     json_path, st_path = recording_paths(path)
     for p in (json_path, st_path):
         if not p.is_file():

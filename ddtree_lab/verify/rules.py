@@ -131,11 +131,11 @@ class SampledRule:
         self.coins, self.final_coin, self.final_mass = coins, final_coin, final_mass
         self.ts, self.ta = threshold_single, threshold_acc
         self.residual_empty = residual_empty or self._residual_empty
-        self._row = (None, None)
-        self._residual_cache = (None, None)
+        self._row: tuple[int, torch.Tensor] | None = None
+        self._residual_cache: tuple[tuple[int, tuple[int, ...]], tuple[torch.Tensor, torch.Tensor]] | None = None
 
-    def row(self, node):
-        if self._row[0] != node:
+    def row(self, node) -> torch.Tensor:
+        if self._row is None or self._row[0] != node:
             self._row = (node, self.row_of(node))
         return self._row[1]
 
@@ -146,7 +146,7 @@ class SampledRule:
         """Cached :func:`_residual` of node ``node``'s row (the FP-edge test and the bonus
         draw share it)."""
         key = (node, tuple(rejected_tokens))
-        if self._residual_cache[0] != key:
+        if self._residual_cache is None or self._residual_cache[0] != key:
             self._residual_cache = (key, _residual(self.row(node), rejected_tokens))
         return self._residual_cache[1]
 

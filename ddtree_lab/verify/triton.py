@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -75,8 +75,8 @@ def _next_pow2(n: int) -> int:
 
 
 def _compact_buffers(bs: int, n: int, device):
-    i32 = dict(dtype=torch.int32, device=device)
-    f32 = dict(dtype=torch.float32, device=device)
+    i32: dict[str, Any] = dict(dtype=torch.int32, device=device)
+    f32: dict[str, Any] = dict(dtype=torch.float32, device=device)
     return dict(
         path=torch.full((bs, n), -1, **i32), plen=torch.zeros(bs, **i32),
         dnode=torch.full((bs, n), -1, **i32), dprob=torch.zeros(bs, n, **f32), dmass=torch.zeros(bs, n, **f32),
@@ -167,6 +167,7 @@ def _launch_inputs(verify_input, target_logits):
     buffers and the tree buffers on the logits' device (raises where the kernels cannot run)."""
     _require_triton(target_logits.device)
     module, interpreted = triton_kernels()
+    assert module is not None and isinstance(interpreted, bool)  # _require_triton raised otherwise
     bs, n, _vocab = target_logits.shape
     logits = target_logits if target_logits.stride(-1) == 1 else target_logits.contiguous()
     return (module, interpreted, logits, _compact_buffers(bs, n, logits.device),
@@ -227,10 +228,10 @@ def triton_usable(device: torch.device | str) -> tuple[bool, str, str]:
     """``(usable, name, why)``: whether the kernels can run on tensors on ``device``; ``name``
     is ``"triton"`` (CUDA) or ``"triton-interpret"`` (kernels imported under ``TRITON_INTERPRET=1``)."""
     device = torch.device(device)
-    module, info = triton_kernels()
-    if module is None:
-        return False, "", info
-    if info:  # interpreted kernels run on host memory
+    kernels = triton_kernels()
+    if kernels[0] is None:
+        return False, "", kernels[1]
+    if kernels[1]:  # interpreted kernels run on host memory
         return True, "triton-interpret", "kernels imported under TRITON_INTERPRET=1"
     if device.type == "cuda":
         return True, "triton", "CUDA tensors"

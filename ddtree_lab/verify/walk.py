@@ -119,6 +119,7 @@ def walk_batch(vi: DDTreeVerifyInput, rule_of: Callable[[int], object], backend:
     paths, bonus_tokens, exhausted, decisions, bonus = [], [], [], [], []
     for b in range(vi.batch_size):
         path, log, draw = _collect(walk(b, int(vi.num_nodes[b]), nt[b], ns[b], rule_of(b)))
+        assert draw is not None  # a walk always ends with its bonus event
         paths.append(path)
         bonus_tokens.append(draw.token)
         exhausted.append(draw.token < 0)

@@ -220,6 +220,9 @@ def trees_html(run: Run, step: int, collapse_unvisited: bool = True) -> str:
                          f"{max(s.step for s in run.steps)})")
     cells = []
     for s in chosen:
+        if s.params is None:
+            raise ValueError(f"step {s.step}, request {s.request} ({s.source}): no sampling parameters recorded "
+                             "to label its tree with")
         label = html.escape(f"request {s.request_id} · {analysis.setting_label(s.params)} · τ = {analysis.tau(s)}")
         svg = step_svg(s, run, collapse_unvisited=collapse_unvisited)
         svg = svg.replace("<svg ", '<svg style="max-width:none" ', 1)  # never shrunk to fit: it scrolls

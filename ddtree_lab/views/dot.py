@@ -112,6 +112,7 @@ def to_dot(view: StepView, what_if: list[int] | None = None) -> str:
     if missing:
         raise ValueError(f"what-if path nodes {missing} are hidden in the view (lower it with keep=path)")
     path_edges = set(zip(what_if or (), (what_if or ())[1:]))
+    path_start = what_if[0] if what_if else None
     out = ["digraph step {",
            '  graph [rankdir=LR, ordering=out, nodesep=0.04, ranksep=0.22, fontname="Helvetica",',
            f'         label="{_esc(view.title)}\\n{_esc(legend)}", labelloc=t, labeljust=l, fontsize=11{red}];',
@@ -125,7 +126,7 @@ def to_dot(view: StepView, what_if: list[int] | None = None) -> str:
             style.setdefault("style", "rounded,filled")
         if cur is not None and i == cur.current and not cur.bonus_done:
             style.update(CURRENT_STYLE)
-        if i in on_path and i != what_if[0]:
+        if i in on_path and i != path_start:
             style.update(WHAT_IF_STYLE)
         if cur is not None and i == cur.focus and i != 0:
             style.update(FOCUS_STYLE)

@@ -211,6 +211,7 @@ def committed_html(run: Run, request: int = 0) -> str:
     for s in run.for_request(request):
         color = _PALETTE[s.step % len(_PALETTE)]
         emitted = s.emitted
+        assert s.output is not None  # s.emitted raised otherwise
         for j, tok in enumerate(emitted):
             if count >= len(generated):
                 break

@@ -43,8 +43,9 @@ from typing import Callable, Mapping
 
 import torch
 
+from ..sampling import SamplingParams
 from ..step import Run, Step
-from ..verify import WalkEvent, events_of
+from ..verify import BonusDraw, WalkEvent, events_of
 from .collapse import collapse_nodes
 from .nodes import STATUSES, NodeView
 from .labels import LOSSY_COLOR, lossy_mark, mass_label, number_label, token_label
@@ -172,7 +173,7 @@ class StepView:
     greedy: bool
     mode: str
     nodes: dict[int, NodeView]
-    bonus: BonusView | None
+    bonus: BonusView
     bonus_parent: int
     decisions: list[DecisionRow]
     events: list
@@ -257,12 +258,13 @@ def _stored_p(step: Step, row: int, token: int) -> tuple[float | None, bool]:
     """The token's probability in node ``row``'s stored display row (``top_probs``: greedy
     steps the temperature-1 softmax, sampled steps the target under the request's
     parameters): exact when stored, else the smallest stored value as an upper bound."""
-    if step.top_token_ids is None or step.top_token_ids.numel() == 0:
+    top_ids, top_probs = step.top_token_ids, step.top_probs
+    if top_ids is None or top_probs is None or top_ids.numel() == 0:
         return None, False
-    ids = step.top_token_ids[row].tolist()
+    ids = top_ids[row].tolist()
     if token in ids:
-        return float(step.top_probs[row, ids.index(token)]), False
-    bound = float(step.top_probs[row, -1])
+        return float(top_probs[row, ids.index(token)]), False
+    bound = float(top_probs[row, -1])
     return bound, bound > 0.0
 
 
@@ -280,13 +282,13 @@ def _finite(x: float) -> float | None:
     return None if x is None or math.isnan(x) else x
 
 
-def _greedy_p_known(step: Step) -> bool:
+def _greedy_p_known(step: Step, params: SamplingParams) -> bool:
     # SGLang greedy recordings store the target's argmax only (their display rows are one-hot).
-    return not (step.params.is_greedy and step.extra.get("source") == "sglang")
+    return not (params.is_greedy and step.extra.get("source") == "sglang")
 
 
-def _mode(step: Step) -> str:
-    return step.params.label(" ")
+def _mode(params: SamplingParams) -> str:
+    return params.label(" ")
 
 
 def step_view(step: Step, texts: Run | Mapping[int, str] | None = None, collapse_unvisited: bool = False,
@@ -325,18 +327,22 @@ def step_view(step: Step, texts: Run | Mapping[int, str] | None = None, collapse
         if v is not None and not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
             raise ValueError(f"{name} must be None or a number in [0, 1], got {v!r}")
     lookup = text_lookup(texts)
-    if step.node_token_ids is None or step.child_probs is None or step.bonus is None:
+    tree, child_probs_t, draw, params = step.tree, step.child_probs, step.bonus, step.params
+    if tree is None or child_probs_t is None or draw is None:  # tree is None: node_token_ids is None
         raise ValueError(f"step {step.step}, request {step.request}: recorded at level {step.level!r}, it stores no "
                          "tree or decision log to draw (record with level 'full' or 'light')")
+    if params is None:
+        raise ValueError(f"step {step.step}, request {step.request} ({step.source}): no sampling parameters recorded, "
+                         "so greedy and sampled verification cannot be told apart")
     n = step.num_nodes
-    greedy = step.params.is_greedy
-    p_known = _greedy_p_known(step)
-    parents = step.parents.tolist()
-    tokens = step.node_token_ids.tolist()
-    depths = step.depths.tolist()
-    ranks = step.ranks.tolist()
-    logws = step.node_logws.tolist()
-    child_probs = step.child_probs.tolist()
+    greedy = params.is_greedy
+    p_known = _greedy_p_known(step, params)
+    parents = tree.parents[0].tolist()  # the Step accessors parents, node_token_ids, ... read these rows
+    tokens = tree.node_token_ids[0].tolist()
+    depths = tree.depths[0].tolist()
+    ranks = tree.ranks[0].tolist()
+    logws = tree.node_logws[0].tolist()
+    child_probs = child_probs_t.tolist()
     accepted = set(step.accepted_path)
     decided = {d.node: (k, d) for k, d in enumerate(step.decisions)}
     lp = step.draft_logprobs if step.draft_logprobs is not None else torch.zeros(0, 0)
@@ -375,7 +381,8 @@ def step_view(step: Step, texts: Run | Mapping[int, str] | None = None, collapse
                 child.mass_before = before
                 before = child.mass if child.mass is not None else before
     paths = [nodes[i].path_p for i in range(1, n)]
-    expected = None if any(p is None for p in paths) else sum(paths)
+    known = [p for p in paths if p is not None]
+    expected = sum(known) if len(known) == len(paths) else None
 
     rows = []
     for k, d in enumerate(step.decisions):
@@ -384,23 +391,23 @@ def step_view(step: Step, texts: Run | Mapping[int, str] | None = None, collapse
                                 node.target_p if node else None, node.target_p_upper if node else False,
                                 d.target_prob, None if greedy else d.cumulative_mass,
                                 None if greedy else d.coin, d.verdict))
-    bonus = _bonus_view(step, lookup, greedy, p_known)
+    bonus = _bonus_view(step, draw, lookup, greedy, p_known)
     hidden = collapse_nodes(nodes, collapse_unvisited, max_depth, min_target_p, min_drafter_q, keep, max_children)
-    mode = _mode(step)
+    mode = _mode(params)
     outcome = (f"accepted {step.accept_length} + bonus" if bonus.token >= 0
                else f"accepted {step.accept_length}, support exhausted (no bonus)")
     shown = f" ({hidden} hidden)" if hidden else ""
     title = (f"step {step.step} · request {step.request_id} · {mode} · {n - 1} draft nodes{shown} · {outcome}")
     if step.lossy:
         title += f" · {lossy_mark(step.thresholds)}"
-    view = StepView(title, step.step, step.request, step.request_id, greedy, mode, nodes, bonus, step.bonus.node,
-                    rows, walk_events(step.decisions, step.bonus), list(step.accepted_path), n, hidden, expected,
-                    thresholds=tuple(step.thresholds), lossy=bool(step.lossy))
+    threshold_single, threshold_acc = step.thresholds
+    view = StepView(title, step.step, step.request, step.request_id, greedy, mode, nodes, bonus, draw.node,
+                    rows, walk_events(step.decisions, draw), list(step.accepted_path), n, hidden, expected,
+                    thresholds=(threshold_single, threshold_acc), lossy=bool(step.lossy))
     return view if cursor is None else view.at(cursor)
 
 
-def _bonus_view(step: Step, lookup, greedy: bool, p_known: bool) -> BonusView:
-    b = step.bonus
+def _bonus_view(step: Step, b: BonusDraw, lookup, greedy: bool, p_known: bool) -> BonusView:
     rejected = [d.token for d in step.decisions if d.parent == b.node and d.verdict == "reject"]
     if b.token >= 0 and greedy and p_known:
         tp, upper = _display_p(step, b.node, b.token)
@@ -413,9 +420,10 @@ def _bonus_view(step: Step, lookup, greedy: bool, p_known: bool) -> BonusView:
     else:
         tp, upper = None, False
     top = []
-    if step.top_token_ids is not None and step.top_token_ids.numel() and (p_known or not greedy):
+    top_ids, top_probs = step.top_token_ids, step.top_probs
+    if top_ids is not None and top_probs is not None and top_ids.numel() and (p_known or not greedy):
         mass = b.residual_mass
-        for t, p in zip(step.top_token_ids[b.node].tolist(), step.top_probs[b.node].tolist()):
+        for t, p in zip(top_ids[b.node].tolist(), top_probs[b.node].tolist()):
             if p <= 0.0:
                 continue
             struck = t in rejected

@@ -36,7 +36,7 @@ from ..step import Run, Step
 from .dot import render_svg, to_dot
 from .html import bonus_html, children_html, decisions_table_html, mass_bar_svg, segments
 from .labels import token_label
-from .model import StepView, step_view
+from .model import Cursor, StepView, step_view
 
 __all__ = ["VerifyStepper", "WhatIf", "what_if"]
 
@@ -71,19 +71,26 @@ def what_if(step: Step, node: int, coin: float) -> WhatIf:
     """
     from ..verify import walk_request
 
-    if step.params.is_greedy:
+    params, stored_coins, tokens = step.params, step.coins, step.node_token_ids
+    if params is None:
+        raise ValueError(f"step {step.step}, request {step.request} ({step.source}): no sampling parameters recorded "
+                         "(a greedy step has no coins)")
+    if params.is_greedy:
         raise ValueError(f"step {step.step}, request {step.request}: greedy steps have no coins (the walk follows the argmax)")
     if not 0 <= node < step.num_nodes:
         raise ValueError(f"node {node} is not in the tree (nodes 0..{step.num_nodes - 1})")
     if not 0.0 <= coin < 1.0:
         raise ValueError(f"coin {coin} is not in [0, 1)")
-    coins = step.coins.clone()[None]
+    if stored_coins is None or tokens is None:
+        raise ValueError(f"step {step.step}, request {step.request}: recorded at level {step.level!r} ({step.source}), "
+                         "it stores no coins or tree to re-walk")
+    coins = stored_coins.clone()[None]
     coins[0, node] = coin
     # the pure what-if walk over the stored child probabilities (ddtree_lab.walk_request)
-    events = walk_request(step.retrieve_next_token, step.retrieve_next_sibling, step.node_token_ids,
+    events = walk_request(step.retrieve_next_token, step.retrieve_next_sibling, tokens,
                           step.child_probs, coins[0], step.final_coin)
     path = [0] + [e.node for e in events if e.kind == "move"]
-    return WhatIf(node, float(coins[0, node]), path, [int(step.node_token_ids[i]) for i in path[1:]], path[-1],
+    return WhatIf(node, float(coins[0, node]), path, [int(tokens[i]) for i in path[1:]], path[-1],
                   path == step.accepted_path)
 
 
@@ -115,7 +122,7 @@ class VerifyStepper:
         self.k = 0
         self.coin: float | None = None  # what-if coin of the current node (None: the recorded one)
         self.message = ""
-        self._widgets = None
+        self._widgets: dict | None = None
         self._select(step)
 
     # -- state ---------------------------------------------------------------------------------
@@ -132,6 +139,13 @@ class VerifyStepper:
     def trace(self) -> Step:
         """The recorded step on show."""
         return self.steps[self.position]
+
+    @property
+    def _greedy(self) -> bool:
+        """The step on show verifies greedily."""
+        params = self.trace.params
+        assert params is not None  # _select's step_view raised for a step without parameters
+        return params.is_greedy
 
     @property
     def view(self) -> StepView:
@@ -179,16 +193,22 @@ class VerifyStepper:
         return self._full.num_events
 
     @property
+    def _cursor(self) -> Cursor:
+        cur = self.view.cursor
+        assert cur is not None  # StepView.at always sets the cursor
+        return cur
+
+    @property
     def verdict(self) -> str:
-        return self.view.cursor.verdict
+        return self._cursor.verdict
 
     @property
     def current_node(self) -> int:
-        return self.view.cursor.current
+        return self._cursor.current
 
     @property
     def focus(self) -> int | None:
-        return self.view.cursor.focus
+        return self._cursor.focus
 
     def _check_request(self, request: int) -> None:
         if request not in {s.request for s in self.run.steps}:
@@ -240,10 +260,10 @@ class VerifyStepper:
             ValueError: a coin at a leaf (no coin decides anything there; the bonus draw uses
                 the final coin) or outside [0, 1) (from :func:`what_if`).
         """
-        if coin is not None and not self.trace.params.is_greedy and self.is_leaf:
+        if coin is not None and not self._greedy and self.is_leaf:
             raise ValueError(f"node {self.current_node} is a leaf: no coin decides among its children "
                              "(the bonus is drawn with the final coin)")
-        if coin is not None and not self.trace.params.is_greedy:
+        if coin is not None and not self._greedy:
             what_if(self.trace, self.current_node, float(coin))  # check before keeping it
         self.coin = None if coin is None else float(coin)
         self._refresh()
@@ -251,7 +271,7 @@ class VerifyStepper:
 
     def what_if(self) -> WhatIf | None:
         """The walk with the what-if coin (``None`` when no coin is set or the step is greedy)."""
-        if self.coin is None or self.trace.params.is_greedy:
+        if self.coin is None or self._greedy:
             return None
         return what_if(self.trace, self.current_node, self.coin)
 
@@ -278,13 +298,13 @@ class VerifyStepper:
         return render_svg(to_dot(self.picture_view, what_if=path))
 
     def verdict_html(self) -> str:
-        v = self.view
         return (f'<div class="ddtree-verdict" style="font-family:monospace;font-size:13px;padding:4px;'
-                f'background:#fff8e1">decision {self.k} / {self.num_events}: {html.escape(v.cursor.verdict)}</div>')
+                f'background:#fff8e1">decision {self.k} / {self.num_events}: {html.escape(self.verdict)}</div>')
 
     def details_html(self) -> str:
         v = self.view
         cur = v.cursor
+        assert cur is not None  # StepView.at always sets the cursor
         parts = [f"<p><b>node {cur.current}</b> {html.escape(token_label(v.nodes[cur.current].text))}: its children "
                  "in sibling order (accept p: the exact probability the walk accepts the child once here; "
                  "path p: from the root)</p>", children_html(v)]
@@ -297,7 +317,7 @@ class VerifyStepper:
     def what_if_html(self) -> str:
         """The what-if answer shown beside the coin slider (class ``ddtree-whatif``)."""
         style = 'class="ddtree-whatif" style="font-family:monospace;font-size:12px;max-width:640px'
-        if self.trace.params.is_greedy:
+        if self._greedy:
             return f'<div {style};color:#616161">greedy step: no coins to change (the walk follows the argmax)</div>'
         if self.is_leaf:
             return (f'<div {style};color:#616161">node {self.current_node} is a leaf: no coin decides among children '
@@ -321,6 +341,7 @@ class VerifyStepper:
         if self._widgets is None:
             self._build()
             self._refresh()
+        assert self._widgets is not None  # _build made them
         return self._widgets["box"]
 
     def _ipython_display_(self):
@@ -421,7 +442,7 @@ class VerifyStepper:
             b["step"].value = self.position
             b["decision"].max = self.num_events
             b["decision"].value = self.k
-            greedy = self.trace.params.is_greedy
+            greedy = self._greedy
             choices = self.coin_choices()
             # the what-if coin is the current node's (it decides among its children), never the final coin
             b["coin"].disabled = b["reset"].disabled = not choices
@@ -436,7 +457,8 @@ class VerifyStepper:
                 if values != self._coin_values:
                     self._coin_values = values
                     b["coin"].options = [lab for lab, _ in choices]
-                want = self.coin if self.coin is not None else float(self.view.nodes[self.current_node].child_coin)
+                recorded = self.view.nodes[self.current_node].child_coin  # None (not stored) reads as NaN
+                want = self.coin if self.coin is not None else float("nan" if recorded is None else recorded)
                 b["coin"].index = min(range(len(values)), key=lambda j: abs(values[j] - want))
             else:
                 self._coin_values = []

@@ -385,7 +385,9 @@ class Tuner:
         st = self.state
         st.temperature, st.top_k, st.top_p = self.temperature.value, self.top_k.value, self.top_p.value
         st.min_p, st.budget = self.min_p.value, self.budget.value
-        st.select(self.request.value, self.step.value)
+        request = self.request.value
+        assert request is not None  # the dropdown always has one of its options selected
+        st.select(request, self.step.value)
 
     def _on_params(self, change=None) -> None:
         self._update()
@@ -399,7 +401,9 @@ class Tuner:
     def _on_request(self, change=None) -> None:
         self._moving = True  # one redraw: the step slider's range and value change with the request
         try:
-            self.step.max = len(self.state.steps_of(self.request.value)) - 1
+            request = self.request.value
+            assert request is not None  # the dropdown always has one of its options selected
+            self.step.max = len(self.state.steps_of(request)) - 1
             self.step.value = 0
         finally:
             self._moving = False
@@ -437,6 +441,7 @@ class Tuner:
         st = self.state
         k = st.step
         res = self.result
+        assert res is not None  # __init__ ran _update
         s = st.data.steps[k]
         order = st.chart_order()
         labels = [f"step {st.data.steps[j].step} / req {st.data.steps[j].request_id}" for j in order]
@@ -464,6 +469,7 @@ class Tuner:
             self.live_out.value = f"<span style='color:#b3261e'>live run failed: {html.escape(repr(exc))}</span>"
             raise
         steps = list(got.steps if isinstance(got, Run) else got)
+        assert self.result is not None  # __init__ ran _update
         self.live_out.value = live_comparison_html(steps, self.result)
 
 
