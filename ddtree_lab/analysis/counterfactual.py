@@ -49,6 +49,8 @@ __all__ = [
     "step_counterfactuals",
     "run_counterfactuals",
     "summarize",
+    "SummaryRow",
+    "measure_cost_model",
 ]
 
 
@@ -318,8 +320,8 @@ def run_counterfactuals(run: Run, policies: Sequence[str], budgets: Sequence[int
 
 @dataclass
 class SummaryRow:
-    """Mean over steps of one (policy, budget): ``steps`` scored of ``total``; ``None`` means
-    no step could be scored."""
+    """Mean over steps of one (policy, budget): ``steps`` scored of ``total``; the means are
+    ``None`` unless every step was scored (a mean over a subset would not compare)."""
 
     policy: str
     budget: int
@@ -334,7 +336,8 @@ class SummaryRow:
 
 def summarize(results: Sequence[PolicyResult]) -> list[SummaryRow]:
     """One :class:`SummaryRow` per (policy, budget), in first-seen order. A mean is over the
-    steps where both values exist; a row with some steps unscored says so in ``reason``."""
+    steps, given only when every step has both values; a row with steps unscored says so in
+    ``reason``."""
     groups: dict[tuple[str, int], list[PolicyResult]] = {}
     for r in results:
         groups.setdefault((r.policy, r.budget), []).append(r)
@@ -343,7 +346,54 @@ def summarize(results: Sequence[PolicyResult]) -> list[SummaryRow]:
         ok = [r for r in rs if r.tau_greedy is not None and r.tau_sampled is not None]
         mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
         bad = [r.reason for r in rs if r.reason]
-        rows.append(SummaryRow(name, b, mean([r.tau_greedy for r in ok]), mean([r.tau_sampled for r in ok]),
+        whole = len(ok) == len(rs)  # a mean over a subset of the steps is not comparable: none
+        rows.append(SummaryRow(name, b, mean([r.tau_greedy for r in ok]) if whole else None,
+                               mean([r.tau_sampled for r in ok]) if whole else None,
                                sum(r.num_nodes for r in rs) / len(rs), len(ok), len(rs),
                                sum(r.covered for r in rs), f"{len(rs) - len(ok)} steps {bad[0]}" if bad else None))
     return rows
+
+
+@torch.no_grad()
+def measure_cost_model(target, prefix_ids: Sequence[int], draft, num_rows: Sequence[int] = (1, 5, 9, 17, 33, 65),
+                       repeats: int = 3, draft_seconds: float = 0.0) -> "CostModel":
+    """Measure seconds per target tree forward against ``N`` on this machine (batch size 1).
+
+    Each ``N`` scores the DDTree tree of ``N - 1`` nodes built from ``draft``
+    (:class:`DraftTopK`; a smaller tree where the draft holds fewer prefixes) after the prefix
+    ``prefix_ids`` (prefilled once; the tree rows are cut off the cache after every forward);
+    the value kept is the median of ``repeats`` timed forwards after one warm-up.
+
+    Returns:
+        :class:`CostModel` with ``seconds = {1: ...}`` and ``draft_seconds``.
+
+    Raises:
+        ValueError: empty ``prefix_ids``, ``repeats < 1``, ``num_rows`` not increasing from >= 1.
+    """
+    import time
+
+    from .policies import CostModel, ddtree_policy
+
+    if not prefix_ids:
+        raise ValueError("measure_cost_model needs prefix_ids (the ids before the root)")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if not num_rows or num_rows[0] < 1:
+        raise ValueError(f"num_rows must start at >= 1, got {list(num_rows)}")
+    cache, _, _ = target.prefill(list(prefix_ids[:-1]))
+    root = int(prefix_ids[-1])
+    p = len(prefix_ids) - 1
+    secs = []
+    for n in num_rows:
+        vi = compile_retrieve(ddtree_policy(draft, root, int(n) - 1, None), p)
+        times = []
+        for r in range(repeats + 1):
+            t0 = time.perf_counter()
+            target.tree_forward(cache, vi)
+            dt = time.perf_counter() - t0
+            target.keep_path(cache, p, [])  # cut the tree rows off again
+            if r:
+                times.append(dt)
+        secs.append(sorted(times)[len(times) // 2])
+    return CostModel(tuple(int(n) for n in num_rows), {1: tuple(secs)}, draft_seconds=draft_seconds,
+                     device=str(getattr(target, "device", "cpu")))
