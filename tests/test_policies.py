@@ -256,3 +256,20 @@ def test_policies_outside_the_recording_are_scored_with_the_model(target, sample
     by = {(r.step, r.request, r.policy, r.budget): r for r in res}
     for s in sub.steps:
         assert by[(s.step, s.request, "ddtree", 64)].tau_sampled >= by[(s.step, s.request, "ddtree", 8)].tau_sampled - 1e-12
+
+
+# -- the CLI verb -------------------------------------------------------------------------------------
+
+def test_compare_policies_verb(capsys, tmp_path):
+    from ddtree_lab.cli import main
+
+    assert main(["compare-policies", str(SAMPLED), "--policy", "ddtree", "--budgets", "4,32",
+                 "--max-steps", "3", "--parquet", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "ddtree" in out and "3/3" in out and (tmp_path / "policies.parquet").exists()
+    # a tree outside the recording without --model: exit 1, the row says it was not scored
+    assert main(["compare-policies", str(SAMPLED), "--policy", "chain", "--budgets", "8", "--max-steps", "2"]) == 1
+    assert "not scored" in capsys.readouterr().out
+    assert main(["compare-policies", str(SAMPLED), "--policy", "wide"]) == 2
+    assert "--policy wide: unknown policy" in capsys.readouterr().err
+    assert main(["compare-policies", str(SAMPLED), "--budgets", "4,x"]) == 2
