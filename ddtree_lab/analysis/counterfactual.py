@@ -34,7 +34,7 @@ from ..build import DDTreeBuildResult
 from ..sampling import target_probs
 from ..step import Run, Step
 from ..verify.whatif import acceptance_probabilities
-from .policies import PolicyContext, get_policy
+from .policies import CostModel, PolicyContext, ddtree_policy, get_policy
 
 __all__ = [
     "NodeProbs",
@@ -82,7 +82,7 @@ def union_tree(trees: Sequence[DDTreeBuildResult]) -> DDTreeBuildResult:
             if i:
                 nodes.setdefault(k, (float(t.node_logws[0, i]), int(t.ranks[0, i])))
     order = sorted(nodes, key=lambda k: (-nodes[k][0], len(k), k))
-    index = {(): 0}
+    index: dict[tuple[int, ...], int] = {(): 0}
     n = 1 + len(order)
     tok, par, dep, rnk = [root], [-1], [0], [-1]
     lw = [0.0]
@@ -273,7 +273,9 @@ def step_counterfactuals(step: Step, policies: Sequence[str], budgets: Sequence[
         raise ValueError(f"step {step.step}, request {step.request}: no draft top-k recorded")
     if step.params is None:
         raise ValueError(f"step {step.step}, request {step.request}: no sampling parameters recorded")
-    anchor = int(step.node_token_ids[0])
+    if step.tree is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no tree recorded (its root is the anchor)")
+    anchor = int(step.tree.node_token_ids[0, 0])
     fns = {name: policy_of(name) for name in policies}
     trees = {(name, b): fns[name](step.draft, anchor, int(b), context) for name in policies for b in budgets}
     rec = recorded_node_probs(step)
@@ -356,7 +358,7 @@ def summarize(results: Sequence[PolicyResult]) -> list[SummaryRow]:
 
 @torch.no_grad()
 def measure_cost_model(target, prefix_ids: Sequence[int], draft, num_rows: Sequence[int] = (1, 5, 9, 17, 33, 65),
-                       repeats: int = 3, draft_seconds: float = 0.0) -> "CostModel":
+                       repeats: int = 3, draft_seconds: float = 0.0) -> CostModel:
     """Measure seconds per target tree forward against ``N`` on this machine (batch size 1).
 
     Each ``N`` scores the DDTree tree of ``N - 1`` nodes built from ``draft``
@@ -372,7 +374,7 @@ def measure_cost_model(target, prefix_ids: Sequence[int], draft, num_rows: Seque
     """
     import time
 
-    from .policies import CostModel, ddtree_policy
+
 
     if not prefix_ids:
         raise ValueError("measure_cost_model needs prefix_ids (the ids before the root)")

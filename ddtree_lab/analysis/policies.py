@@ -175,7 +175,7 @@ def tree_from_nodes(anchor_token_id: int, nodes: list[tuple[tuple[int, ...], flo
         ValueError: a node whose parent is missing.
     """
     order = sorted(nodes, key=lambda x: (-x[1], len(x[0]), x[0]))
-    index = {(): 0}
+    index: dict[tuple[int, ...], int] = {(): 0}
     n = 1 + len(order)
     tok = np.full(n, -1, np.int64)
     par = np.full(n, -1, np.int64)
@@ -281,7 +281,7 @@ def capped_best_first_policy(cap: int) -> Callable[..., DDTreeBuildResult]:
         k = lp.shape[1]
         per_depth = [0] * (depth + 1)
         nodes: list[tuple[tuple[int, ...], float]] = []
-        heap = [(-lp[0, 0], 1, (0,))] if depth > 0 and lp[0, 0] > -math.inf else []
+        heap: list[tuple[float, int, tuple[int, ...]]] = [(-lp[0, 0], 1, (0,))] if depth > 0 and lp[0, 0] > -math.inf else []
         while heap and len(nodes) < budget:
             negw, d, ranks = heapq.heappop(heap)
             w = -negw
@@ -306,7 +306,9 @@ def cost_aware_policy(draft: DraftTopK, anchor_token_id: int, budget: int,
     """The per-round budget by expected tokens per second (module docstring, ``cost``):
     of the DDTree trees with ``m = 0..budget`` nodes (nested: the first ``m`` of the DDTree
     order), keep the one maximising ``(1 + sum_{i<=m} exp(logw_i)) / context.cost_model.
-    round_seconds(1 + m, context.batch_size)``; ties go to the smaller tree.
+    round_seconds(1 + m, context.batch_size)``; ties go to the smaller tree. The drafter's
+    seconds are in every ``m``'s cost (the round's draft is spent by the time the policy runs),
+    so ``m = 0`` means "verify the root alone this round", not plain decoding.
 
     Raises:
         ValueError: no ``context.cost_model``; as :func:`check_policy_input`.

@@ -69,8 +69,9 @@ def cmd_compare_policies(args) -> int:
             names = [n for n in names if n != "cost"]
             print("policy cost: not run (it needs --model and a run with prompt ids, to measure its cost model)")
         else:
-            draft_s = [s.timings.get("draft") for s in steps if s.timings.get("draft") is not None]
-            cm = measure_cost_model(target, prefix + [int(steps[0].node_token_ids[0])], steps[0].draft,
+            draft_s = [float(s.timings["draft"]) for s in steps if s.timings.get("draft") is not None]
+            root = int(steps[0].tree.node_token_ids[0, 0])  # type: ignore[union-attr]  (steps have trees)
+            cm = measure_cost_model(target, prefix + [root], steps[0].draft,
                                     draft_seconds=(sum(draft_s) / len(draft_s)) if draft_s else 0.0)
             context = PolicyContext(cost_model=cm)
             print("cost model (s per tree forward, bs 1): " +
@@ -78,6 +79,8 @@ def cmd_compare_policies(args) -> int:
     start = time.perf_counter()
     results = run_counterfactuals(run, names, budgets, target=target, context=context, max_steps=args.max_steps)
     params = steps[0].params
+    if params is None:
+        raise CLIError(f"{args.run}: step {steps[0].step} records no sampling parameters")
     print(f"{args.run}: {count(len({(r.step, r.request) for r in results}), 'step')}, "
           f"sampled at {'greedy' if params.is_greedy else params.label()} "
           f"({time.perf_counter() - start:.1f} s)")
