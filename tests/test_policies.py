@@ -153,7 +153,9 @@ def test_exact_expected_tau_equals_mean_of_sampled_verifies():
     table = {}
     for k in path_keys(union):  # rows that put real mass on the drafted tokens
         row = torch.rand(vocab, generator=g) ** 4
-        row[10:40] += 3 * torch.rand(30, generator=g)
+        d = len(k)  # the drafted tokens of the next depth (10 (d + 1) + j) get most of the mass
+        if d < PAPER.token_ids.shape[0]:
+            row[PAPER.token_ids[d]] += 8 * torch.rand(3, generator=g)
         table[k] = row / row.sum()
     for name, tree in trees.items():
         n = int(tree.num_nodes[0])
@@ -170,8 +172,7 @@ def test_exact_expected_tau_equals_mean_of_sampled_verifies():
         t = torch.tensor(taus, dtype=torch.float64)
         se = float(t.std()) / math.sqrt(len(t))
         assert abs(float(t.mean()) - exact) <= 4 * se + 1e-9, (name, exact, float(t.mean()), se)
-        if name == "chain" or n > 2:
-            assert se > 0  # the test can fail: the walk's length does vary
+        assert exact > 1.3 and se > 0.01  # trees that accept: the walk's length does vary
 
 
 # -- recorded steps, no model ------------------------------------------------------------------------
