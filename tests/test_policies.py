@@ -274,3 +274,15 @@ def test_compare_policies_verb(capsys, tmp_path):
     assert main(["compare-policies", str(SAMPLED), "--policy", "wide"]) == 2
     assert "--policy wide: unknown policy" in capsys.readouterr().err
     assert main(["compare-policies", str(SAMPLED), "--budgets", "4,x"]) == 2
+
+
+@pytest.mark.slow
+def test_measured_cost_model_drives_the_cost_policy(target, sampled_run):
+    from ddtree_lab.analysis.counterfactual import measure_cost_model
+
+    s = sampled_run.steps[0]
+    prefix = step_prefix_ids(sampled_run, s) + [int(s.node_token_ids[0])]
+    cm = measure_cost_model(target, prefix, s.draft, (1, 9, 33), repeats=1)
+    assert all(t > 0 for t in cm.seconds[1]) and cm.seconds[1][2] > cm.seconds[1][0]
+    tree = cost_aware_policy(s.draft, int(s.node_token_ids[0]), 32, PolicyContext(cost_model=cm))
+    assert 1 <= int(tree.num_nodes[0]) <= 33
