@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "fixtures" / "traces" / "smollm2_greedy_b32.ddtrace.safetensors"
 SAMPLED = ROOT / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors"
 RECORDING = ROOT / "fixtures" / "sglang_cpu_recording.json"
-VERBS = ["record", "info", "render", "bundle", "replay", "audit", "doctor", "diagnose", "sglang", "lab", "export"]
+VERBS = ["record", "info", "render", "bundle", "replay", "audit", "doctor", "diagnose", "sglang", "lab", "export", "compare-policies"]
 
 
 def run_cli(*args):

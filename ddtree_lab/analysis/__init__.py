@@ -15,6 +15,7 @@ from .stats import step_seconds as step_seconds
 from .stats import step_table as step_table
 from .stats import tau as tau
 from .stats import throughput as throughput
+from .policies import POLICIES as POLICIES
 from .tuner import TunerData as TunerData
 from .tuner import TunerResult as TunerResult
 from .tuner import token_prob_bounds as token_prob_bounds

@@ -10,6 +10,7 @@
     ddtree-lab diagnose RUN [--model default|DIR] [--step S --request R]   # the bug named
     ddtree-lab sglang  hook-dir | replay RECORDING | convert RECORDING -o TRACE
     ddtree-lab export  RUN --parquet DIR                  # per-step and per-node tables for DuckDB
+    ddtree-lab compare-policies RUN [--model default] [--policy NAME ...] [--budgets 4,8,16,32,64]
     ddtree-lab lab                                        # JupyterLab on labs/
 
 Steps are addressed as decoding steps (``--step``, 0-based, as ``info`` lists them) of a
@@ -107,6 +108,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", metavar="RUN")
     p.add_argument("--parquet", required=True, metavar="DIR", help="directory for steps.parquet and nodes.parquet")
     p.set_defaults(func=cmd_export)
+
+    from .policies import DEFAULT_BUDGETS, cmd_compare_policies
+
+    p = sub.add_parser("compare-policies", help="exact E[tau] of tree policies on a recorded run",
+                       description=cmd_compare_policies.__doc__)
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--model", help="'default' or a model directory: score the nodes the recording lacks")
+    p.add_argument("--policy", action="append", help="a policy name (repeat; default: all)")
+    p.add_argument("--budgets", default=DEFAULT_BUDGETS, help="comma-separated draft-node budgets")
+    p.add_argument("--max-steps", type=int, help="only the first N steps")
+    p.add_argument("--parquet", metavar="DIR", help="also write DIR/policies.parquet (one row per step)")
+    p.set_defaults(func=cmd_compare_policies)
 
     p = sub.add_parser("render", help="draw one step's tree", description=cmd_render.__doc__)
     p.add_argument("trace", help="any source (trace, bundle, recording, ...); a bundle needs no --step")

@@ -1,0 +1,93 @@
+"""The compare-policies verb: exact E[tau] of each tree policy at each budget on a recorded run."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .common import CLIError, count, load_model, load_run
+
+DEFAULT_BUDGETS = "4,8,16,32,64"
+
+
+def _budgets(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise CLIError(f"--budgets {text}: not a comma-separated list of ints") from exc
+    if not out or any(b < 0 for b in out):
+        raise CLIError(f"--budgets {text}: give budgets >= 0")
+    return out
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def write_policies_parquet(results, out: Path) -> Path:
+    """One row per (step, request, policy, budget) to ``out/policies.parquet`` (pyarrow)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise CLIError("--parquet needs pyarrow (the 'parquet' extra)") from exc
+    out.mkdir(parents=True, exist_ok=True)
+    cols = {"step": [], "request": [], "policy": [], "budget": [], "num_nodes": [], "tau_greedy": [],
+            "tau_sampled": [], "covered": [], "reason": []}
+    for r in results:
+        for k in cols:
+            cols[k].append(getattr(r, k))
+    path = out / "policies.parquet"
+    pq.write_table(pa.table(cols), path)
+    return path
+
+
+def cmd_compare_policies(args) -> int:
+    """For every recorded step of RUN, build each tree policy's tree (ddtree_lab.analysis.policies)
+    from the step's recorded draft top-k and print the EXACT expected accept length E[tau]
+    (accepted draft tokens + bonus) under the target-only rule, greedy and sampled at the run's
+    parameters, averaged over the steps (ddtree_lab.analysis.counterfactual). Nodes the recording
+    does not cover are scored with --model (one tree forward per step); without it those rows
+    say they were not scored. The 'cost' policy needs --model (its cost model is measured here)."""
+    from ..analysis.counterfactual import measure_cost_model, run_counterfactuals, step_prefix_ids, summarize
+    from ..analysis.policies import POLICIES, PolicyContext
+
+    names = args.policy or list(POLICIES)
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        raise CLIError(f"--policy {unknown[0]}: unknown policy (known: {', '.join(POLICIES)})")
+    budgets = _budgets(args.budgets)
+    run = load_run(args.run)
+    steps = [s for s in run.steps if s.draft is not None and s.draft.token_ids.numel() and s.tree is not None]
+    if not steps:
+        raise CLIError(f"{args.run}: no step records a draft top-k and a tree (nothing to compare)")
+    target = load_model(args.model)
+    context = None
+    if "cost" in names:
+        prefix = step_prefix_ids(run, steps[0]) if target is not None else None
+        if target is None or not prefix:
+            names = [n for n in names if n != "cost"]
+            print("policy cost: not run (it needs --model and a run with prompt ids, to measure its cost model)")
+        else:
+            draft_s = [float(s.timings["draft"]) for s in steps if s.timings.get("draft") is not None]
+            root = int(steps[0].tree.node_token_ids[0, 0])  # type: ignore[union-attr]  (steps have trees)
+            cm = measure_cost_model(target, prefix + [root], steps[0].draft,
+                                    draft_seconds=(sum(draft_s) / len(draft_s)) if draft_s else 0.0)
+            context = PolicyContext(cost_model=cm)
+            print("cost model (s per tree forward, bs 1): " +
+                  ", ".join(f"N={n}: {s * 1e3:.1f} ms" for n, s in zip(cm.num_rows, cm.seconds[1])))
+    start = time.perf_counter()
+    results = run_counterfactuals(run, names, budgets, target=target, context=context, max_steps=args.max_steps)
+    params = steps[0].params
+    if params is None:
+        raise CLIError(f"{args.run}: step {steps[0].step} records no sampling parameters")
+    print(f"{args.run}: {count(len({(r.step, r.request) for r in results}), 'step')}, "
+          f"sampled at {'greedy' if params.is_greedy else params.label()} "
+          f"({time.perf_counter() - start:.1f} s)")
+    print(f"{'policy':<9} {'budget':>6} {'E[tau] greedy':>13} {'E[tau] sampled':>14} {'nodes':>6} {'steps':>9}")
+    for row in summarize(results):
+        print(f"{row.policy:<9} {row.budget:>6} {_fmt(row.tau_greedy):>13} {_fmt(row.tau_sampled):>14} "
+              f"{row.mean_nodes:>6.1f} {row.steps:>4}/{row.total:<4}" + (f"  {row.reason}" if row.reason else ""))
+    if args.parquet:
+        print(f"-> {write_policies_parquet(results, Path(args.parquet))}")
+    return 0 if all(r.tau_sampled is not None for r in results) else 1
