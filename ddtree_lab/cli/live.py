@@ -185,7 +185,7 @@ def cmd_lab(args) -> int:
     import secrets
     import shutil
 
-    from .. import labserver
+    from . import labserver
 
     if not 1 <= args.port <= 65535:
         raise CLIError(f"--port {args.port}: must be in 1..65535")
