@@ -28,4 +28,3 @@ def check_shape(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:
     """Raise ValueError unless ``x.shape == shape``."""
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(x.shape)}")
-
