@@ -60,8 +60,8 @@ from .build import build_tree as build_tree
 from .build import build_tree_reference as build_tree_reference
 from .draft import check_draft_topk as check_draft_topk
 from .draft import draft_topk_from_logits as draft_topk_from_logits
-from .replay import Difference as Difference
-from .replay import ReplayMismatch as ReplayMismatch
+from .replaying import Difference as Difference
+from .replaying import ReplayMismatch as ReplayMismatch
 from .step import Run as Run
 from .step import Step as Step
 from .step import TargetRows as TargetRows
@@ -71,10 +71,10 @@ from .io import source_of as source_of
 from .check import StepProblem as StepProblem
 from .check import check as check
 from .io.lab_trace import TraceFormatError as TraceFormatError
-from .replay import compare_outputs as compare_outputs
+from .replaying import compare_outputs as compare_outputs
 from .io import load_trace as load_trace
-from .replay import replay as replay
-from .replay import replay_differences as replay_differences
+from .replaying import replay as replay
+from .replaying import replay_differences as replay_differences
 from .io.lab_trace import save_trace as save_trace
 from .verify import BonusDraw as BonusDraw
 from .verify import Decision as Decision

@@ -44,7 +44,7 @@ from .io.bundle import (CHUNK, FILES, FORMAT, VERSION, Bundle, bundle_run, bundl
                         load_bundle, reduce_bonus_row)
 from .store.container import write_container
 from .io.lab_trace import step_json, step_tensors
-from .replay import Difference, compare_outputs, replay_differences
+from .replaying import Difference, compare_outputs, replay_differences
 from .step import Run, Step, TargetRows
 from .verify import VerifyOutput
 from .views.labels import mass_label
@@ -219,7 +219,7 @@ def save_bundle(bundle: Bundle, directory: str | Path) -> Path:
 
 def replay_bundle(bundle: Bundle | str | Path, backend: str = "reference") -> BundleReplay:
     """Re-verify a bundle's step with the reference verifier and compare it with the recorded
-    output, decision by decision (:func:`ddtree_lab.replay.compare_outputs`).
+    output, decision by decision (:func:`ddtree_lab.replaying.compare_outputs`).
 
     A bundle stores target probabilities (what the verifier read), not logits, so only the
     ``"reference"`` backend replays it.

@@ -16,7 +16,7 @@ import ddtree_lab as dl
 from ddtree_lab import sglang as sr
 from ddtree_lab.sglang import kernels as sb
 from ddtree_lab.sglang.recorder import _PatchFinder
-from ddtree_lab.replay import compare_outputs
+from ddtree_lab.replaying import compare_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "fixtures" / "sglang_cpu_recording"

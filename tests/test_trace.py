@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 import ddtree_lab as dl
 from ddtree_lab.store.container import write_container
 from ddtree_lab.record import make_step_trace
-from ddtree_lab.replay import Difference, compare_outputs, replay_differences
+from ddtree_lab.replaying import Difference, compare_outputs, replay_differences
 from ddtree_lab.step import LEVELS, STAGES
 
 TRACES = Path(__file__).resolve().parent.parent / "fixtures" / "traces"

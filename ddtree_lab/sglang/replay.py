@@ -106,11 +106,11 @@ class ReplayResult:
 
 def output_differences(sglang: VerifyOutput, lab: VerifyOutput, compare_bonus: bool = True) -> list[str]:
     """SGLang's output against the lab's, one line per differing field
-    (:func:`ddtree_lab.replay.compare_outputs`, the lab's one comparator, without decision logs:
+    (:func:`ddtree_lab.replaying.compare_outputs`, the lab's one comparator, without decision logs:
     SGLang's kernels keep none), e.g. ``"accept_index: recorded [0] != replayed [0, 1]"``
     (recorded: SGLang; replayed: the lab). ``compare_bonus=False`` keeps only the accepted path
     and its length (the lab's bonus is not known)."""
-    from ..replay import compare_outputs
+    from ..replaying import compare_outputs
 
     lines = []
     for d in compare_outputs(sglang, lab, decisions=False):
