@@ -21,7 +21,7 @@ terms in the README, "Terms"):
   :class:`Difference` s); bug-report bundles of one step in ``ddtree_lab.bundle``;
 * diagnosis of a recorded run (the bug named, not the symptom): :func:`diagnose`; planted
   faults for the zoo and the tests in ``ddtree_lab.faults``;
-* views: ``ddtree_lab.views`` (DOT/SVG/text/HTML) and ``ddtree_lab.lab`` (notebook calls);
+* views: ``ddtree_lab.views`` (DOT/SVG/text/HTML) and ``ddtree_lab.notebook`` (the notebooks' calls);
 * SGLang interop (package :mod:`ddtree_lab.sglang`; sglang itself is imported only to run
   its kernels): :func:`to_sglang_buffers`,
   :func:`from_sglang_buffers`, :class:`SGLangVerifyBuffers`, :class:`TreeMaskMode`,

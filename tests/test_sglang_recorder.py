@@ -440,7 +440,7 @@ def test_saving_never_creates_a_directory(tmp_path):
 
 
 def test_converted_trace_lists_its_requests_and_summarises(tmp_path):
-    from ddtree_lab import lab, views
+    from ddtree_lab import notebook, views
 
     out = dl.io.convert(FIXTURE, tmp_path / "sglang.ddtrace.safetensors")
     run = dl.load_trace(out)
@@ -448,7 +448,7 @@ def test_converted_trace_lists_its_requests_and_summarises(tmp_path):
     assert ids == [f"req-{i}" for i in range(6)]
     assert [r["params"]["temperature"] for r in run.metadata["requests"]] == [0.0] * 3 + [0.8] * 3
     assert all(run.metadata["requests"][s.request]["request_id"] == s.request_id for s in run.steps)
-    rows = lab.summary(run)
+    rows = notebook.summary(run)
     assert [r["request"] for r in rows] == ids and [r["steps"] for r in rows] == [1] * 3 + [2] * 3
     recording = sr.load_recording(FIXTURE)
     converted = {(s.step, s.request_id) for s in run.steps}
