@@ -18,7 +18,7 @@ terms in the README, "Terms"):
   adapter, ``ddtree_lab.models`` also the drafters), :class:`StepTrace`, :class:`RunTrace`,
   :func:`save_trace`, :func:`load_trace`, :func:`replay`, :func:`make_step_trace` (the one
   StepTrace constructor), :func:`compare_outputs` (the one output comparator, giving
-  :class:`Difference` s); bug-report bundles of one step in ``ddtree_lab.bundle``;
+  :class:`Difference` s); bug-report bundles of one step in ``ddtree_lab.io.bundle``;
 * diagnosis of a recorded run (the bug named, not the symptom): :func:`diagnose`; planted
   faults for the zoo and the tests in ``ddtree_lab.faults``;
 * views: ``ddtree_lab.views`` (DOT/SVG/text/HTML) and ``ddtree_lab.notebook`` (the notebooks' calls);

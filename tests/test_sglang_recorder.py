@@ -489,7 +489,7 @@ def test_replay_names_sglangs_num_speculative_tokens_limit():
 
 def test_a_converted_row_bundles_and_replays(tmp_path):
     """Bundles work on SGLang recordings through their lab traces (the differing row included)."""
-    from ddtree_lab import bundle
+    from ddtree_lab.io import bundle
 
     run = sr.recording_to_trace(sr.load_recording(FIXTURE))
     step = next(s for s in run.steps if s.extra["verdict"] == "differs")

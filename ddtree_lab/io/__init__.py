@@ -8,7 +8,7 @@ Sources (:data:`SOURCES`, told apart by their content, never by running anything
 * ``"sglang recording (append-only)"`` -- the SGLang recorder's append-only file
   (:mod:`ddtree_lab.sglang.append`): calls that did not return are steps without output;
 * ``"bundle"`` -- a bug-report bundle directory or its ``bundle.safetensors``
-  (:mod:`ddtree_lab.bundle`): one step whose bonus row is the bundle's exact reduction;
+  (:mod:`.bundle`): one step whose bonus row is the bundle's exact reduction;
 * ``"sglang recording"`` -- ``NAME.json`` + ``NAME.safetensors`` written by the SGLang recorder,
   converted step by step (:func:`ddtree_lab.sglang.recording_to_trace`);
 * ``"ddtree reference"`` -- the DDTree reference's tree traces (:mod:`.ddtree_reference`);
