@@ -30,7 +30,7 @@ import ddtree_lab as dl
 from ddtree_lab.diagnose.forward import request_prefix, row_atol, step_rows_diff
 from ddtree_lab.faults import (COMMIT_FAULTS, DRAFTER_FAULTS, FAULT_KINDS, FORWARD_FAULTS, SAMPLING_FAULTS,
                                VERIFIER_FAULTS)
-from ddtree_lab.replay import replay_differences
+from ddtree_lab.replaying import replay_differences
 
 PROMPTS = ["Tell me about lighthouses.", "What is two plus two?"]
 SAMPLED = dl.SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=1)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import ddtree_lab as dl
-from ddtree_lab import bundle as bd
+from ddtree_lab.io import bundle as bd
 from ddtree_lab.threads import configure_threads
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ import time
 import torch
 
 import ddtree_lab as dl
-from ddtree_lab import lab
+from ddtree_lab import notebook
 from ddtree_lab.session import STAGES
 from ddtree_lab.threads import choose_threads, configure_threads
 
@@ -73,10 +73,10 @@ def main() -> None:
     ap.add_argument("--levels", nargs="+", default=["full", "light", "off"], choices=["full", "light", "off"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--skip-threads", action="store_true", help="skip the torch-default-threads run")
-    ap.add_argument("--drafter", default="ridge", help="'ridge', 'dflash' or a path (ddtree_lab.lab.load_drafter)")
+    ap.add_argument("--drafter", default="ridge", help="'ridge', 'dflash' or a path (ddtree_lab.notebook.load_drafter)")
     args = ap.parse_args()
     choice = configure_threads()
-    target, drafter = lab.load_default(device=args.device, drafter=args.drafter)
+    target, drafter = notebook.load_default(device=args.device, drafter=args.drafter)
     print(f"live DDTree step, {target.name} fp32 on {args.device}, {drafter.name} drafter L={drafter.block_size}, "
           f"B={args.budget}, greedy, {args.tokens} new tokens per request; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads ({choice.reason})")

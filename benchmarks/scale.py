@@ -151,10 +151,10 @@ def live_overhead(tokens: int = 24, repeats: int = 3) -> dict:
     import tempfile
 
     import ddtree_lab as dl
-    from ddtree_lab import lab
+    from ddtree_lab import notebook
     from ddtree_lab.io import live_record
 
-    target, drafter = lab.load_default(device="cpu", drafter="ridge")
+    target, drafter = notebook.load_default(device="cpu", drafter="ridge")
     prompts = ["Explain why the sky is blue.", "Write a short poem about the sea.", "What are three uses of copper?",
                "Give me a recipe for tomato soup."]
     own = {"seconds": 0.0, "steps": 0}

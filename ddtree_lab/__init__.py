@@ -18,10 +18,10 @@ terms in the README, "Terms"):
   adapter, ``ddtree_lab.models`` also the drafters), :class:`StepTrace`, :class:`RunTrace`,
   :func:`save_trace`, :func:`load_trace`, :func:`replay`, :func:`make_step_trace` (the one
   StepTrace constructor), :func:`compare_outputs` (the one output comparator, giving
-  :class:`Difference` s); bug-report bundles of one step in ``ddtree_lab.bundle``;
+  :class:`Difference` s); bug-report bundles of one step in ``ddtree_lab.io.bundle``;
 * diagnosis of a recorded run (the bug named, not the symptom): :func:`diagnose`; planted
   faults for the zoo and the tests in ``ddtree_lab.faults``;
-* views: ``ddtree_lab.views`` (DOT/SVG/text/HTML) and ``ddtree_lab.lab`` (notebook calls);
+* views: ``ddtree_lab.views`` (DOT/SVG/text/HTML) and ``ddtree_lab.notebook`` (the notebooks' calls);
 * SGLang interop (package :mod:`ddtree_lab.sglang`; sglang itself is imported only to run
   its kernels): :func:`to_sglang_buffers`,
   :func:`from_sglang_buffers`, :class:`SGLangVerifyBuffers`, :class:`TreeMaskMode`,
@@ -60,8 +60,8 @@ from .build import build_tree as build_tree
 from .build import build_tree_reference as build_tree_reference
 from .draft import check_draft_topk as check_draft_topk
 from .draft import draft_topk_from_logits as draft_topk_from_logits
-from .replay import Difference as Difference
-from .replay import ReplayMismatch as ReplayMismatch
+from .replaying import Difference as Difference
+from .replaying import ReplayMismatch as ReplayMismatch
 from .step import Run as Run
 from .step import Step as Step
 from .step import TargetRows as TargetRows
@@ -71,10 +71,10 @@ from .io import source_of as source_of
 from .check import StepProblem as StepProblem
 from .check import check as check
 from .io.lab_trace import TraceFormatError as TraceFormatError
-from .replay import compare_outputs as compare_outputs
+from .replaying import compare_outputs as compare_outputs
 from .io import load_trace as load_trace
-from .replay import replay as replay
-from .replay import replay_differences as replay_differences
+from .replaying import replay as replay
+from .replaying import replay_differences as replay_differences
 from .io.lab_trace import save_trace as save_trace
 from .verify import BonusDraw as BonusDraw
 from .verify import Decision as Decision

@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ._checks import check_shape, check_tensor
+from ._arguments import check_shape, check_tensor
 from .build import DDTreeBuildResult, TreeBatch
 
 __all__ = [

@@ -45,7 +45,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from ._checks import check_shape, check_tensor
+from ._arguments import check_shape, check_tensor
 from .draft import check_draft_topk
 
 __all__ = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._checks import check_shape, check_tensor
+from ._arguments import check_shape, check_tensor
 
 __all__ = ["check_draft_topk", "draft_topk_from_logits"]
 

@@ -38,7 +38,7 @@ from typing import Sequence
 
 import torch
 
-from ._checks import check_tensor
+from ._arguments import check_tensor
 
 __all__ = ["SamplingParams", "normalize_params", "target_probs", "greedy_params", "ORDERS", "apply_bans",
            "apply_bans_batch"]

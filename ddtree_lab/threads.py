@@ -17,7 +17,7 @@ match wins:
 2. ``OMP_NUM_THREADS`` set in the environment: torch already obeys it, the lab leaves it.
 
 :func:`configure_threads` applies the choice once per process; :class:`ddtree_lab.LiveSession`,
-:func:`ddtree_lab.lab.load_default`, the CLI and the benchmarks call it. A later explicit
+:func:`ddtree_lab.notebook.load_default`, the CLI and the benchmarks call it. A later explicit
 ``torch.set_num_threads`` by the user wins (the lab never calls it a second time).
 """
 

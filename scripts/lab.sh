@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make lab`: the same as `ddtree-lab lab` (ddtree_lab/labserver.py does the work): JupyterLab
+# `make lab`: the same as `ddtree-lab lab` (ddtree_lab/cli/labserver.py does the work): JupyterLab
 # on working copies of labs/*.ipynb in .lab/ (ignored by git, so running and saving the
 # notebooks never touches the tracked files; a tracked notebook newer than its copy replaces
 # it, the old copy kept as NAME.ipynb.bak), bound to 127.0.0.1 with a fresh random token, on

@@ -32,7 +32,7 @@ then at the one line `diagnose` prints. To file a bug from your own engine's rec
     ("code", """import json
 
 import ddtree_lab as dl
-from ddtree_lab import lab
+from ddtree_lab import notebook
 from ddtree_lab.faults import FAULT_KINDS
 
 zoo = json.load(open("../benchmarks/bug_zoo.json"))
@@ -61,7 +61,7 @@ for kind, cells in law["faults"].items():
     print(f"{kind:28s} flagged in {cells['25']}/{law['runs_per_cell']} runs at 100 step records, "
           f"{cells['100']}/{law['runs_per_cell']} at 400")"""),
     ("md", """## One fault live: the tree mask shows earlier siblings"""),
-    ("code", """target, drafter = lab.load_default()
+    ("code", """target, drafter = notebook.load_default()
 params = dl.SamplingParams(temperature=0.0)
 clean = dl.LiveSession(target, drafter, budget=16, sampling=params).run("Tell me about lighthouses.", max_new_tokens=12)
 buggy = dl.LiveSession(target, drafter, budget=16, sampling=params,
@@ -80,7 +80,7 @@ if tau(buggy) == tau(clean) and clean.metadata["requests"][0]["generated_token_i
 print(d.text())"""),
     ("md", "The step it names, drawn (the node it names is the first whose row is wrong):"),
     ("code", """f = next(f for f in d.findings if f.fault)
-lab.show_step(buggy, next(i for i, s in enumerate(buggy.steps) if s.step == f.step and s.request == f.request))"""),
+notebook.show_step(buggy, next(i for i, s in enumerate(buggy.steps) if s.step == f.step and s.request == f.request))"""),
 ]
 
 

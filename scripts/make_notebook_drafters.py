@@ -32,11 +32,11 @@ chain (the drafter's argmax block, DFlash's own verification). Below it, a live 
 each drafter on the same prompt and each one's step that accepted most (the first such step):
 compare how deep each tree's accepted path goes and how the drafter spread its budget."""),
     ("code", """import ddtree_lab as dl
-from ddtree_lab import lab
+from ddtree_lab import notebook
 from ddtree_lab.models import RidgeDrafter
 from ddtree_lab.views.tau import load_tau_records, tau_budget_figure
 
-target, dflash = lab.load_default()        # the default drafter: DFlash
+target, dflash = notebook.load_default()        # the default drafter: DFlash
 ridge = RidgeDrafter.load(target)
 card = dflash.record["held_out_eval"]
 print(dflash.name, "| held-out top-1 by position:", card["top1_by_position"][:6], "| chain tau", card["chain_tau"])"""),
@@ -55,7 +55,7 @@ for name, d in (("dflash", dflash), ("ridge", ridge)):
 for name, run in runs.items():
     best = views.informative_step(run)
     print(f"{name}: step {best.step} accepted {best.accept_length} draft token{'s' if best.accept_length != 1 else ''} (tau {best.accept_length + 1})")
-    lab.show_step(run, run.steps.index(best))"""),
+    notebook.show_step(run, run.steps.index(best))"""),
 ]
 
 

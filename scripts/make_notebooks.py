@@ -38,39 +38,39 @@ slider browses every step with its decision log (coin, cumulative mass, verdict)
 the step where the walk accepted most. To walk
 one step decision by decision, open `02_verify_stepper.ipynb`."""),
     ("code", """import ddtree_lab as dl
-from ddtree_lab import lab, views
+from ddtree_lab import notebook, views
 from IPython.display import HTML
 
-target, drafter = lab.load_default()
+target, drafter = notebook.load_default()
 print(target.metadata())
 held_out = drafter.metadata()["record"]["held_out_eval"]  # the drafter's model card
 print(drafter.name, "| held-out top-1 by position:", held_out["top1_by_position"][:6], "| chain tau", held_out["chain_tau"])"""),
     ("md", "## Greedy (temperature 0)"),
     ("code", """greedy = dl.LiveSession(target, drafter, budget=32, sampling=dl.SamplingParams(temperature=0.0))
 run_greedy = greedy.run("Explain why the sky is blue in two sentences.", max_new_tokens=24)
-HTML(lab.summary_html(run_greedy))"""),
-    ("code", "lab.show_text(run_greedy)"),
+HTML(notebook.summary_html(run_greedy))"""),
+    ("code", "notebook.show_text(run_greedy)"),
     ("md", """The step where the walk went deepest (a static picture; wide fans show their first 12
 children, the rest in one grey note), then a slider over every step, opening on that one. Step 0
 is a poor first look: its root fans out over every first-level draft."""),
     ("code", """best = views.informative_step(run_greedy)
 print(f"step {best.step}: accepted {best.accept_length} draft token{'s' if best.accept_length != 1 else ''}")
-lab.show_step(run_greedy, run_greedy.steps.index(best))"""),
-    ("code", "lab.step_browser(run_greedy)"),
+notebook.show_step(run_greedy, run_greedy.steps.index(best))"""),
+    ("code", "notebook.step_browser(run_greedy)"),
     ("md", "## Temperature 0.8"),
     ("code", """sampled = dl.LiveSession(target, drafter, budget=32, sampling=dl.SamplingParams(temperature=0.8, seed=7))
 run_sampled = sampled.run("Explain why the sky is blue in two sentences.", max_new_tokens=24)
-HTML(lab.summary_html(run_sampled))"""),
-    ("code", "lab.show_text(run_sampled)"),
+HTML(notebook.summary_html(run_sampled))"""),
+    ("code", "notebook.show_text(run_sampled)"),
     ("code", """best = views.informative_step(run_sampled)
 print(f"step {best.step}: accepted {best.accept_length} draft token{'s' if best.accept_length != 1 else ''}")
-lab.show_step(run_sampled, run_sampled.steps.index(best))"""),
-    ("code", "lab.step_browser(run_sampled)"),
+notebook.show_step(run_sampled, run_sampled.steps.index(best))"""),
+    ("code", "notebook.step_browser(run_sampled)"),
     ("md", """## The decision log as text, saved traces and replay
 
 A trace file holds every step; loading it never runs code. `replay` re-runs the reference
 verifier on each stored step and checks the recorded output bit for bit."""),
-    ("code", """print(lab.step_text(run_sampled, 0))
+    ("code", """print(notebook.step_text(run_sampled, 0))
 import tempfile, pathlib
 path = dl.save_trace(run_sampled, pathlib.Path(tempfile.mkdtemp()) / "01_live_step.ddtrace.safetensors")
 loaded = dl.load_trace(path)
@@ -105,7 +105,7 @@ then set `RECORDING` below to `/tmp/rec/sglang-rank0-pid<PID>` and run all cells
 here needs sglang installed or a GPU."""),
     ("code", """from IPython.display import HTML, SVG, display
 
-from ddtree_lab import lab, sglang, views
+from ddtree_lab import notebook, sglang, views
 
 RECORDING = "../fixtures/sglang_cpu_recording"
 recording = sglang.load_recording(RECORDING)
@@ -128,7 +128,7 @@ SGLang, the lab's decision log, SGLang's own output and the verdict in `step.ext
 lab's summaries, views, `ddtree-lab render` and `dl.replay` work on it. Draft log-weights and
 ranks are not recorded by SGLang: the views show them as `nan` / `-1`."""),
     ("code", """run = sglang.recording_to_trace(recording)
-display(HTML(lab.summary_html(run)))
+display(HTML(notebook.summary_html(run)))
 for skipped in run.metadata["skipped_rows"]:
     print(f"skipped: step {skipped['step']} {skipped['request_id']}: {skipped['why']}")"""),
     ("md", """## A recorded tree
@@ -212,13 +212,13 @@ the final coin), so the slider is off there.
 The first part reads a recorded trace (`fixtures/traces/`, no model); the last part runs
 the embedded default target live for a few tokens and adds steps with a button."""),
     ("code", """import ddtree_lab as dl
-from ddtree_lab import lab, views
+from ddtree_lab import notebook, views
 from IPython.display import HTML, SVG
 
-run = lab.fixture_trace("smollm2_t08_b32")   # SmolLM2-135M, temperature 0.8, budget 32
-HTML(lab.summary_html(run))"""),
+run = notebook.fixture_trace("smollm2_t08_b32")   # SmolLM2-135M, temperature 0.8, budget 32
+HTML(notebook.summary_html(run))"""),
     ("md", "## The stepper on a recorded sampled run"),
-    ("code", """stepper = lab.verify_stepper(run, request=1, step=2)
+    ("code", """stepper = notebook.verify_stepper(run, request=1, step=2)
 stepper"""),
     ("md", """A static copy of what the stepper shows after its third event (readable without a
 kernel):"""),
@@ -228,8 +228,8 @@ HTML(stepper.verdict_html() + stepper.picture_svg() + stepper.details_html())"""
 
 A greedy step has no coins: the walk accepts the child whose token is the target's argmax.
 `target p` is still the target's softmax probability (temperature 1) of each token."""),
-    ("code", """greedy_run = lab.fixture_trace("smollm2_greedy_b32")
-greedy_stepper = lab.verify_stepper(greedy_run)
+    ("code", """greedy_run = notebook.fixture_trace("smollm2_greedy_b32")
+greedy_stepper = notebook.verify_stepper(greedy_run)
 greedy_stepper"""),
     ("md", """## The same step as text
 
@@ -242,11 +242,11 @@ print(views.decisions_text(view))"""),
 
 The button under the step slider runs one more `LiveSession` step and shows it (the
 notebook hands the stepper a callable; the stepper never touches the model)."""),
-    ("code", """target, drafter = lab.load_default()
+    ("code", """target, drafter = notebook.load_default()
 session = dl.LiveSession(target, drafter, budget=16, sampling=dl.SamplingParams(temperature=0.8, seed=3))
 session.start("Name three colours.")
 session.step(12)
-live = lab.verify_stepper(session.trace(), more=lab.live_more(session, max_new_tokens=12))
+live = notebook.verify_stepper(session.trace(), more=notebook.live_more(session, max_new_tokens=12))
 live"""),
     ("code", """live.run_more()   # what the button does
 print(f"{len(live.steps)} live steps recorded; showing step {live.trace.step}")"""),

@@ -21,7 +21,7 @@ torch.set_num_threads(1)  # the lab's machines are small and shared
 import plotly.io as pio
 pio.renderers.default = "plotly_mimetype"  # JupyterLab renders the figures; the notebook stays small
 import ddtree_lab as dl
-from ddtree_lab import lab
+from ddtree_lab import notebook
 from IPython.display import HTML, SVG, display"""
 
 GREEDY_VS_SAMPLING = [
@@ -40,7 +40,7 @@ drafter's path probabilities: the gap between the two is the drafter's calibrati
     ("code", SETUP + """
 from ddtree_lab.views import compare
 
-target, drafter = lab.load_default()
+target, drafter = notebook.load_default()
 settings = [dl.SamplingParams(temperature=0.0),
             dl.SamplingParams(temperature=0.7, seed=1),
             dl.SamplingParams(temperature=1.0, top_p=0.9, seed=2)]
@@ -108,7 +108,7 @@ from ddtree_lab.views.tuner import Tuner
 run = dl.load_trace(Path("..") / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors")
 print(f"{len(run.steps)} recorded steps, {len(run.metadata['requests'])} requests, "
       f"recorded B = {run.metadata['budget']}")"""),
-    ("code", """target, drafter = lab.load_default(drafter="ridge")  # the drafter the fixture trace was recorded with
+    ("code", """target, drafter = notebook.load_default(drafter="ridge")  # the drafter the fixture trace was recorded with
 prompts = [r["prompt"] for r in run.metadata["requests"]][:1]
 
 def live(params, budget):

@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 import ddtree_lab as dl
-from ddtree_lab import lab
+from ddtree_lab import notebook
 
 PROMPTS = [
     "Explain why the sky is blue.",
@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
     args = ap.parse_args()
-    target, drafter = lab.load_default(drafter="ridge")  # the drafter the shipped fixtures were recorded with
+    target, drafter = notebook.load_default(drafter="ridge")  # the drafter the shipped fixtures were recorded with
     runs = {
         "smollm2_greedy_b32.ddtrace.safetensors": dl.SamplingParams(temperature=0.0),
         "smollm2_t08_b32.ddtrace.safetensors": dl.SamplingParams(temperature=0.8, seed=8),
@@ -43,7 +43,7 @@ def main() -> None:
         tokens = sum(len(r["generated_token_ids"]) for r in run.metadata["requests"])
         size = path.stat().st_size
         print(f"{name}: {len(run.steps)} steps, {size / 1e6:.2f} MB, {size / tokens * 64 / 1e6:.2f} MB per 64 "
-              f"generated tokens, summary {lab.summary(run)}")
+              f"generated tokens, summary {notebook.summary(run)}")
 
 
 if __name__ == "__main__":

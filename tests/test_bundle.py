@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ddtree_lab as dl
-from ddtree_lab import bundle as bd
-from ddtree_lab.io import bundle as iob
+from ddtree_lab.io import bundle as bd
 
 ROOT = Path(__file__).resolve().parent.parent
 GREEDY = ROOT / "fixtures" / "traces" / "smollm2_greedy_b32.ddtrace.safetensors"
@@ -42,14 +41,14 @@ def test_the_bonus_row_reduction_is_exact_on_every_fixture_step(path):
     run = dl.load_trace(path)
     reduced = 0
     for s in run.steps:
-        c, base, tail = iob.reduce_bonus_row(s)
+        c, base, tail = bd.reduce_bonus_row(s)
         assert tail.numel() <= max(bd.CHUNK, s.final_row_prefix.numel() if c == 0 else 0)
         if s.bonus_token < 0:
             continue
-        rejected = iob.children_tokens(s, s.bonus.node)
-        dense = iob.dense_prefix(c, base, tail, rejected)
-        full_cum = iob.residual_cumsum(s.final_row_prefix, rejected)
-        got_cum = iob.residual_cumsum(dense, rejected)
+        rejected = bd.children_tokens(s, s.bonus.node)
+        dense = bd.dense_prefix(c, base, tail, rejected)
+        full_cum = bd.residual_cumsum(s.final_row_prefix, rejected)
+        got_cum = bd.residual_cumsum(dense, rejected)
         assert torch.equal(got_cum[max(c - 1, 0):], full_cum[max(c - 1, 0):])
         reduced += c > 0
     assert reduced > len(run.steps) // 2  # most bonus tokens lie past the first chunk
@@ -59,7 +58,7 @@ def test_the_bonus_row_reduction_is_exact_on_every_fixture_step(path):
 @given(st.lists(st.floats(0, 1, width=32, allow_subnormal=True), min_size=1, max_size=300))
 def test_float32_pieces_sum_exactly_to_a_float64_running_sum(values):
     base = float(torch.tensor(values, dtype=torch.float32).double().cumsum(0)[-1])
-    pieces = iob.float32_pieces(base)
+    pieces = bd.float32_pieces(base)
     assert len(pieces) <= 3
     total = 0.0
     for p in pieces:

@@ -344,12 +344,12 @@ def _err(capsys):
 
 
 def test_record_refuses_a_bad_output_path_before_loading_the_model(tmp_path, capsys, monkeypatch):
-    from ddtree_lab import lab
+    from ddtree_lab import notebook
 
     def no_model(*a, **k):
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(lab, "load_default", no_model)
+    monkeypatch.setattr(notebook, "load_default", no_model)
     out = str(tmp_path / "r.ddtrace.safetensors")
     assert main(["record", "--prompt", "x", "-o", str(tmp_path)]) == 2
     assert "is a directory" in _err(capsys)

@@ -278,33 +278,33 @@ def test_shipped_drafter_reproduces_its_recorded_held_out_hit_rate(target):
 
 
 def test_lab_loads_either_drafter():
-    from ddtree_lab import lab
+    from ddtree_lab import notebook
 
-    target, drafter = lab.load_default(drafter="dflash")
+    target, drafter = notebook.load_default(drafter="dflash")
     assert isinstance(drafter, DFlashDrafter) and drafter.block_size == 16
-    ridge = lab.load_drafter(target, "ridge")
+    ridge = notebook.load_drafter(target, "ridge")
     assert type(ridge).__name__ == "RidgeDrafter"
-    _, default = lab.load_default()
-    assert type(default).__name__ == {"dflash": "DFlashDrafter", "ridge": "RidgeDrafter"}[lab.DEFAULT_DRAFTER]
+    _, default = notebook.load_default()
+    assert type(default).__name__ == {"dflash": "DFlashDrafter", "ridge": "RidgeDrafter"}[notebook.DEFAULT_DRAFTER]
     # a path works too: a directory is a DFlash checkpoint, a file ridge weights
     from ddtree_lab.models import default_drafter_path
     from ddtree_lab.models.dflash import default_dflash_path
 
-    assert isinstance(lab.load_drafter(target, str(default_dflash_path())), DFlashDrafter)
-    assert type(lab.load_drafter(target, str(default_drafter_path()))).__name__ == "RidgeDrafter"
+    assert isinstance(notebook.load_drafter(target, str(default_dflash_path())), DFlashDrafter)
+    assert type(notebook.load_drafter(target, str(default_drafter_path()))).__name__ == "RidgeDrafter"
     with pytest.raises(ValueError, match="drafter must be 'dflash', 'ridge' or an existing path, got 'eagle'"):
-        lab.load_default(drafter="eagle")
+        notebook.load_default(drafter="eagle")
     with pytest.raises(ValueError, match="got 123"):
-        lab.load_drafter(target, 123)
+        notebook.load_drafter(target, 123)
     import ddtree_lab as dl
 
     with pytest.raises(ValueError, match="budget must be in"):  # refused when made, before any prompt
         dl.LiveSession(target, drafter, budget=-1)
     for bad in ("eagle", ""):
         with pytest.raises(ValueError, match=f"got {bad!r}"):
-            lab.load_drafter(target, bad)
+            notebook.load_drafter(target, bad)
         with pytest.raises(ValueError, match=f"got {bad!r}"):
-            lab.load_default(drafter=bad)
+            notebook.load_default(drafter=bad)
 
 
 def test_greedy_ddtree_with_the_dflash_drafter_equals_plain_greedy_decoding(target):

@@ -19,7 +19,7 @@ def test_the_guard_refuses_the_real_model_in_a_fast_test():
 
     with pytest.raises(RuntimeError, match="loads the real model but is not marked slow"):
         load_default_target()
-    from ddtree_lab.lab import load_default
+    from ddtree_lab.notebook import load_default
 
     with pytest.raises(RuntimeError, match="not marked slow"):
         load_default()

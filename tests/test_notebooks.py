@@ -69,7 +69,7 @@ def test_make_lab_is_ddtree_lab_lab_on_an_ignored_copy(tmp_path):
     import os
     import subprocess
 
-    from ddtree_lab import labserver
+    from ddtree_lab.cli import labserver
 
     root = LABS.parent
     script = (root / "scripts" / "lab.sh").read_text()

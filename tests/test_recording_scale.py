@@ -15,7 +15,7 @@ from ddtree_lab.cli import main
 from ddtree_lab.io import load
 from ddtree_lab.io.append_trace import TraceWriter, load_append_trace
 from ddtree_lab.io.synthetic import SyntheticShape, synthetic_steps
-from ddtree_lab.replay import compare_outputs
+from ddtree_lab.replaying import compare_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 

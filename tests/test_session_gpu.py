@@ -13,9 +13,9 @@ PROMPTS = ["Name three rivers in Europe.", "Hi", "Write a short poem about the s
 
 @pytest.fixture(scope="module")
 def models():
-    from ddtree_lab import lab
+    from ddtree_lab import notebook
 
-    return lab.load_default(device="cpu"), lab.load_default(device="cuda")
+    return notebook.load_default(device="cpu"), notebook.load_default(device="cuda")
 
 
 def test_draft_topk_on_cuda_equals_the_cpu_result():

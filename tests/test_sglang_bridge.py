@@ -6,7 +6,7 @@ import torch
 import ddtree_lab as dl
 from ddtree_lab.sglang import buffers as sb
 from ddtree_lab.sglang.buffers import TreeMaskMode
-from ddtree_lab.replay import compare_outputs
+from ddtree_lab.replaying import compare_outputs
 
 FIELDS = ("node_token_ids", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling", "tree_mask",
           "positions", "depths", "num_nodes")

@@ -7,7 +7,7 @@ import ddtree_lab as dl
 from ddtree_lab.sglang import buffers as sb
 from ddtree_lab.sglang import kernels as sk
 from ddtree_lab.sglang.buffers import TreeMaskMode
-from ddtree_lab.replay import compare_outputs
+from ddtree_lab.replaying import compare_outputs
 
 
 def _cuda_reason():

@@ -24,7 +24,7 @@ import ddtree_lab as dl  # noqa: E402
 from ddtree_lab.sglang import buffers as sb  # noqa: E402
 from ddtree_lab.sglang import kernels as sk  # noqa: E402
 from ddtree_lab.sglang.buffers import TreeMaskMode  # noqa: E402
-from ddtree_lab.replay import compare_outputs  # noqa: E402
+from ddtree_lab.replaying import compare_outputs  # noqa: E402
 
 REASON = sk.sglang_unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"sglang's kernels cannot be imported here: {REASON}")

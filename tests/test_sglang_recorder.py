@@ -16,7 +16,7 @@ import ddtree_lab as dl
 from ddtree_lab import sglang as sr
 from ddtree_lab.sglang import kernels as sb
 from ddtree_lab.sglang.recorder import _PatchFinder
-from ddtree_lab.replay import compare_outputs
+from ddtree_lab.replaying import compare_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "fixtures" / "sglang_cpu_recording"
@@ -440,7 +440,7 @@ def test_saving_never_creates_a_directory(tmp_path):
 
 
 def test_converted_trace_lists_its_requests_and_summarises(tmp_path):
-    from ddtree_lab import lab, views
+    from ddtree_lab import notebook, views
 
     out = dl.io.convert(FIXTURE, tmp_path / "sglang.ddtrace.safetensors")
     run = dl.load_trace(out)
@@ -448,7 +448,7 @@ def test_converted_trace_lists_its_requests_and_summarises(tmp_path):
     assert ids == [f"req-{i}" for i in range(6)]
     assert [r["params"]["temperature"] for r in run.metadata["requests"]] == [0.0] * 3 + [0.8] * 3
     assert all(run.metadata["requests"][s.request]["request_id"] == s.request_id for s in run.steps)
-    rows = lab.summary(run)
+    rows = notebook.summary(run)
     assert [r["request"] for r in rows] == ids and [r["steps"] for r in rows] == [1] * 3 + [2] * 3
     recording = sr.load_recording(FIXTURE)
     converted = {(s.step, s.request_id) for s in run.steps}
@@ -463,7 +463,7 @@ def test_converted_trace_lists_its_requests_and_summarises(tmp_path):
 
 
 def test_replay_report_ends_with_the_counts():
-    lines = sr.replay_report(sr.replay(FIXTURE))
+    lines = sr.replay_report(sr.replay_recording(FIXTURE))
     assert len(lines) == 13 and lines[-1] == "12 rows: 8 agree, 1 differs (1 by design), 3 not replayable"
     assert any(line.startswith("step 2 row 1 req-4 chain: differs: accept_index") for line in lines)
     assert sr.hook_dir().endswith("_sglang_hook") and Path(sr.hook_dir(), "sitecustomize.py").is_file()
@@ -489,7 +489,7 @@ def test_replay_names_sglangs_num_speculative_tokens_limit():
 
 def test_a_converted_row_bundles_and_replays(tmp_path):
     """Bundles work on SGLang recordings through their lab traces (the differing row included)."""
-    from ddtree_lab import bundle
+    from ddtree_lab.io import bundle
 
     run = sr.recording_to_trace(sr.load_recording(FIXTURE))
     step = next(s for s in run.steps if s.extra["verdict"] == "differs")

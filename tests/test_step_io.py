@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ddtree_lab as dl
-from ddtree_lab import bundle as bd
+from ddtree_lab.io import bundle as bd
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "fixtures"

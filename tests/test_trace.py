@@ -14,7 +14,7 @@ import ddtree_lab as dl
 from ddtree_lab.store.container import write_container
 from ddtree_lab.record import make_step_trace, record_step
 from ddtree_lab.step import DraftTopK
-from ddtree_lab.replay import Difference, compare_outputs, replay_differences
+from ddtree_lab.replaying import Difference, compare_outputs, replay_differences
 from ddtree_lab.step import LEVELS, STAGES
 
 TRACES = Path(__file__).resolve().parent.parent / "fixtures" / "traces"

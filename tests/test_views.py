@@ -332,7 +332,7 @@ def test_greedy_vs_sampling_figures_are_readable():
 def test_wide_fans_are_capped_and_views_open_on_an_informative_step():
     """Issue 18.6: a first step's 32-child root draws 12 children and one note saying how many
     rejected ones it holds; the step browser opens on the step that accepted most, not step 0."""
-    from ddtree_lab import lab
+    from ddtree_lab import notebook
 
     run = dl.load_trace(TRACE)
     first = run.steps[0]
@@ -351,6 +351,6 @@ def test_wide_fans_are_capped_and_views_open_on_an_informative_step():
     best = views.informative_step(run)
     assert best.accept_length == max(s.accept_length for s in run.steps) and best is not run.steps[0]
     request = best.request
-    box = lab.step_browser(run, request)
+    box = notebook.step_browser(run, request)
     assert run.for_request(request)[box.children[0].value] is views.informative_step(run, request)
-    assert "12 rejected" in lab.step_browser(run, 0, position=0).children[1].value
+    assert "12 rejected" in notebook.step_browser(run, 0, position=0).children[1].value

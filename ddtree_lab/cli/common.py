@@ -154,9 +154,9 @@ def kind_of(path: str) -> str:
 
 def bundle_module():
     try:
-        from .. import bundle
+        from ..io import bundle
     except ImportError as exc:
-        raise CLIError(f"bundles need ddtree_lab.bundle, which this install lacks ({exc})") from exc
+        raise CLIError(f"bundles need ddtree_lab.io.bundle, which this install lacks ({exc})") from exc
     return bundle
 
 

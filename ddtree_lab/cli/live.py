@@ -106,11 +106,11 @@ def cmd_record(args) -> int:
         t = getattr(args, name)
         if not (math.isfinite(t) and t >= 0):
             raise CLIError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {t}")
-    from .. import lab
+    from .. import notebook
 
     if args.drafter is not None and not args.drafter.strip():
         raise CLIError("--drafter: empty; give 'dflash', 'ridge' or a path")
-    if args.drafter is not None and not lab.drafter_exists(args.drafter):
+    if args.drafter is not None and not notebook.drafter_exists(args.drafter):
         raise CLIError(f"--drafter {args.drafter}: no such file or directory (and not 'dflash' or 'ridge')")
     if args.target is not None and not Path(args.target).exists():
         raise CLIError(f"--target {args.target}: no such file or directory")
@@ -139,10 +139,10 @@ def cmd_record(args) -> int:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    which = lab.DEFAULT_DRAFTER if args.drafter is None else args.drafter
+    which = notebook.DEFAULT_DRAFTER if args.drafter is None else args.drafter
     target = common.load_model("default" if args.target is None else args.target)
     try:
-        drafter = lab.load_drafter(target, which)
+        drafter = notebook.load_drafter(target, which)
     except (ValueError, OSError) as exc:
         raise CLIError(f"--drafter {which}: {exc}") from exc
     kw = {"record": args.level, "threshold_single": args.threshold_single, "threshold_acc": args.threshold_acc}
@@ -185,7 +185,7 @@ def cmd_lab(args) -> int:
     import secrets
     import shutil
 
-    from .. import labserver
+    from . import labserver
 
     if not 1 <= args.port <= 65535:
         raise CLIError(f"--port {args.port}: must be in 1..65535")

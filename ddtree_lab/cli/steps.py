@@ -152,7 +152,7 @@ def _print_differences(where: str, diffs) -> None:
 
 
 def _replay_trace(args) -> int:
-    from ..replay import replay_differences
+    from ..replaying import replay_differences
 
     run = load_run(args.trace)
     steps = select_steps(run, args.step, args.request, args.trace)

@@ -2,7 +2,7 @@
 
 A recorded step holds what the verifier read (each node's probability in its parent's row,
 the bonus row up to the drawn token, the coins) and what it decided. Re-walking the
-target-only rule (:func:`ddtree_lab.replay.replay_differences`) on those tests the verifier
+target-only rule (:func:`ddtree_lab.replaying.replay_differences`) on those tests the verifier
 that ran, not the lab's. Where it departs, each candidate rule is re-walked on the same
 rows and coins, and the one reproducing every recorded decision and the bonus is named:
 ``min(1, p/q)`` with the drafter's marginals (``q`` from the tree's log-weights), a lossy
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..faults import verify_p_over_q
-from ..replay import compare_outputs, replay_differences, stored_rows
+from ..replaying import compare_outputs, replay_differences, stored_rows
 from ..step import Run, Step
 from ..verify import verify_sampled
 from ..verify.walk import children_of

@@ -25,32 +25,13 @@ import torch
 
 from ..buffers import DDTreeVerifyInput
 from ..sampling import SamplingParams, apply_bans_batch, normalize_params
+from ..sglang.kernels import sglang_unavailable_reason  # re-exported: open_engine asks it per kernel
 from ..verify import VerifyOutput
 from .common import check_chain, fault_params, lab_rows
 
 __all__ = ["KERNELS", "SGLangVerifier", "verifier", "sglang_unavailable_reason"]
 
 KERNELS = ("auto", "chain", "greedy", "target-only")
-
-
-def sglang_unavailable_reason(kernel: str = "auto") -> str | None:
-    """Why ``kernel`` cannot run here (sglang missing; no CUDA for ``"target-only"``), or None."""
-    import os
-    import sys
-
-    from ..sglang.kernels import sglang_kernels, sglang_unavailable_reason as why
-
-    if not torch.cuda.is_available() and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        # triton's own @jit helpers (tl.cumsum, ...) are made when triton is imported: SGLang's
-        # interpreted kernels then fail with "Cannot call @triton.jit'd outside of the scope of a kernel"
-        return ("triton was imported before TRITON_INTERPRET=1 was set, and there is no CUDA GPU: set "
-                "os.environ['TRITON_INTERPRET'] = '1' before anything imports triton (first line or cell)")
-    reason = why()
-    if reason is not None:
-        return reason
-    if kernel == "target-only" and sglang_kernels()["tree_speculative_sampling_target_only"] is None:
-        return "tree_speculative_sampling_target_only is CUDA only (no CUDA GPU or its JIT dependencies here)"
-    return None
 
 
 class SGLangVerifier:

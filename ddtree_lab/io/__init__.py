@@ -8,7 +8,7 @@ Sources (:data:`SOURCES`, told apart by their content, never by running anything
 * ``"sglang recording (append-only)"`` -- the SGLang recorder's append-only file
   (:mod:`ddtree_lab.sglang.append`): calls that did not return are steps without output;
 * ``"bundle"`` -- a bug-report bundle directory or its ``bundle.safetensors``
-  (:mod:`ddtree_lab.bundle`): one step whose bonus row is the bundle's exact reduction;
+  (:mod:`.bundle`): one step whose bonus row is the bundle's exact reduction;
 * ``"sglang recording"`` -- ``NAME.json`` + ``NAME.safetensors`` written by the SGLang recorder,
   converted step by step (:func:`ddtree_lab.sglang.recording_to_trace`);
 * ``"ddtree reference"`` -- the DDTree reference's tree traces (:mod:`.ddtree_reference`);
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..step import Run
 from ..store.container import TraceFormatError
-from .lab_trace import load_trace as load_trace_file
+from .lab_trace import read_trace_file
 from .lab_trace import save_trace
 
 __all__ = ["load", "convert", "source_of", "SOURCES", "save_trace", "load_trace", "TraceFormatError"]
@@ -185,16 +185,24 @@ def load(path: str | Path) -> Run:
 
 
 def load_trace(path: str | Path, keep_going: bool = False) -> Run:
-    """A lab trace in either layout: the one-document file (:func:`.lab_trace.load_trace`,
+    """A lab trace in either layout: the one-document file (:func:`.lab_trace.read_trace_file`,
     strict unless ``keep_going``) or the append-only one written step by step
-    (:func:`.append_trace.load_append_trace`: a cut tail is named in ``run.problems``)."""
+    (:func:`.append_trace.load_append_trace`: a cut tail is named in ``run.problems``). The one
+    public ``load_trace`` (also ``ddtree_lab.load_trace``); :func:`load` opens every source.
+
+    Raises:
+        FileNotFoundError: no such file.
+        IsADirectoryError: ``path`` is a directory.
+        TraceFormatError: not a ddtree-lab trace, an unknown version, a checksum that fails, or a
+            missing / badly typed / badly shaped field (one line: file, step, field).
+    """
     from ..store.segments import is_segment_file
 
     if is_segment_file(path):  # ddtree-lab record, LiveSession(record_to=...)
         from .append_trace import load_append_trace
 
         return load_append_trace(path)
-    return load_trace_file(path, keep_going=keep_going)
+    return read_trace_file(path, keep_going=keep_going)
 
 
 def convert(path: str | Path, out: str | Path) -> Path:

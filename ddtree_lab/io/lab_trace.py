@@ -67,7 +67,7 @@ from ..step import LEVELS, Run, Step, normalize_timings
 from ..verify import BonusDraw, Decision, VerifyOutput, is_lossy
 from ..store.container import TraceFormatError, read_container, write_container
 
-__all__ = ["save_trace", "load_trace", "check_step_tensors", "step_from_json", "step_tensors", "step_json",
+__all__ = ["save_trace", "read_trace_file", "check_step_tensors", "step_from_json", "step_tensors", "step_json",
            "TraceFormatError", "FORMAT", "VERSION", "TENSOR_FIELDS"]
 
 FORMAT = "ddtree-lab-trace"
@@ -235,9 +235,10 @@ def check_step_tensors(where: str, js: dict, t: dict[str, torch.Tensor], vocab: 
         raise bad("coins", "a coin outside [0, 1)")
 
 
-def load_trace(path: str | Path, keep_going: bool = False) -> Run:
-    """Read a trace file written by :func:`save_trace` (version 2, or version 1). Never
-    executes code from the file.
+def read_trace_file(path: str | Path, keep_going: bool = False) -> Run:
+    """Read a one-document trace file written by :func:`save_trace` (version 2, or version 1).
+    Never executes code from the file. :func:`ddtree_lab.io.load_trace` (the public one) reads
+    either layout and calls this for this one.
 
     ``keep_going``: a step whose tensors or record are damaged is left out and named in
     ``Run.problems`` (one line each: file, step, field) instead of refusing the file; the

@@ -16,7 +16,7 @@
   checksummed), lab objects from one recorded row (:func:`step_parts`,
   :func:`step_verify_input`) and the doctor's check of a recording (:func:`recording_problems`);
 * :mod:`.replay` -- :func:`replay_recording` with any lab backend, :func:`recording_to_trace`
-  (lab traces, which the lab's views draw), and the command-line functions :func:`replay`,
+  (lab traces, which the lab's views draw), and the command-line function
   :func:`replay_report` (``ddtree_lab.io.convert`` writes a recording as a lab trace).
 """
 
@@ -46,6 +46,5 @@ from .recording import step_verify_input as step_verify_input
 from .replay import ReplayResult as ReplayResult
 from .replay import count_verdicts as count_verdicts
 from .replay import recording_to_trace as recording_to_trace
-from .replay import replay as replay  # the function (the module stays importable as ddtree_lab.sglang.replay)
 from .replay import replay_recording as replay_recording
 from .replay import replay_report as replay_report

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._checks import check_shape, check_tensor
+from .._arguments import check_shape, check_tensor
 from ..buffers import DDTreeVerifyInput, decode_retrieve, find_retrieve_problems, tree_attention_mask
 from ..verify import VerifyOutput
 

@@ -9,6 +9,7 @@ sampled tree verifier ``tree_speculative_sampling_target_only`` is CUDA only.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,12 +34,25 @@ __all__ = [
 _KERNELS: dict | None = None
 
 
-def sglang_unavailable_reason() -> str | None:
-    """Why SGLang's kernels cannot run here, or None when they can (imports them once)."""
+def sglang_unavailable_reason(kernel: str = "auto") -> str | None:
+    """Why SGLang's kernels (``kernel``: one of ``ddtree_lab.engines.sglang.KERNELS``; ``"auto"``:
+    any) cannot run here, or None when they can (imports them once).
+
+    Reasons: triton imported before ``TRITON_INTERPRET=1`` on a machine without CUDA; sglang
+    missing or its kernels failing to import (the exception's type and message);
+    ``"target-only"`` without its CUDA kernel.
+    """
+    if not torch.cuda.is_available() and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        # triton's own @jit helpers (tl.cumsum, ...) are made when triton is imported: SGLang's
+        # interpreted kernels then fail with "Cannot call @triton.jit'd outside of the scope of a kernel"
+        return ("triton was imported before TRITON_INTERPRET=1 was set, and there is no CUDA GPU: set "
+                "os.environ['TRITON_INTERPRET'] = '1' before anything imports triton (first line or cell)")
     try:
-        sglang_kernels()
+        kernels = sglang_kernels()
     except Exception as err:  # noqa: BLE001 -- the reason is the message
         return f"{type(err).__name__}: {err}"
+    if kernel == "target-only" and kernels["tree_speculative_sampling_target_only"] is None:
+        return "tree_speculative_sampling_target_only is CUDA only (no CUDA GPU or its JIT dependencies here)"
     return None
 
 

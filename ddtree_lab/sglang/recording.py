@@ -89,8 +89,8 @@ class Recording:
 
 def tensor_checksum(t: torch.Tensor) -> dict:
     """What a recording stores to check a tensor: ``{"sha256", "dtype", "shape"}`` (the SHA-256 of
-    its bytes is :func:`ddtree_lab.checksums.tensor_sha256`, shared with trace files)."""
-    from ..checksums import tensor_sha256
+    its bytes is :func:`ddtree_lab.store.checksums.tensor_sha256`, shared with trace files)."""
+    from ..store.checksums import tensor_sha256
 
     return {"sha256": tensor_sha256(t), "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
 

@@ -22,8 +22,8 @@ row) there and the same treatment, so all backends classify a row alike.
 by-design difference accounts for it) or ``"not replayable"`` (SGLang ran something the lab
 does not implement: rejection sampling with real draft probabilities, block verification).
 
-Plain functions for the command line: :func:`replay` (a path, a backend -> results),
-:func:`replay_report` (the lines to print); :func:`ddtree_lab.io.convert` turns a recording
+Plain functions for the command line: :func:`replay_recording` (a recording or its path, a
+backend -> results), :func:`replay_report` (the lines to print); :func:`ddtree_lab.io.convert` turns a recording
 into a lab trace file.
 """
 
@@ -44,7 +44,6 @@ __all__ = [
     "ReplayResult",
     "replay_step",
     "replay_recording",
-    "replay",
     "replay_report",
     "count_verdicts",
     "recording_to_trace",
@@ -106,11 +105,11 @@ class ReplayResult:
 
 def output_differences(sglang: VerifyOutput, lab: VerifyOutput, compare_bonus: bool = True) -> list[str]:
     """SGLang's output against the lab's, one line per differing field
-    (:func:`ddtree_lab.replay.compare_outputs`, the lab's one comparator, without decision logs:
+    (:func:`ddtree_lab.replaying.compare_outputs`, the lab's one comparator, without decision logs:
     SGLang's kernels keep none), e.g. ``"accept_index: recorded [0] != replayed [0, 1]"``
     (recorded: SGLang; replayed: the lab). ``compare_bonus=False`` keeps only the accepted path
     and its length (the lab's bonus is not known)."""
-    from ..replay import compare_outputs
+    from ..replaying import compare_outputs
 
     lines = []
     for d in compare_outputs(sglang, lab, decisions=False):
@@ -249,8 +248,18 @@ def replay_step(step: dict, row: int, backend: str = "reference", step_index: in
     return result(lab, diffs, _explain(parts, lab, sgl, s) if diffs else "")
 
 
-def replay_recording(recording: Recording | Iterable[dict], backend: str = "reference") -> list[ReplayResult]:
-    """Replay every recorded row with the lab's verifier ``backend`` (:func:`replay_step`)."""
+def replay_recording(recording: Recording | Iterable[dict] | str | os.PathLike,
+                     backend: str = "reference") -> list[ReplayResult]:
+    """Replay every recorded row with the lab's verifier ``backend`` (:func:`replay_step`).
+
+    ``recording``: a :class:`Recording`, its steps (dicts), or the path of a recording file
+    (``NAME``, ``NAME.json`` or ``NAME.safetensors``, read by :func:`load_recording`).
+
+    Raises:
+        as :func:`load_recording` (a path) and :func:`replay_step`.
+    """
+    if isinstance(recording, (str, os.PathLike)):
+        recording = load_recording(recording)
     steps = recording.steps if isinstance(recording, Recording) else list(recording)
     return [replay_step(step, r, backend, i) for i, step in enumerate(steps) for r in range(len(step["rows"]))]
 
@@ -261,12 +270,6 @@ def count_verdicts(results: Sequence[ReplayResult]) -> dict[str, int]:
     counts = {v: sum(r.verdict == v for r in results) for v in VERDICTS}
     counts["by design"] = sum(r.by_design for r in results)
     return counts
-
-
-def replay(path: str | os.PathLike, backend: str = "reference") -> list[ReplayResult]:
-    """Load the recording at ``path`` (``NAME``, ``NAME.json`` or ``NAME.safetensors``) and
-    replay every row with ``backend``. Raises as :func:`load_recording` and :func:`replay_step`."""
-    return replay_recording(load_recording(path), backend)
 
 
 def replay_report(results: Sequence[ReplayResult]) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from ..checksums import tensor_sha256
+from .checksums import tensor_sha256
 
 __all__ = ["TraceFormatError", "tensor_sha256", "write_container", "read_container"]
 

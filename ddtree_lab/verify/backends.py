@@ -37,7 +37,7 @@ from typing import Sequence
 
 import torch
 
-from .._checks import check_tensor
+from .._arguments import check_tensor
 from ..buffers import DDTreeVerifyInput, check_verify_buffers
 from ..sampling import SamplingParams, apply_bans_batch, normalize_params, target_probs
 from .lazy import verify_lazy

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from .._checks import check_shape, check_tensor
+from .._arguments import check_shape, check_tensor
 from ..buffers import DDTreeVerifyInput, check_verify_buffers
 from ..sampling import SamplingParams, check_logits_rows
 from .rules import GreedyRule, SampledRule

@@ -1,4 +1,4 @@
-"""Replay: re-run a verifier on a recorded step and compare its output with the recorded one."""
+"""Replaying: re-run a verifier on a recorded step and compare its output with the recorded one (the front door's ``ddtree_lab.replay`` is this module's :func:`replay`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Argument checks shared by the public entry points: each error names the argument."""
+"""Argument checks shared by the public entry points (tensor type, dtype, rank, shape): each error names the argument."""
 
 from __future__ import annotations
 
@@ -28,11 +28,3 @@ def check_shape(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:
     """Raise ValueError unless ``x.shape == shape``."""
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(x.shape)}")
-
-
-def first_true(mask: torch.Tensor) -> tuple[int, ...] | None:
-    """Index tuple of the first True element of ``mask`` (row-major), or None."""
-    idx = mask.nonzero()
-    if idx.numel() == 0:
-        return None
-    return tuple(int(v) for v in idx[0])
