@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 import ddtree_lab as dl
-from ddtree_lab.diagnose.forward import request_prefix, row_atol, step_rows_diff
+from ddtree_lab.diagnosis.forward import request_prefix, row_atol, step_rows_diff
 from ddtree_lab.faults import (COMMIT_FAULTS, DRAFTER_FAULTS, FAULT_KINDS, FORWARD_FAULTS, SAMPLING_FAULTS,
                                VERIFIER_FAULTS)
 from ddtree_lab.replaying import replay_differences
@@ -179,7 +179,7 @@ def law_power(quick: bool) -> dict:
     false alarms over clean runs, and for each verifier fault the share of runs it flags at
     25 and 100 decoding steps (100 and 400 step records), with the recorded coins replaced
     by fresh ones (a verifier whose recorded coins are not the ones it used)."""
-    from ddtree_lab.diagnose.law import check_law
+    from ddtree_lab.diagnosis.law import check_law
     from ddtree_lab.io.synthetic import SyntheticShape, synthetic_steps
 
     shape = SyntheticShape(requests=4, budget=16, vocab=200, level="light", temperature=1.0)

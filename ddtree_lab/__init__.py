@@ -7,7 +7,7 @@ terms in the README, "Terms"):
   (:func:`build_tree_reference` is the per-request heap), :class:`DDTreeBuildResult`;
 * tree -> verify buffers: :func:`compile_retrieve`, :class:`DDTreeVerifyInput`,
   :func:`encode_retrieve`, :func:`decode_retrieve`, :func:`check_retrieve`; the validator
-  (doctor) :func:`find_retrieve_problems` / :class:`RetrieveProblem` and
+  :func:`find_retrieve_problems` (giving :class:`Problem` s) and
   :func:`check_verify_buffers` (run by every verifier unless ``validate=False``);
 * target logits -> target distribution: :class:`SamplingParams`, :func:`target_probs`;
 * verification: :func:`verify_greedy`, :func:`verify_sampled`, :class:`VerifyOutput`,
@@ -19,8 +19,11 @@ terms in the README, "Terms"):
   :func:`save_trace`, :func:`load_trace`, :func:`replay`, :func:`make_step_trace` (the one
   StepTrace constructor), :func:`compare_outputs` (the one output comparator, giving
   :class:`Difference` s); bug-report bundles of one step in ``ddtree_lab.io.bundle``;
-* diagnosis of a recorded run (the bug named, not the symptom): :func:`diagnose`; planted
-  faults for the zoo and the tests in ``ddtree_lab.faults``;
+* diagnosis of a recorded step or run, three views of one package (``ddtree_lab.diagnosis``),
+  each broken invariant a :class:`Problem`: :func:`check` (a step's fast invariants),
+  :func:`doctor` (those on chosen steps, and with the model a step's rows against causal
+  forwards), :func:`diagnose` (the bug named, not the symptom); planted faults for the zoo and
+  the tests in ``ddtree_lab.faults``;
 * views: ``ddtree_lab.views`` (DOT/SVG/text/HTML) and ``ddtree_lab.notebook`` (the notebooks' calls);
 * SGLang interop (package :mod:`ddtree_lab.sglang`; sglang itself is imported only to run
   its kernels): :func:`to_sglang_buffers`,
@@ -33,7 +36,6 @@ terms in the README, "Terms"):
 
 from .buffers import DDTreeVerifyInput as DDTreeVerifyInput
 from .buffers import RetrieveError as RetrieveError
-from .buffers import RetrieveProblem as RetrieveProblem
 from .buffers import check_retrieve as check_retrieve
 from .buffers import check_verify_buffers as check_verify_buffers
 from .buffers import compile_retrieve as compile_retrieve
@@ -68,8 +70,7 @@ from .step import TargetRows as TargetRows
 from .step import DraftTopK as DraftTopK
 from .io import load as load
 from .io import source_of as source_of
-from .check import StepProblem as StepProblem
-from .check import check as check
+from .problems import Problem as Problem
 from .io.lab_trace import TraceFormatError as TraceFormatError
 from .replaying import compare_outputs as compare_outputs
 from .io import load_trace as load_trace
@@ -94,17 +95,22 @@ from .verify import verify_tree as verify_tree
 from .verify import verify_tree_greedy as verify_tree_greedy
 
 from .session import LiveSession as LiveSession  # noqa: E402  (needs no model package at import)
-from .diagnose import diagnose as diagnose  # noqa: E402  (the function; the checks are ddtree_lab.diagnose.*)
+from .diagnosis import check as check  # noqa: E402  (the three views; the checks are ddtree_lab.diagnosis.*)
+from .diagnosis import diagnose as diagnose  # noqa: E402
+from .diagnosis import doctor as doctor  # noqa: E402
 
 from .version import __version__ as __version__  # noqa: E402
 
 
-#: Names the record had before it was made of the stage objects: still importable from the
-#: package's front door (with a DeprecationWarning), used nowhere inside the library.
+#: Names the record had before it was made of the stage objects, and the two problem classes
+#: before they were one (:class:`Problem`): still importable from the package's front door
+#: (with a DeprecationWarning), used nowhere inside the library.
 _DEPRECATED = {
     "StepTrace": ("ddtree_lab.step", "Step"),
     "RunTrace": ("ddtree_lab.step", "Run"),
     "make_step_trace": ("ddtree_lab.record", "make_step_trace"),
+    "RetrieveProblem": ("ddtree_lab.problems", "Problem"),
+    "StepProblem": ("ddtree_lab.problems", "Problem"),
 }
 
 

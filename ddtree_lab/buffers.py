@@ -27,6 +27,7 @@ import torch
 
 from ._arguments import check_shape, check_tensor
 from .build import DDTreeBuildResult, TreeBatch
+from .problems import Problem
 
 __all__ = [
     "DDTreeVerifyInput",
@@ -37,7 +38,6 @@ __all__ = [
     "tree_attention_mask",
     "find_retrieve_problem",
     "find_retrieve_problems",
-    "RetrieveProblem",
     "check_retrieve",
     "check_verify_buffers",
 ]
@@ -45,47 +45,17 @@ __all__ = [
 
 class RetrieveError(ValueError):
     """A broken retrieve-buffer invariant; ``request`` and ``node`` say where (``problem``: the
-    :class:`RetrieveProblem` when it came from :func:`find_retrieve_problems`)."""
+    :class:`~ddtree_lab.problems.Problem` when it came from :func:`find_retrieve_problems`)."""
 
-    def __init__(self, message: str, request: int, node: int, problem: "RetrieveProblem | None" = None):
+    def __init__(self, message: str, request: int, node: int, problem: Problem | None = None):
         super().__init__(f"request {request}, node {node}: {message}")
         self.request = request
         self.node = node
         self.problem = problem
 
 
-@dataclass(frozen=True)
-class RetrieveProblem:
-    """One broken invariant of verify buffers (:func:`find_retrieve_problems`).
-
-    Attributes:
-        request, node: where (local node index; for a sibling cycle, the parent whose chain loops).
-        field: the buffer at fault (``retrieve_next_token``, ``retrieve_next_sibling``,
-            ``retrieve_index``, ``depths``, ``positions``, ``tree_mask``, ``node_logws``,
-            ``node_token_ids``, ``num_nodes``).
-        kind: ``range``, ``cycle``, ``reached_twice``, ``unreachable``, ``root_sibling``,
-            ``index``, ``depth``, ``position``, ``sibling_order``, ``duplicate_token``,
-            ``mask_missing_ancestor``, ``mask_non_ancestor``, ``num_nodes``.
-        message: one line, without the ``request .., node ..:`` prefix.
-        nodes: the nodes involved (a cycle's nodes in link order, the mask's wrong columns, ...).
-    """
-
-    request: int
-    node: int
-    field: str
-    kind: str
-    message: str
-    nodes: tuple[int, ...] = ()
-
-    def __str__(self) -> str:
-        return f"request {self.request}, node {self.node}: {self.message}"
-
-    def error(self) -> RetrieveError:
-        return RetrieveError(self.message, self.request, self.node, self)
-
-    def to_dict(self) -> dict:
-        return {"request": self.request, "node": self.node, "field": self.field, "kind": self.kind,
-                "message": self.message, "nodes": list(self.nodes)}
+def _error(problem: Problem) -> RetrieveError:
+    return RetrieveError(problem.message, problem.request, problem.node, problem)
 
 
 @dataclass(frozen=True)
@@ -266,7 +236,7 @@ def find_retrieve_problems(
     tree_mask: torch.Tensor | None = None,
     node_token_ids: torch.Tensor | None = None,
     limit: int | None = None,
-) -> list[RetrieveProblem]:
+) -> list[Problem]:
     """Every broken invariant of a batch of verify buffers (the doctor's check), in order.
 
     Per request: ``num_nodes`` in ``[1, N]``; link values ``-1`` or a valid node (a bad link
@@ -292,7 +262,12 @@ def find_retrieve_problems(
         limit: stop after this many problems (``None``: all).
 
     Returns:
-        the :class:`RetrieveProblem` s, possibly empty.
+        :class:`~ddtree_lab.problems.Problem` s (``request`` the batch row, ``node``, ``field``,
+        ``kind`` one of ``range``, ``cycle``, ``reached_twice``, ``unreachable``,
+        ``root_sibling``, ``index``, ``depth``, ``position``, ``sibling_order``,
+        ``duplicate_token``, ``mask_missing_ancestor``, ``mask_non_ancestor``, ``num_nodes``;
+        ``value`` / ``limit`` the number found and the one expected where there is one;
+        ``nodes`` the nodes involved), possibly empty.
 
     Raises:
         ValueError: a given field with the wrong shape.
@@ -317,10 +292,11 @@ def find_retrieve_problems(
     tk = _rows(node_token_ids, bs, n, "node_token_ids")
     if tree_mask is not None and tuple(tree_mask.shape) != (bs, n, n):
         raise ValueError(f"tree_mask must have shape {(bs, n, n)}, got {tuple(tree_mask.shape)}")
-    problems: list[RetrieveProblem] = []
+    problems: list[Problem] = []
 
-    def add(*args) -> bool:
-        problems.append(RetrieveProblem(*args))
+    def add(request, node, field, kind, message, nodes=(), value=None, expected=None) -> bool:
+        problems.append(Problem(kind, request=request, node=node, field=field, value=value, limit=expected,
+                                message=message, nodes=tuple(nodes)))
         return limit is not None and len(problems) >= limit
 
     mask_parents = [[-1] * n for _ in range(bs)]
@@ -329,7 +305,7 @@ def find_retrieve_problems(
     for b in range(bs):
         count = counts[b]
         if not 1 <= count <= n:
-            if add(b, 0, "num_nodes", "num_nodes", f"num_nodes {count} outside [1, {n}]"):
+            if add(b, 0, "num_nodes", "num_nodes", f"num_nodes {count} outside [1, {n}]", value=count, expected=n):
                 return problems
             continue
         key = (count, tuple(nt[b][:count]), tuple(ns[b][:count]),
@@ -345,17 +321,19 @@ def find_retrieve_problems(
                 v = buf[b][i]
                 if v == -1 or 0 <= v < count:
                     links[name][i] = v
-                elif add(b, i, name, "range", f"{name} = {v} is out of range (valid: -1 or 0..{count - 1})"):
+                elif add(b, i, name, "range", f"{name} = {v} is out of range (valid: -1 or 0..{count - 1})",
+                           value=v, expected=count - 1):
                     return problems
             if ri is not None and ri[b][i] != b * n + i:
-                if add(b, i, "retrieve_index", "index", f"retrieve_index = {ri[b][i]}, expected {b * n + i}"):
+                if add(b, i, "retrieve_index", "index", f"retrieve_index = {ri[b][i]}, expected {b * n + i}",
+                       value=ri[b][i], expected=b * n + i):
                     return problems
         first, nxt = links["retrieve_next_token"], links["retrieve_next_sibling"]
         if nxt[0] != -1:
             if add(b, 0, "retrieve_next_sibling", "root_sibling", f"the root has a next sibling ({nxt[0]})", (nxt[0],)):
                 return problems
         if dp is not None and dp[b][0] != 0:
-            if add(b, 0, "depths", "depth", f"the root's depth is {dp[b][0]}, not 0"):
+            if add(b, 0, "depths", "depth", f"the root's depth is {dp[b][0]}, not 0", value=dp[b][0], expected=0):
                 return problems
         parent_of = [-1] * count
         depth_of = [0] + [-1] * (count - 1)
@@ -401,12 +379,13 @@ def find_retrieve_problems(
                 in_chain.add(child)
                 if dp is not None and dp[b][child] != depth_of[child]:
                     if add(b, child, "depths", "depth",
-                           f"depth {dp[b][child]} is not parent depth {depth_of[parent]} + 1 (parent node {parent})"):
+                           f"depth {dp[b][child]} is not parent depth {depth_of[parent]} + 1 (parent node {parent})",
+                           (), dp[b][child], depth_of[child]):
                         return problems
                 if lw is not None and prev is not None and lw[b][child] > lw[b][prev]:
                     if add(b, child, "node_logws", "sibling_order",
                            f"sibling chain out of log-weight order: node_logw {lw[b][child]:.6g} follows sibling "
-                           f"{prev} with {lw[b][prev]:.6g}", (prev,)):
+                           f"{prev} with {lw[b][prev]:.6g}", (prev,), lw[b][child], lw[b][prev]):
                         return problems
                 if tk is not None:
                     t = tk[b][child]
@@ -427,7 +406,8 @@ def find_retrieve_problems(
             for i in range(1, count):
                 if seen[i] and ps[b][i] != ps[b][0] + depth_of[i]:
                     if add(b, i, "positions", "position",
-                           f"position {ps[b][i]} is not the root's position {ps[b][0]} + depth {depth_of[i]}"):
+                           f"position {ps[b][i]} is not the root's position {ps[b][0]} + depth {depth_of[i]}", (),
+                           ps[b][i], ps[b][0] + depth_of[i]):
                         return problems
         mask_parents[b][:count] = parent_of
         mask_rows[b][:count] = seen
@@ -468,7 +448,7 @@ def find_retrieve_problem(
     """
     found = find_retrieve_problems(retrieve_next_token, retrieve_next_sibling, num_nodes, retrieve_index=retrieve_index,
                                    node_logws=node_logws, depths=depths, limit=1)
-    return found[0].error() if found else None
+    return _error(found[0]) if found else None
 
 
 def check_retrieve(verify_input: DDTreeVerifyInput, node_logws: torch.Tensor | None = None) -> None:
@@ -496,7 +476,7 @@ def check_verify_buffers(verify_input: DDTreeVerifyInput) -> None:
     """
     found = find_retrieve_problems(verify_input, limit=1)
     if found:
-        raise found[0].error()
+        raise _error(found[0])
 
 
 def decode_retrieve(

@@ -5,7 +5,7 @@ hooks of its :class:`Faults` (``LiveSession(..., faults=Faults("mask-parent-only
 ``faults=["mask-parent-only"]``). With no faults (the default, :data:`NO_FAULTS`) every hook
 is the identity, so a normal run cannot reach one by accident: the CLI has no flag for them,
 and a session with faults writes their names into the trace's metadata
-(``planted_faults``, which :func:`ddtree_lab.diagnose.diagnose` never reads).
+(``planted_faults``, which :func:`ddtree_lab.diagnose` never reads).
 
 The kinds (:data:`FAULT_KINDS`), each after a class of public bug reports (issue 16):
 

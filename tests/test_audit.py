@@ -9,7 +9,7 @@ import torch
 
 import ddtree_lab as dl
 from ddtree_lab import audit as au
-from ddtree_lab import doctor
+from ddtree_lab import diagnosis
 
 from oracles import exact_law as oracle_law
 
@@ -175,25 +175,32 @@ def test_tree_logits_check_finds_a_planted_bad_mask(target, real):
     deep = max(range(step.num_nodes), key=lambda i: int(step.depths[i]))
     good = target.tree_forward(target.prefill(prefix)[0], vi, 0).logits
     nodes = [0, 1, deep]
-    ok = doctor.check_tree_logits(target, prefix, vi, step.parents, good, nodes=nodes)
+    ok = diagnosis.check_tree_logits(target, prefix, vi, step.parents, good, nodes=nodes)
     assert ok.first_bad is None, ok.text()
     mask = vi.tree_mask.clone()
     mask[0, deep, int(step.parents[deep])] = False  # the deepest node no longer sees its parent
     broken = dataclasses.replace(vi, tree_mask=mask)
     bad_logits = target.tree_forward(target.prefill(prefix)[0], broken, 0).logits
-    check = doctor.check_tree_logits(target, prefix, vi, step.parents, bad_logits, nodes=nodes)
+    check = diagnosis.check_tree_logits(target, prefix, vi, step.parents, bad_logits, nodes=nodes)
     assert check.first_bad == deep and "tree mask" in check.text()
+    (p,) = check.problems
+    assert (p.kind, p.node, p.field, p.part, p.limit) == ("tree_logits", deep, "tree_logits", "model", 1e-3)
+    assert p.value > p.limit and check.text() == f"node {deep}: {p.message}"
 
 
 def test_recorded_rows_check(target, real):
     run, step, _ = real
-    ok = doctor.check_recorded_rows(target, run, step, sample=3)
+    ok = diagnosis.check_recorded_rows(target, run, step, sample=3)
     assert ok.first_bad is None and len(ok.checked) == 3
     broken = step.replace(child_probs=step.child_probs.clone())
     node = ok.checked[1]
     broken.child_probs[node] = broken.child_probs[node] * 0.5 + 0.01
-    bad = doctor.check_recorded_rows(target, run, broken, nodes=ok.checked)
-    assert bad.first_bad == node
+    bad = diagnosis.check_recorded_rows(target, run, broken, nodes=ok.checked)
+    assert bad.first_bad == node and ok.problems == []
+    (p,) = bad.problems
+    assert (p.kind, p.step, p.request, p.node, p.field, p.limit) == ("tree_rows", step.step, step.request, node,
+                                                                     "child_probs", 2e-3)
+    assert p.value > p.limit and str(p) == f"step {step.step}, request {step.request}, node {node}: model: {p.message}"
 
 
 def test_threshold_distance_is_zero_when_lossless_and_matches_the_verifiers_law_when_lossy():

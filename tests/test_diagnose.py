@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import ddtree_lab as dl
-from ddtree_lab.diagnose.coins import coins_step
-from ddtree_lab.diagnose.sampling import prob_interval
+from ddtree_lab.diagnosis.coins import coins_step
+from ddtree_lab.diagnosis.sampling import prob_interval
 from ddtree_lab.faults import (COMMIT_FAULTS, DRAFTER_FAULTS, FAULT_KINDS, FORWARD_FAULTS, NO_FAULTS,
                                SAMPLING_FAULTS, VERIFIER_FAULTS, Faults, forward_input)
 
@@ -157,7 +157,7 @@ def synthetic_run(faults=None, steps=25, seed=0):
 
 
 def test_the_output_law_holds_on_clean_runs_and_fixtures():
-    from ddtree_lab.diagnose.law import check_law
+    from ddtree_lab.diagnosis.law import check_law
 
     for seed in range(4):
         r = check_law(synthetic_run(seed=seed))
@@ -175,7 +175,7 @@ def test_the_output_law_holds_on_clean_runs_and_fixtures():
                                        ("verifier-bonus-row", "probability 0"),
                                        ("verifier-final-coin-reuse", "rejected every child")])
 def test_the_output_law_flags_a_verifier_fault_without_its_coins(kind, test):
-    from ddtree_lab.diagnose.law import check_law
+    from ddtree_lab.diagnosis.law import check_law
 
     run = synthetic_run([kind], steps=50)
     blind = dataclasses.replace(run, steps=[s.replace(coins=torch.rand(s.num_nodes), final_coin=0.5) for s in run.steps])
@@ -185,7 +185,7 @@ def test_the_output_law_flags_a_verifier_fault_without_its_coins(kind, test):
 
 
 def test_an_unknown_forward_fault_is_told_apart_by_the_spine(target, drafter):
-    from ddtree_lab.diagnose.forward import check_tree_forward, spine
+    from ddtree_lab.diagnosis.forward import check_tree_forward, spine
 
     run = live(target, drafter, None, tokens=6, prompts=PROMPTS[:1], budget=16)
     s = run.steps[0]
@@ -219,7 +219,7 @@ def test_the_package_imports_without_scipy():
     import subprocess
     import sys
 
-    code = "import sys; sys.modules['scipy'] = None; import ddtree_lab, ddtree_lab.diagnose.law"
+    code = "import sys; sys.modules['scipy'] = None; import ddtree_lab, ddtree_lab.diagnosis.law"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
 
 

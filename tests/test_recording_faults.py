@@ -198,7 +198,7 @@ HANG = textwrap.dedent("""
 
 
 def test_a_kernel_that_never_returns_leaves_its_inputs_on_disk(tmp_path, capsys):
-    from ddtree_lab.check import check
+    from ddtree_lab.diagnosis import check
     from ddtree_lab.sglang.pending import replay_pending
 
     path = tmp_path / "hang.ddrec"

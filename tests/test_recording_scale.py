@@ -42,7 +42,7 @@ def _synthetic_file(path, steps=6, shape=SyntheticShape(requests=3, budget=10, v
 
 
 def test_live_session_writes_each_step_as_it_goes(target, drafter, tmp_path):
-    from ddtree_lab.check import check
+    from ddtree_lab.diagnosis import check
     from ddtree_lab.io.append_trace import replay_inputs
 
     path = tmp_path / "live.ddtrace"

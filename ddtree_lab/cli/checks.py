@@ -124,7 +124,8 @@ def open_engine_of(args):
 
 
 def cmd_doctor(args) -> int:
-    """Check verify buffers (every broken invariant) and, with --model, tree logits."""
+    """Check verify buffers (every broken invariant) and, with --model, tree logits
+    (:func:`ddtree_lab.doctor`; a SGLang recording: :func:`ddtree_lab.sglang.recording_problems`)."""
     if args.sample < 1:
         raise CLIError(f"--sample {args.sample}: must be >= 1")
     kind = kind_of(args.source)
@@ -140,8 +141,8 @@ def cmd_doctor(args) -> int:
                 continue
             found += 1
             print(f"{args.source}: {p}")
-    else:  # any source io.load opens: one check of every invariant the step holds
-        from ..check import check
+    else:  # any source io.load opens: the doctor view of the diagnosis package
+        from ..diagnosis import doctor
 
         run = load_run(args.source)
         found += len(run.problems)
@@ -150,21 +151,18 @@ def cmd_doctor(args) -> int:
             raise CLIError(f"{args.source}: nothing to check: this {run.source} records no steps")
         if steps and all(s.buffers is None for s in steps):
             raise CLIError(f"{args.source}: nothing to check: this {run.source} records no verify buffers")
-        for s in steps:
-            checked += 1
-            for p in check(s):
-                found += 1
-                print(f"{args.source}: {p}")
+        target = step = None
         if args.model is not None:
             step = find_step(run, args.step, args.request, args.source)  # before the model loads (seconds)
             target = common.load_model(args.model)
-            from .. import doctor
-
-            check = doctor.check_recorded_rows(target, run, step, sample=args.sample, seed=args.seed)
-            print(f"step {step.step}, request {step.request}: {check.text()}")
-            if check.first_bad is not None:
-                found += 1
-            if not check.checked:
+        report = doctor(run, steps, target, step, sample=args.sample, seed=args.seed)
+        checked += report.checked
+        found += len(report.problems)
+        for p in report.invariants:
+            print(f"{args.source}: {p}")
+        if report.rows is not None:
+            print(f"step {step.step}, request {step.request}: {report.rows.text()}")
+            if not report.rows.checked:
                 raise CLIError(f"step {step.step}, request {step.request}: the model check compared no node (none of "
                                "the sampled nodes' tokens is in its parent's stored rows); try another --seed or "
                                "`ddtree-lab diagnose` with --model")

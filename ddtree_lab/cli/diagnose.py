@@ -17,7 +17,7 @@ def cmd_diagnose(args) -> int:
 
     Exit status: 1 on a finding or a damaged part of the file, 0 when every check that ran
     found nothing, 2 on bad input."""
-    from ..diagnose import diagnose
+    from ..diagnosis import diagnose
 
     if args.model is not None and args.model != "default" and not Path(args.model).is_dir():
         raise CLIError(f"--model {args.model}: not 'default' and not a model directory")

@@ -15,7 +15,7 @@ file (:mod:`.segments`); its segments, in the order written:
 
 A step with ``inputs`` and no ``steps`` record **did not return** (a hang or a crash in the
 verifier): it is a :class:`~ddtree_lab.step.Step` with ``output=None`` and
-``extra["did_not_return"] = True``, that :func:`ddtree_lab.check.check` checks, and that
+``extra["did_not_return"] = True``, that :func:`ddtree_lab.check` checks, and that
 :func:`replay_inputs` verifies with any lab backend when its rows were stored.
 
 Reading (:func:`load_append_trace`) builds an index of records from the segment index alone;

@@ -21,7 +21,7 @@ process). :func:`ddtree_lab.sglang.recording.load_append_recording` returns the 
 :class:`~ddtree_lab.sglang.recording.Recording` and the others apart;
 :func:`ddtree_lab.sglang.pending.load_append_recording_run` the lab :class:`~ddtree_lab.step.Run` (completed calls
 converted as :func:`~ddtree_lab.sglang.replay.recording_to_trace` does; each row of a call
-that did not return a step with ``output=None`` that :func:`ddtree_lab.check.check` checks and
+that did not return a step with ``output=None`` that :func:`ddtree_lab.check` checks and
 :func:`ddtree_lab.sglang.pending.replay_pending` verifies with any lab backend: greedy always, sampled when the rows were
 stored, ``prob_rows="all"``).
 """

@@ -290,8 +290,7 @@ def recording_problems(recording: Recording) -> list[str]:
             links = find_retrieve_problems(t["retrive_next_token"][one], t["retrive_next_sibling"][one],
                                            (ri >= 0).sum(1), retrieve_index=ri)
             if links:
-                problems.extend(f"{where}: {str(link).removeprefix('request 0, ').removeprefix('request 0: ')}"
-                                for link in links)
+                problems.extend(f"{where}: node {link.node}: {link.message}" for link in links)
                 continue
             if step["kind"] != "greedy":
                 coins = t["uniform_samples"][row]

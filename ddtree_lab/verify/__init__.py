@@ -13,7 +13,7 @@ from .backends import select_backend as select_backend
 from .backends import verify_tree as verify_tree
 from .backends import verify_tree_greedy as verify_tree_greedy
 from .lazy import lazy_row_probs as lazy_row_probs
-from .reference import check_coins as check_coins
+from .reference import validate_coins as validate_coins
 from .reference import check_thresholds as check_thresholds
 from .reference import check_verify_input as check_verify_input
 from .reference import draw_coins as draw_coins

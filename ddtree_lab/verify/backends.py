@@ -41,7 +41,7 @@ from .._arguments import check_tensor
 from ..buffers import DDTreeVerifyInput, check_verify_buffers
 from ..sampling import SamplingParams, apply_bans_batch, normalize_params, target_probs
 from .lazy import verify_lazy
-from .reference import check_coins, check_thresholds, check_verify_input, verify_greedy, verify_sampled
+from .reference import check_thresholds, check_verify_input, validate_coins, verify_greedy, verify_sampled
 from .triton import KERNEL_ORDER, triton_usable, verify_triton_greedy, verify_triton_sampled
 from .types import VerifyOutput
 
@@ -113,7 +113,7 @@ def verify_tree(
     check_verify_input(verify_input, target_logits, "target_logits")
     bs, n, vocab = target_logits.shape
     items = normalize_params(params, bs, vocab)
-    check_coins(coins, final_coins, bs, n)
+    validate_coins(coins, final_coins, bs, n)
     check_thresholds(threshold_single, threshold_acc)
     if validate:
         check_verify_buffers(verify_input)

@@ -15,7 +15,7 @@ from .types import VerifyOutput
 from .walk import walk_batch
 
 __all__ = ["verify_greedy", "verify_sampled", "walk_sampled_batch", "draw_coins", "make_generators",
-           "check_verify_input", "check_coins", "check_thresholds"]
+           "check_verify_input", "validate_coins", "check_thresholds"]
 
 
 def make_generators(params: Sequence[SamplingParams], device: torch.device | str = "cpu") -> list[torch.Generator]:
@@ -145,7 +145,7 @@ def verify_sampled(
     check_tensor("target_probs", target_probs, dtype=torch.float32, ndim=3)
     check_verify_input(verify_input, target_probs, "target_probs")
     bs, n = verify_input.node_token_ids.shape
-    check_coins(coins, final_coins, bs, n)
+    validate_coins(coins, final_coins, bs, n)
     check_thresholds(threshold_single, threshold_acc)
     if validate:
         check_verify_buffers(verify_input)
@@ -175,7 +175,7 @@ def walk_sampled_batch(vi, row_of, coins, final_coins, threshold_single, thresho
     return walk_batch(vi, rule_of, backend, (threshold_single, threshold_acc))
 
 
-def check_coins(coins: torch.Tensor, final_coins: torch.Tensor, bs: int, n: int) -> None:
+def validate_coins(coins: torch.Tensor, final_coins: torch.Tensor, bs: int, n: int) -> None:
     check_tensor("coins", coins, dtype=torch.float32, ndim=2)
     check_shape("coins", coins, (bs, n))
     check_tensor("final_coins", final_coins, dtype=torch.float32, ndim=1)

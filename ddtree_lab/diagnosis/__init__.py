@@ -1,26 +1,34 @@
-"""Diagnose a recorded run: name the bug (its kind, where, the numbers, how sure), not the symptom.
+"""Diagnosis of a recorded step or run: every check in one place, three views of it.
 
-:func:`diagnose` runs every check the run's contents allow, one module each:
+Every check returns fields, never text to parse: a broken invariant is a
+:class:`~ddtree_lab.problems.Problem` (``kind``, ``step``, ``request``, ``node``, ``field``,
+``value``, ``limit``, ``message``), a named bug is a :class:`Finding`. The three views:
 
-* ``record`` (:func:`ddtree_lab.check.check`): the recorded step's own invariants (buffers,
-  positions against depths, tree, rows, outputs);
-* ``verifier`` (:mod:`.verifier`): the verifier that ran, decision by decision, against the
-  target-only rule on the recorded rows and coins, and which rule it follows instead;
-* ``coins`` (:mod:`.coins`): coins in [0, 1), the final coin never a walk coin;
-* ``output-law`` (:mod:`.law`): the recorded outputs across steps against the exact law of a
-  lossless verifier, bonus token included (statistical; reads no coin, no decision log);
-* ``sampling`` (:mod:`.sampling`): which transform of the stored raw logits the rows follow;
-* ``greedy`` (:mod:`.greedy`): greedy verdicts take the argmax of the stored raw logits;
-* ``drafter-hits`` (:mod:`.drafter`): the first-position hit rate against the model card;
+* :func:`check` (:mod:`.invariants`): the fast invariants of one step (buffers, tree, rows,
+  coins, outputs), as Problems;
+* :func:`doctor`: :func:`check` on the chosen steps and, with the target model, one step's
+  recorded rows against causal forwards (:mod:`.causal`), as Problems;
+* :func:`diagnose`: the bug named, not the symptom; every check the run's contents allow, one
+  module each:
 
-and, with a model (``model="default"``, a directory, or ``(target, drafter)``):
+  * ``record`` (:func:`check_record`): :func:`check` on every step;
+  * ``verifier`` (:mod:`.verifier`): the verifier that ran, decision by decision, against the
+    target-only rule on the recorded rows and coins, and which rule it follows instead;
+  * ``coins`` (:mod:`.coins`): coins in [0, 1), the final coin never a walk coin;
+  * ``output-law`` (:mod:`.law`): the recorded outputs across steps against the exact law of a
+    lossless verifier, bonus token included (statistical; reads no coin, no decision log);
+  * ``sampling`` (:mod:`.sampling`): which transform of the stored raw logits the rows follow;
+  * ``greedy`` (:mod:`.greedy`): greedy verdicts take the argmax of the stored raw logits;
+  * ``drafter-hits`` (:mod:`.drafter`): the first-position hit rate against the model card;
 
-* ``tree-forward`` (:mod:`.forward`): the first divergent step by bisection, then the mask /
-  positions fault or the KV-commit fault that reproduces its rows;
-* ``drafter`` (:mod:`.drafter`): each draft against the drafter re-run on fresh features;
-* ``greedy-decoding`` (:mod:`.greedy`): greedy requests against plain greedy decoding.
+  and, with a model (``model="default"``, a directory, or ``(target, drafter)``):
 
-A check that could not run says why (:class:`CheckResult`) and never counts as passing.
+  * ``tree-forward`` (:mod:`.forward`): the first divergent step by bisection, then the mask /
+    positions fault or the KV-commit fault that reproduces its rows;
+  * ``drafter`` (:mod:`.drafter`): each draft against the drafter re-run on fresh features;
+  * ``greedy-decoding`` (:mod:`.greedy`): greedy requests against plain greedy decoding.
+
+  A check that could not run says why (:class:`CheckResult`) and never counts as passing.
 """
 
 from __future__ import annotations
@@ -28,18 +36,22 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..step import Run
+from ..problems import Problem
+from ..step import Run, Step
+from .causal import RecordedRowsCheck, TreeLogitsCheck, check_recorded_rows, check_tree_logits
 from .coins import check_coins
 from .common import CheckResult, Finding
 from .drafter import check_drafter_hits, check_drafter_inputs
 from .forward import check_tree_forward
 from .greedy import check_greedy, check_greedy_decoding
+from .invariants import check
 from .law import check_law
 from .sampling import check_sampling
 from .verifier import check_verifier
 
-__all__ = ["diagnose", "Diagnosis", "Finding", "CheckResult", "check_record", "load_models", "RECORD_CHECKS",
-           "MODEL_CHECKS"]
+__all__ = ["Problem", "check", "doctor", "Doctor", "diagnose", "Diagnosis", "Finding", "CheckResult", "check_record",
+           "load_models", "RECORD_CHECKS", "MODEL_CHECKS", "check_tree_logits", "TreeLogitsCheck",
+           "check_recorded_rows", "RecordedRowsCheck"]
 
 RECORD_CHECKS = ("record", "verifier", "coins", "output-law", "sampling", "greedy", "drafter-hits")
 MODEL_CHECKS = ("tree-forward", "drafter", "greedy-decoding")
@@ -74,9 +86,7 @@ class Diagnosis:
 
 
 def check_record(run: Run, steps=None) -> CheckResult:
-    """:func:`ddtree_lab.check.check` on every step, as a diagnose check."""
-    from ..check import check
-
+    """:func:`check` on every step, as a diagnose check (the first problem of a step named)."""
     steps = run.steps if steps is None else steps
     result = CheckResult("record", ran=bool(steps), checked=len(steps))
     if not steps:
@@ -89,8 +99,7 @@ def check_record(run: Run, steps=None) -> CheckResult:
         problems = kept
         if problems:
             p = problems[0]
-            positions = "position" in p.message
-            kind = ("the buffers' positions are inconsistent with the depths" if positions
+            kind = ("the buffers' positions are inconsistent with the depths" if p.field == "positions"
                     else f"the recorded step is inconsistent ({p.part})")
             result.per_step[(s.step, s.request)] = "unknown"
             result.findings.append(Finding("record", kind, None, s.step, s.request, p.node,
@@ -106,14 +115,51 @@ def check_record(run: Run, steps=None) -> CheckResult:
 ROUNDING_SLACK = 1e-4
 
 
-def _float_rounding(problem) -> bool:
-    """A ``rows`` problem that is only a mass a little above 1 (``check``'s own slack is 1e-5)."""
-    import re
+def _float_rounding(problem: Problem) -> bool:
+    """A mass a little above 1 (``check``'s own slack is 1e-5): float32 rounding, not a bug."""
+    return (problem.kind in ("children_mass", "residual_mass") and problem.value is not None
+            and 1.0 < problem.value <= 1.0 + ROUNDING_SLACK)
 
-    if problem.part != "rows" or not ("residual mass" in problem.message or "sum to" in problem.message):
-        return False
-    nums = [float(x) for x in re.findall(r"\d+\.\d+(?:e-?\d+)?", problem.message)]
-    return bool(nums) and 1.0 < nums[0] <= 1.0 + ROUNDING_SLACK
+
+@dataclass
+class Doctor:
+    """What :func:`doctor` found: ``checked`` steps, their invariant ``problems`` (:func:`check`)
+    and, with a model, ``rows`` (:func:`check_recorded_rows` of one step)."""
+
+    checked: int
+    invariants: list[Problem]
+    rows: RecordedRowsCheck | None = None
+
+    @property
+    def problems(self) -> list[Problem]:
+        """Every problem: the invariants', then the model check's."""
+        return self.invariants + (self.rows.problems if self.rows is not None else [])
+
+
+def doctor(run: Run, steps: list[Step] | None = None, target=None, rows_step: Step | None = None,
+           sample: int = 8, seed: int = 0) -> Doctor:
+    """Check ``steps`` (default: every step of ``run``) and, with ``target``, one step's rows.
+
+    :func:`check` runs on each step (fast, no model). With ``target`` (a
+    :class:`ddtree_lab.models.TargetModel`), :func:`check_recorded_rows` compares ``sample``
+    draft nodes (drawn with ``seed``) of ``rows_step`` (default: the first of ``steps``) with
+    causal forwards of their parents' paths.
+
+    Returns:
+        :class:`Doctor` (its ``problems``: every :class:`~ddtree_lab.problems.Problem`).
+
+    Raises:
+        ValueError: ``target`` given and there is no step, or the run lacks the request's token ids.
+    """
+    steps = run.steps if steps is None else steps
+    found = [p for s in steps for p in check(s)]
+    rows = None
+    if target is not None:
+        if rows_step is None and not steps:
+            raise ValueError("doctor: no step to compare with the model")
+        rows = check_recorded_rows(target, run, rows_step if rows_step is not None else steps[0], sample=sample,
+                                   seed=seed)
+    return Doctor(len(steps), found, rows)
 
 
 def load_models(model, run: Run):
@@ -144,7 +190,7 @@ def load_models(model, run: Run):
 
 def diagnose(run: Run, model=None, step: int | None = None, request: int | None = None,
              confirm: bool = True) -> Diagnosis:
-    """Run every check ``run`` allows (module docstring) and gather the findings.
+    """Name the bugs of ``run``: every check it allows (module docstring), the findings gathered.
 
     Args:
         run: a :class:`ddtree_lab.Run` (``ddtree_lab.io.load(path)``).

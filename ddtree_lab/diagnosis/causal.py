@@ -3,7 +3,8 @@
 A tree mask that hides an ancestor or shows a non-ancestor leaves every buffer valid and still
 corrupts the target's rows (the "accept length stuck at 1" symptom). These checks recompute
 sampled nodes' rows with a causal forward of the node's path and name the first node whose row
-differs. The buffer checks themselves are :func:`ddtree_lab.buffers.find_retrieve_problems`.
+differs (as a :class:`~ddtree_lab.problems.Problem`, ``part="model"``). The buffer checks
+themselves are :func:`ddtree_lab.buffers.find_retrieve_problems`.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from typing import Sequence
 
 import torch
 
-from .buffers import DDTreeVerifyInput
-from .sampling import SamplingParams, target_probs
+from ..buffers import DDTreeVerifyInput
+from ..problems import Problem
+from ..sampling import SamplingParams, target_probs
 
 __all__ = ["TreeLogitsCheck", "check_tree_logits", "RecordedRowsCheck", "check_recorded_rows"]
-
 
 
 @dataclass
@@ -33,14 +34,24 @@ class TreeLogitsCheck:
     atol: float
     first_bad: int | None
 
+    @property
+    def problems(self) -> list[Problem]:
+        """The first node over ``atol`` as a :class:`~ddtree_lab.problems.Problem`
+        (``kind="tree_logits"``, ``value`` its max |diff|, ``limit`` ``atol``), or none."""
+        if self.first_bad is None:
+            return []
+        k = self.checked.index(self.first_bad)
+        return [Problem("tree_logits", request=0, node=self.first_bad, field="tree_logits", value=self.max_abs[k],
+                        limit=self.atol, part="model",
+                        message=(f"tree-forward logits differ from a causal forward of its path by "
+                                 f"{self.max_abs[k]:.3g} (> {self.atol:g}): the tree mask or positions are wrong "
+                                 "there (the accept-length-stuck-at-1 symptom)"))]
+
     def text(self) -> str:
         worst = max(self.max_abs) if self.max_abs else 0.0
         if self.first_bad is None:
             return f"tree logits match causal forwards at {len(self.checked)} nodes (max |diff| {worst:.3g} <= {self.atol:g})"
-        k = self.checked.index(self.first_bad)
-        return (f"node {self.first_bad}: tree-forward logits differ from a causal forward of its path by "
-                f"{self.max_abs[k]:.3g} (> {self.atol:g}): the tree mask or positions are wrong there "
-                "(the accept-length-stuck-at-1 symptom)")
+        return f"node {self.first_bad}: {self.problems[0].message}"
 
 
 @torch.no_grad()
@@ -105,6 +116,21 @@ class RecordedRowsCheck:
     diffs: list
     atol: float
     first_bad: int | None
+    step: int | None = None
+    request: int | None = None
+
+    @property
+    def problems(self) -> list[Problem]:
+        """The first node over ``atol`` as a :class:`~ddtree_lab.problems.Problem`
+        (``kind="tree_rows"``, ``field="child_probs"``, ``value`` its |diff|, ``limit``
+        ``atol``), or none."""
+        if self.first_bad is None:
+            return []
+        k = self.checked.index(self.first_bad)
+        return [Problem("tree_rows", self.step, self.request, self.first_bad, "child_probs", self.diffs[k], self.atol,
+                        f"recorded target p differs from a causal forward of its parent's path by "
+                        f"{self.diffs[k]:.3g} (> {self.atol:g}): the tree forward that produced it (mask, "
+                        "positions) is wrong there (the accept-length-stuck-at-1 symptom)", "model")]
 
     def text(self) -> str:
         worst = max(self.diffs) if self.diffs else 0.0
@@ -113,10 +139,7 @@ class RecordedRowsCheck:
         if self.first_bad is None:
             return (f"recorded target p of {len(self.checked)} nodes match causal forwards "
                     f"(max |diff| {worst:.3g} <= {self.atol:g})")
-        k = self.checked.index(self.first_bad)
-        return (f"node {self.first_bad}: recorded target p differs from a causal forward of its parent's path by "
-                f"{self.diffs[k]:.3g} (> {self.atol:g}): the tree forward that produced it (mask, positions) "
-                "is wrong there (the accept-length-stuck-at-1 symptom)")
+        return f"node {self.first_bad}: {self.problems[0].message}"
 
 
 def _path_tokens(tokens: list[int], parents: list[int], i: int) -> list[int]:
@@ -151,6 +174,9 @@ def check_recorded_rows(target, run, step, sample: int = 8, seed: int = 0, atol:
 
     Raises:
         ValueError: the trace lacks the request's token ids (see :func:`ddtree_lab.audit.step_logits`).
+
+    Returns:
+        :class:`RecordedRowsCheck` (its ``problems``: the first node over ``atol``).
     """
     reqs = {int(r["request"]): r for r in run.metadata.get("requests", [])}
     if step.request not in reqs:
@@ -174,4 +200,4 @@ def check_recorded_rows(target, run, step, sample: int = 8, seed: int = 0, atol:
         checked.append(int(i))
         diffs.append(abs(p - want))
     bad = [c for c, d in zip(checked, diffs) if d > atol]
-    return RecordedRowsCheck(checked, diffs, atol, bad[0] if bad else None)
+    return RecordedRowsCheck(checked, diffs, atol, bad[0] if bad else None, step.step, step.request)
