@@ -103,7 +103,7 @@ def main() -> None:
         other, stage = worst[(4, "light")]
         print(f"goal: bs=4 light, everything but the target forward = {100 * other:.1f}% of the step "
               f"(<= 15%: {'met' if other <= 0.15 else 'MISSED'}); costliest other stage: {stage}")
-    for key, (other, stage) in worst.items():
+    for key, (_other, stage) in worst.items():
         print(f"  bs={key[0]} {key[1]}: costliest stage after the target: {stage}")
     if not args.skip_threads and 4 in args.bs and args.device == "cpu":
         cores = os.cpu_count() or 1

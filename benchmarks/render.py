@@ -22,7 +22,7 @@ import torch
 import ddtree_lab as dl
 from ddtree_lab import views
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from step_examples import random_step  # noqa: E402  (test support: hand-made steps)
+from step_examples import random_step
 
 ROOT = Path(__file__).resolve().parent.parent
 COLUMN = 1100

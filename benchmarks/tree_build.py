@@ -101,7 +101,7 @@ def _time(fns: dict, repeat: int, cpu: bool = False) -> dict:
 
 def _same_trees(vi, authors) -> bool:
     """The lab's tree holds the authors' nodes (same tokens at the same depths per request)."""
-    for b, (tokens, depths, parents, vis) in enumerate(authors):
+    for b, (tokens, depths, _parents, vis) in enumerate(authors):
         n = int(vi.num_nodes[b])
         if n != 1 + tokens.shape[0]:
             return False

@@ -94,12 +94,12 @@ from .verify import select_backend as select_backend
 from .verify import verify_tree as verify_tree
 from .verify import verify_tree_greedy as verify_tree_greedy
 
-from .session import LiveSession as LiveSession  # noqa: E402  (needs no model package at import)
-from .diagnosis import check as check  # noqa: E402  (the three views; the checks are ddtree_lab.diagnosis.*)
-from .diagnosis import diagnose as diagnose  # noqa: E402
-from .diagnosis import doctor as doctor  # noqa: E402
+from .session import LiveSession as LiveSession
+from .diagnosis import check as check
+from .diagnosis import diagnose as diagnose
+from .diagnosis import doctor as doctor
 
-from .version import __version__ as __version__  # noqa: E402
+from .version import __version__ as __version__
 
 
 #: Names the record had before it was made of the stage objects, and the two problem classes

@@ -41,6 +41,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, fields
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -117,7 +118,7 @@ class DDTreeBuildResult(TreeBatch):
 MAX_BUDGET = 1 << 16  # far above engine budgets (DDTree: 256-512); guards against runaway inputs
 
 
-def request_budgets(budget: int | torch.Tensor | list[int], bs: int) -> list[int]:
+def request_budgets(budget: int | torch.Tensor | Sequence[int], bs: int) -> list[int]:
     """Per-request budgets B: one int for all ``bs`` requests, or one per request (list or
     ``[bs]`` int tensor), each in ``[1, MAX_BUDGET]``.
 

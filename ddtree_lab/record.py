@@ -109,11 +109,15 @@ def record_step(
     n = int(tree.num_nodes[0])
     if int(buffers.num_nodes[0]) != n:
         raise ValueError(f"{where}: buffers.num_nodes is {int(buffers.num_nodes[0])}, tree.num_nodes is {n}")
-    base = dict(step=int(step), request=int(request), request_id=str(request if request_id is None else request_id),
-                prefix_len=int(prefix_len), params=params, output=output, timings=normalize_timings(timings),
-                backend=str(output.backend if backend is None else backend), extra=dict(extra or {}), level=level)
+    def record(**stages) -> Step:
+        return Step(step=int(step), request=int(request),
+                    request_id=str(request if request_id is None else request_id), prefix_len=int(prefix_len),
+                    params=params, output=output, timings=normalize_timings(timings),
+                    backend=str(output.backend if backend is None else backend), extra=dict(extra or {}), level=level,
+                    **stages)
+
     if level == "off":
-        return Step(**base, stored_num_nodes=n)
+        return record(stored_num_nodes=n)
     if logits is None and probs is None:
         raise ValueError(f"{where}: level {level!r} needs the verify rows (probs) or the raw logits")
     if not output.bonus:
@@ -130,8 +134,8 @@ def record_step(
         draft = DraftTopK(draft.token_ids.detach().cpu().clone(), draft.logprobs.detach().cpu().clone())
     rows = target_rows(where, tree, output, params, level, None if logits is None else logits[:n],
                        None if probs is None else probs[:n], top_m, top_m_logits)
-    return Step(**base, tree=tree, buffers=buffers, draft=draft, coins=coins[:n].detach().cpu().clone(),
-                final_coin=None if final_coin is None else float(final_coin), rows=rows)
+    return record(tree=tree, buffers=buffers, draft=draft, coins=coins[:n].detach().cpu().clone(),
+                  final_coin=None if final_coin is None else float(final_coin), rows=rows)
 
 
 def target_rows(where: str, tree: DDTreeBuildResult, output: VerifyOutput, params: SamplingParams, level: str,

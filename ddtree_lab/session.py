@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -288,13 +288,16 @@ class LiveSession:
         logits = fwd.logits
         clock.mark("target")
         params = self.faults.verify_params([r.params for r in active])
-        coins, final = draw_coins([r.generator for r in active], vi.num_rows)
+        gens = [r.generator for r in active]
+        assert all(g is not None for g in gens)  # start() gives every request its generator
+        coins, final = draw_coins([g for g in gens if g is not None], vi.num_rows)
         if self.recorder is not None:  # on disk before the verifier runs (a hang leaves them there)
             self.recorder.inputs(step_no, active, tree, vi, coins, final, logits, self.record, self.verify_backend)
         probs = None
         if self.record == "full" or self.faults.verifier:
             probs = target_probs(logits.cpu(), params, num_nodes=vi.num_nodes)
         if self.faults.verifier:
+            assert probs is not None  # computed just above for a planted verifier
             out, final = self.faults.verify(vi, probs, coins, final, tree.node_logws)
         elif self.verify_backend == "reference":
             if probs is None:
@@ -446,7 +449,7 @@ class _Clock:
 
     def __init__(self, device):
         self.cuda = torch.device(device).type == "cuda"
-        self.marks: list[tuple[str, object]] = [("", self._now())]
+        self.marks: list[tuple[str, Any]] = [("", self._now())]  # perf_counter floats or CUDA events
 
     def _now(self):
         if self.cuda:
@@ -459,7 +462,7 @@ class _Clock:
         self.marks.append((name, self._now()))
 
     def result(self) -> dict[str, float]:
-        out = dict.fromkeys(STAGES, 0.0)
+        out: dict[str, float] = dict.fromkeys(STAGES, 0.0)
         if self.cuda:
             self.marks[-1][1].synchronize()
         for (_, a), (name, b) in zip(self.marks, self.marks[1:]):

@@ -14,7 +14,7 @@ import nbformat
 from notebook_outputs import execute
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_notebooks import LABS, build  # noqa: E402
+from make_notebooks import LABS, build
 
 SETUP = """import torch
 torch.set_num_threads(1)  # the lab's machines are small and shared

@@ -298,7 +298,7 @@ def main() -> None:
                        num_target_layers=int(tcfg.num_hidden_layers),
                        extra={"architectures": ["DFlashDraftModel"], "model_type": "qwen3"})
     model = DFlashDraftModel(cfg)
-    for name, p in model.named_parameters():
+    for _name, p in model.named_parameters():
         if p.dim() == 2:
             torch.nn.init.normal_(p, std=0.02)
     with torch.no_grad():  # the output feeds the target's LM head: start at a tenth of its final-norm scale (small logits)

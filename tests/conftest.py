@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
 
 # Keep a shared CI machine responsive: the lab picks torch's thread count from the cores it may
 # use and their load (ddtree_lab.threads; DDTREE_LAB_THREADS=N overrides).
-from ddtree_lab.threads import configure_threads  # noqa: E402
+from ddtree_lab.threads import configure_threads
 
 configure_threads()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import math
 
-import torch
 
 
 def brute_force_tree(lp, tok, anchor, budget, max_depth, top1_spine=False, min_prob=None):

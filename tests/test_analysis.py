@@ -108,7 +108,6 @@ def test_accepted_sibling_ranks_on_fixture(sampled_run):
 
 
 def _fake_step(ranks, path, emitted, draft_top, params=SamplingParams(temperature=0.7), step=0):
-    n = len(ranks)
     accept = torch.full((1, 16), -1)
     accept[0, : len(path)] = torch.tensor(path)
     em = torch.full((1, 16), -1)

@@ -106,10 +106,10 @@ def lab_server(tmp_path_factory):
         try:
             urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2).read()
             break
-        except OSError:
+        except OSError as exc:
             if proc.poll() is not None or time.time() > deadline:
                 proc.kill()
-                raise RuntimeError(f"JupyterLab did not start: {(base / 'jupyter.log').read_text()[-2000:]}")
+                raise RuntimeError(f"JupyterLab did not start: {(base / 'jupyter.log').read_text()[-2000:]}") from exc
             time.sleep(0.5)
     yield {"url": url, "token": token, "dir": work}
     proc.terminate()
@@ -143,13 +143,13 @@ def run_notebook_in_browser(browser, server, name: str, width: int = 1280, heigh
     dialog = page.locator(".jp-Dialog .jp-mod-accept")
     try:  # a "Select Kernel" dialog on first open
         dialog.first.click(timeout=5_000)
-    except Exception:  # noqa: BLE001  (no dialog: the kernel was picked from the metadata)
+    except Exception:
         pass
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], "
                            ".jp-Toolbar-kernelStatus", timeout=120_000)
     try:  # the "Jupyter news" question, out of the way of screenshots
         page.locator(".jp-toast-button", has_text=re.compile(r"^No$")).first.click(timeout=3_000)
-    except Exception:  # noqa: BLE001  (not shown)
+    except Exception:
         pass
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()

@@ -10,11 +10,11 @@ import time
 import torch
 
 
-import pytest  # noqa: E402
+import pytest
 
-import ddtree_lab as dl  # noqa: E402
-from ddtree_lab.engines import audit_engine, random_chain_case  # noqa: E402
-from ddtree_lab.engines import sglang as es  # noqa: E402
+import ddtree_lab as dl
+from ddtree_lab.engines import audit_engine, random_chain_case
+from ddtree_lab.engines import sglang as es
 
 REASON = es.sglang_unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"sglang's kernels cannot be imported here: {REASON}")

@@ -9,16 +9,16 @@ would fail on an implementation with that fault. Backends: reference, torch-lazy
 import torch
 
 
-import dataclasses  # noqa: E402
-import itertools  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
+import dataclasses
+import itertools
+import json
+import math
 
-import pytest  # noqa: E402
+import pytest
 
-import ddtree_lab as dl  # noqa: E402
-from ddtree_lab import SamplingParams as SP  # noqa: E402
-from ddtree_lab.verify import verify_tree, verify_tree_greedy  # noqa: E402
+import ddtree_lab as dl
+from ddtree_lab import SamplingParams as SP
+from ddtree_lab.verify import verify_tree, verify_tree_greedy
 
 try:
     import triton  # noqa: F401
@@ -153,7 +153,7 @@ def test_a_greedy_request_in_a_permuted_mixed_batch_emits_its_argmax_path():
         vi = _batch([trees[b] for b in perm])
         rows = logits[list(perm)]
         j = perm.index(1)
-        for draw in range(6):
+        for _draw in range(6):
             coins = torch.rand(3, 6, generator=g)
             final = torch.rand(3, generator=g)
             for backend in BACKENDS:

@@ -1,7 +1,6 @@
 """Live DDTree sessions on the embedded default target."""
 
 import pytest
-import torch
 
 import ddtree_lab as dl
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 
 
-import pytest  # noqa: E402
+import pytest
 
-import ddtree_lab as dl  # noqa: E402
-from ddtree_lab.sglang import buffers as sb  # noqa: E402
-from ddtree_lab.sglang import kernels as sk  # noqa: E402
-from ddtree_lab.sglang.buffers import TreeMaskMode  # noqa: E402
-from ddtree_lab.replaying import compare_outputs  # noqa: E402
+import ddtree_lab as dl
+from ddtree_lab.sglang import buffers as sb
+from ddtree_lab.sglang import kernels as sk
+from ddtree_lab.sglang.buffers import TreeMaskMode
+from ddtree_lab.replaying import compare_outputs
 
 REASON = sk.sglang_unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"sglang's kernels cannot be imported here: {REASON}")

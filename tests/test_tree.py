@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import ddtree_lab as dl
-import ddtree_lab.build  # noqa: F401  (dl.build: the builder module, patched below)
+import ddtree_lab.build
 from oracles import brute_force_tree, tree_as_tuples
 
 

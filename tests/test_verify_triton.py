@@ -8,17 +8,17 @@ anything imports the kernels); with a CUDA GPU the same tests run the compiled k
 import torch
 
 
-import math  # noqa: E402
+import math
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("triton")
 
-import ddtree_lab as dl  # noqa: E402
-from ddtree_lab import SamplingParams as SP  # noqa: E402
-from ddtree_lab.verify import PROB_ATOL, PROB_RTOL, select_backend, verify_tree, verify_tree_greedy  # noqa: E402
+import ddtree_lab as dl
+from ddtree_lab import SamplingParams as SP
+from ddtree_lab.verify import PROB_ATOL, PROB_RTOL, select_backend, verify_tree, verify_tree_greedy
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BELOW_ONE = torch.tensor(1.0).nextafter(torch.tensor(0.0)).item()

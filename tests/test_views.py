@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 import ddtree_lab as dl
 from ddtree_lab import views

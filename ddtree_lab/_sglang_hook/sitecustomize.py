@@ -16,7 +16,7 @@ def _install() -> None:
         from ddtree_lab.sglang.recorder import install_from_env
 
         install_from_env()
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         print(f"[ddtree-lab] SGLang recorder not installed: {type(err).__name__}: {err}", file=sys.stderr)
 
 
@@ -35,5 +35,5 @@ def _chain() -> None:
 _install()
 try:
     _chain()
-except Exception as err:  # noqa: BLE001
+except Exception as err:
     print(f"[ddtree-lab] the shadowed sitecustomize failed: {type(err).__name__}: {err}", file=sys.stderr)

@@ -112,7 +112,7 @@ def main() -> int:
     sys.stdout = sys.stderr
     try:
         kit = load_sampler()
-    except Exception as err:  # noqa: BLE001 -- reported to the caller as the reason
+    except Exception as err:
         print(json.dumps({"ready": False, "error": f"{type(err).__name__}: {err}"}), file=proto, flush=True)
         return 1
     print(json.dumps({"ready": True, "vllm": kit["version"], "route": kit["route"],
@@ -124,7 +124,7 @@ def main() -> int:
         try:
             run_request(kit, json.loads(line))
             reply = {"ok": True, "seconds": round(time.time() - t1, 3)}
-        except Exception as err:  # noqa: BLE001 -- reported to the caller
+        except Exception as err:
             reply = {"ok": False, "error": f"{type(err).__name__}: {err}"}
         print(json.dumps(reply), file=proto, flush=True)
     return 0

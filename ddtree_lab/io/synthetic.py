@@ -110,13 +110,13 @@ def _to_vocab(s: Step, ids_used: torch.Tensor) -> Step:
     def ids(t):
         return torch.where(t >= 0, ids_used[t.clamp(min=0)], t)
 
-    o = s.output
+    o, prefix = s.output, s.final_row_prefix
+    assert o is not None and prefix is not None  # record_step at level full / light keeps both
     bonus = [dataclasses.replace(d, token=int(ids_used[d.token]) if d.token >= 0 else d.token) for d in o.bonus]
     decisions = [[dataclasses.replace(d, token=int(ids_used[d.token]) if d.token >= 0 else d.token) for d in row]
                  for row in o.decisions]
     output = dataclasses.replace(o, emitted_tokens=ids(o.emitted_tokens), bonus_token=ids(o.bonus_token),
                                  bonus=bonus, decisions=decisions)
-    prefix = s.final_row_prefix
     full = torch.zeros(int(ids_used[prefix.numel() - 1]) + 1 if prefix.numel() else 0)
     if prefix.numel():
         full[ids_used[: prefix.numel()]] = prefix

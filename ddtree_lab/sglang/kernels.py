@@ -49,7 +49,7 @@ def sglang_unavailable_reason(kernel: str = "auto") -> str | None:
                 "os.environ['TRITON_INTERPRET'] = '1' before anything imports triton (first line or cell)")
     try:
         kernels = sglang_kernels()
-    except Exception as err:  # noqa: BLE001 -- the reason is the message
+    except Exception as err:
         return f"{type(err).__name__}: {err}"
     if kernel == "target-only" and kernels["tree_speculative_sampling_target_only"] is None:
         return "tree_speculative_sampling_target_only is CUDA only (no CUDA GPU or its JIT dependencies here)"
@@ -91,7 +91,7 @@ def sglang_kernels() -> dict:
     if cuda:
         try:
             from sglang.kernels.ops.speculative.sampling import tree_speculative_sampling_target_only as target_only
-        except Exception:  # noqa: BLE001 -- CUDA JIT deps missing: say None
+        except Exception:
             target_only = None
     _KERNELS = {
         "verify_tree_greedy_triton": spec_tree.verify_tree_greedy_triton,

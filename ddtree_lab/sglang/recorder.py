@@ -140,7 +140,7 @@ def _current_rank() -> int:
 
         if dist.is_available() and dist.is_initialized():
             return int(dist.get_rank())
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     return 0
 
@@ -224,7 +224,7 @@ class SGLangRecorder:
             try:
                 bound = signature.bind(*args, **kwargs) if signature is not None else None
                 before = recorder._before(bound, kind) if bound is not None else None
-            except Exception as err:  # noqa: BLE001 -- never break SGLang
+            except Exception as err:
                 recorder.errors.append(f"call {index}: could not read the arguments: {type(err).__name__}: {err}")
             if before is not None and recorder.sink is not None:
                 recorder._write_inputs(before, kind, index, getattr(fn, "__name__", str(fn)))  # before the kernel
@@ -232,7 +232,7 @@ class SGLangRecorder:
             if before is not None:
                 try:
                     recorder._after(before, kind, index, getattr(fn, "__name__", str(fn)))
-                except Exception as err:  # noqa: BLE001
+                except Exception as err:
                     recorder.errors.append(f"call {index}: could not record: {type(err).__name__}: {err}")
             return result
 
@@ -255,7 +255,7 @@ class SGLangRecorder:
                             sampling[name] = value.detach().float().reshape(-1).cpu().tolist()
                 recorder.set_context([r.rid for r in batch.reqs], getattr(batch, "seq_lens", None), sampling,
                                      batch.reqs)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 recorder.errors.append(f"context: {type(err).__name__}: {err}")
             try:
                 return fn(verify_input, batch, *args, **kwargs)
@@ -379,7 +379,7 @@ class SGLangRecorder:
             assert self.sink is not None  # the wrapper writes inputs only to a sink
             if not self.sink.inputs(step):
                 self._sink_stopped()
-        except Exception as err:  # noqa: BLE001 -- never break SGLang
+        except Exception as err:
             self.errors.append(f"call {index}: could not write the inputs: {type(err).__name__}: {err}")
 
     def _sink_stopped(self) -> None:
@@ -514,7 +514,7 @@ def _default_metadata() -> dict:
         import sglang
 
         meta["sglang"] = getattr(sglang, "__version__", "unknown")
-    except Exception:  # noqa: BLE001
+    except Exception:
         meta["sglang"] = None
     meta["triton_interpret"] = os.environ.get("TRITON_INTERPRET") == "1"
     return meta

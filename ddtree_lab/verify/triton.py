@@ -128,7 +128,7 @@ class _KernelRule:
     def decide(self, node, depth, children):
         out = []
         u = None if self.coins is None else self.coins[node]
-        for child in children:
+        for _child in children:
             if self.j >= len(self.dnode):
                 break
             j = self.j

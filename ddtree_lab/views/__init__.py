@@ -42,8 +42,8 @@ from .text import to_text as to_text
 __all__ = ["StepView", "NodeView", "DecisionRow", "BonusView", "Cursor", "step_view", "walk_events", "token_label",
            "to_dot", "step_svg", "render_svg", "svg_size", "to_text", "decisions_text", "decisions_table_html",
            "children_html", "mass_bar_svg", "bonus_html", "committed_html", "informative_step"]
-from .stepper import VerifyStepper as VerifyStepper  # noqa: E402
-from .stepper import WhatIf as WhatIf  # noqa: E402
-from .stepper import what_if as what_if  # noqa: E402
+from .stepper import VerifyStepper as VerifyStepper
+from .stepper import WhatIf as WhatIf
+from .stepper import what_if as what_if
 
 __all__ += ["VerifyStepper", "WhatIf", "what_if"]

@@ -105,7 +105,7 @@ def calibration_figure(run_or_steps):
     steps = _steps(run_or_steps)
     groups = _by_setting(steps)
     fig = make_subplots(rows=len(groups), cols=1, shared_xaxes=False, subplot_titles=list(groups), vertical_spacing=0.12)
-    for k, (label, mine) in enumerate(groups.items()):
+    for k, (_label, mine) in enumerate(groups.items()):
         table = analysis.step_table(sorted(mine, key=lambda s: (s.step, s.request)))
         x = [f"{r['step']}/{r['request_id']}" for r in table]
         for name, key, style in (("observed", "observed", {"color": "#222222"}),
@@ -147,7 +147,7 @@ def sibling_rank_figure(run_or_steps, max_rank: int = 4):
     groups = _by_setting(steps)
     fig = make_subplots(rows=1, cols=len(groups), subplot_titles=list(groups), shared_yaxes=True)
     shades = ["#1b7f3b", "#7fbf7b", "#fdb863", "#e66101", "#b2182b"]
-    for k, (label, mine) in enumerate(groups.items()):
+    for k, (_label, mine) in enumerate(groups.items()):
         rows = analysis.accepted_sibling_ranks(mine)
         depths = sorted({r["depth"] for r in rows}) or [1]
         for rank in range(max_rank + 1):
