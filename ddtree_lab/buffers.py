@@ -55,6 +55,8 @@ class RetrieveError(ValueError):
 
 
 def _error(problem: Problem) -> RetrieveError:
+    # only problems from find_retrieve_problems come here, and each of those names its request and node
+    assert problem.request is not None and problem.node is not None
     return RetrieveError(problem.message, problem.request, problem.node, problem)
 
 
@@ -284,6 +286,7 @@ def find_retrieve_problems(
         nt_t, ns_t = verify_input, retrieve_next_sibling
     bs, n = nt_t.shape
     nt, ns = nt_t.tolist(), _rows(ns_t, bs, n, "retrieve_next_sibling")
+    assert ns is not None  # ns_t is a tensor in both branches above
     counts = [n] * bs if num_nodes is None else [int(v) for v in num_nodes.tolist()]
     ri = _rows(retrieve_index, bs, n, "retrieve_index")
     lw = _rows(node_logws, bs, n, "node_logws")

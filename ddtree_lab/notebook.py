@@ -9,7 +9,8 @@ from __future__ import annotations
 import html
 
 from .models.loading import DEFAULT_DRAFTER, drafter_exists, load_default, load_drafter  # noqa: F401  (notebook calls)
-from .step import Run
+from .step import Run, Step
+from .verify.types import VerifyOutput
 from .views import committed_html, decisions_table_html, step_svg, step_view, to_text
 
 __all__ = ["DEFAULT_DRAFTER", "drafter_exists", "load_default", "load_drafter", "show_step", "show_steps", "show_text", "step_browser",
@@ -86,13 +87,19 @@ def decisions_html(run: Run, step) -> str:
     return decisions_table_html(step_view(step, run))
 
 
+def _output(s: Step) -> VerifyOutput:
+    if s.output is None:
+        raise ValueError(f"step {s.step}, request {s.request}: no recorded output (did not return?): no tau")
+    return s.output
+
+
 def summary(run: Run) -> list[dict]:
     """Per request: steps, generated tokens, mean accept length τ (accepted draft + bonus)."""
     rows = []
     for r in run.metadata["requests"]:
         steps = run.for_request(r["request"])
         accepted = [s.accept_length for s in steps]
-        tau = [a + (0 if bool(s.output.support_exhausted[0]) else 1) for a, s in zip(accepted, steps)]
+        tau = [a + (0 if bool(_output(s).support_exhausted[0]) else 1) for a, s in zip(accepted, steps)]
         rows.append({"request": r["request_id"], "params": r["params"], "steps": len(steps),
                      "generated": len(r["generated_token_ids"]), "finish": r["finish_reason"],
                      "mean_tau": round(sum(tau) / len(tau), 3) if tau else None})

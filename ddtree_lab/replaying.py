@@ -82,9 +82,11 @@ def compare_outputs(recorded: VerifyOutput, replayed: VerifyOutput, tolerance: t
                 w = want[k] if k < len(want) else None
                 g = got[k] if k < len(got) else None
                 if w is None or g is None:
+                    present = w if w is not None else g
+                    assert present is not None  # k < max(len(got), len(want)): one of them has decision k
                     out.append(Difference(b, f"decision {k}", None if w is None else (w.node, w.token, w.verdict),
                                           None if g is None else (g.node, g.token, g.verdict), k,
-                                          (w or g).node))
+                                          present.node))
                     continue
                 for name in ("parent", "node", "token", "target_prob", "cumulative_mass", "coin", "verdict"):
                     a, c = getattr(w, name), getattr(g, name)
@@ -121,15 +123,20 @@ def stored_rows(step: Step, vocab: int) -> torch.Tensor:
     """A ``[1, n, V]`` float32 row tensor holding exactly what a step stores: each node's token
     probability in its parent's row (NaN, "not read", left 0), and the bonus row's prefix (when
     the step has a bonus draw). Every other entry is 0."""
+    child_probs, parents, tokens = step.child_probs, step.parents, step.node_token_ids
+    if child_probs is None or parents is None or tokens is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no "
+                         f"{'tree' if parents is None or tokens is None else 'child_probs'} stored: no rows to rebuild")
     n = step.num_nodes
     rows = torch.zeros(1, n, vocab, dtype=torch.float32)
     prefix = step.final_row_prefix
-    if prefix is not None and prefix.numel() and step.bonus is not None:
-        rows[0, step.bonus.node, : prefix.shape[0]] = prefix
-    known = ~torch.isnan(step.child_probs)
+    bonus = step.bonus
+    if prefix is not None and prefix.numel() and bonus is not None:
+        rows[0, bonus.node, : prefix.shape[0]] = prefix
+    known = ~torch.isnan(child_probs)
     known[0] = False
     idx = known.nonzero()[:, 0]
-    rows[0, step.parents[idx], step.node_token_ids[idx]] = step.child_probs[idx]
+    rows[0, parents[idx], tokens[idx]] = child_probs[idx]
     return rows
 
 
@@ -159,10 +166,14 @@ def replay_differences(step: Step, vocab_size: int | None = None,
         raise ValueError(f"{where}: recorded at level {step.level!r}: no verify rows to replay")
     if backend != "reference":
         raise ValueError(f"{where}: backend {backend!r} needs the whole target rows, and this step keeps "
-                         f"{step.rows.cannot('full rows').split(' keep ', 1)[-1]}; "
+                         f"{(step.rows.cannot('full rows') or '').split(' keep ', 1)[-1]}; "
                          "replay it with backend 'reference' (bit-exact), or replay the SGLang recording it came "
                          "from, whose rows every backend reads")
-    tops = [int(step.node_token_ids.max()), step.final_row_prefix.shape[0] - 1]
+    tokens, prefix = step.node_token_ids, step.final_row_prefix
+    assert prefix is not None  # rows.cannot("replay") is None: child_probs and final_row_prefix are kept
+    if tokens is None:
+        raise ValueError(f"{where}: no tree stored: nothing to replay")
+    tops = [int(tokens.max()), prefix.shape[0] - 1]
     vocab = vocab_size or max(tops) + 1
     if max(tops) >= vocab:
         raise ValueError(f"{where}: token id {max(tops)} is outside the vocabulary of {vocab}")
@@ -176,7 +187,7 @@ def replay_differences(step: Step, vocab_size: int | None = None,
     coins = step.coins[None]
     final = torch.tensor([0.0 if step.final_coin is None else step.final_coin], dtype=torch.float32)
     tol = _tolerance(step)
-    mass = step.final_mass if step.final_row_prefix.numel() else None
+    mass = step.final_mass if prefix.numel() else None
     ts, ta = step.thresholds  # a lossy step replays under its own thresholds
     try:
         out = verify_sampled(vi, rows, coins, final, final_masses=[mass], threshold_single=ts, threshold_acc=ta)

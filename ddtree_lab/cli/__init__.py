@@ -66,10 +66,16 @@ class _Help(argparse.RawDescriptionHelpFormatter):
         return text
 
 
+class _SubParser(argparse.ArgumentParser):
+    """A verb's parser: help formatted by :class:`_Help`."""
+
+    def __init__(self, **kw):
+        super().__init__(formatter_class=_Help, **kw)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ddtree-lab", description=__doc__, formatter_class=_Help)
-    sub = ap.add_subparsers(dest="command", required=True, metavar="VERB",
-                            parser_class=lambda **kw: argparse.ArgumentParser(formatter_class=_Help, **kw))
+    sub = ap.add_subparsers(dest="command", required=True, metavar="VERB", parser_class=_SubParser)
 
     p = sub.add_parser("record", help="run a live session and write a trace", description=cmd_record.__doc__)
     p.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")

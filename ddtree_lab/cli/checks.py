@@ -161,6 +161,7 @@ def cmd_doctor(args) -> int:
         for p in report.invariants:
             print(f"{args.source}: {p}")
         if report.rows is not None:
+            assert step is not None  # the model check (report.rows) runs only with --model, which found the step
             print(f"step {step.step}, request {step.request}: {report.rows.text()}")
             if not report.rows.checked:
                 raise CLIError(f"step {step.step}, request {step.request}: the model check compared no node (none of "

@@ -148,7 +148,10 @@ def cmd_record(args) -> int:
     kw = {"record": args.level, "threshold_single": args.threshold_single, "threshold_acc": args.threshold_acc}
     if args.backend is not None:
         kw["verify_backend"] = args.backend
-    session = LiveSession(target, drafter, budget=args.budget, sampling=params, seed=args.seed, record_to=out, **kw)
+    # pyright: ignore below: the Drafter protocol (models/drafter.py) declares target_layer_ids a mutable Sequence[int] and the
+    # drafters hold a tuple; the fix belongs to the protocol, outside this file
+    session = LiveSession(target, drafter,  # pyright: ignore[reportArgumentType]
+                          budget=args.budget, sampling=params, seed=args.seed, record_to=out, **kw)
     session.extra_metadata["threads"] = threads
     from tqdm import tqdm
 
@@ -167,6 +170,7 @@ def cmd_record(args) -> int:
     finally:
         bar.close()  # ends the bar's line, so an error prints on its own line
     session.close_recording("interrupted" if interrupted else "closed")  # no-op when generate closed it
+    assert session.recorder is not None  # record_to=out (a Path) always opens a recorder
     stopped = session.recorder.stopped
     if stopped is not None:
         print(f"ddtree-lab record: {stopped}; the file holds the steps written before", file=sys.stderr)

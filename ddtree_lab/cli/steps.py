@@ -13,8 +13,10 @@ from .common import (EXIT_PROBLEM, CLIError, bundle_module, check_out_file, chec
 
 def cmd_info(args) -> int:
     """Requests with prompts, parameters and mean tau; then each request's steps."""
+    from ..io.append_trace import AppendRun  # the run with an index (info_lines)
+
     run = load_run(args.trace)
-    if hasattr(run, "info_lines") and (run.metadata.get("lazy") or any(r[7] for r in run.records)):
+    if isinstance(run, AppendRun) and (run.metadata.get("lazy") or any(r[7] for r in run.records)):
         # a large append-only recording (from its index, no step decoded), or one with steps that did not return
         print("\n".join(run.info_lines()))
         return 0

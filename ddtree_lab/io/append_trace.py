@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections.abc
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -36,6 +37,9 @@ from ..step import Run, Step
 from ..store.container import TraceFormatError
 from .lab_trace import check_step_tensors, step_from_json, step_json, step_tensors
 from ..store.segments import SegmentEntry, SegmentWriter, read_segment, scan
+
+if TYPE_CHECKING:
+    from ..verify.types import VerifyOutput
 
 __all__ = ["FORMAT", "VERSION", "SOURCE", "TraceWriter", "load_append_trace", "AppendRun", "replay_inputs",
            "INPUT_FIELDS"]
@@ -91,7 +95,11 @@ class TraceWriter:
         for i, s in enumerate(steps):
             tensors.update(step_tensors(s, f"{i}."))
         texts = {str(k): v for k, v in (token_texts or {}).items() if int(k) not in self.texts_written}
-        summary = {"records": [[s.step, s.request, s.accept_length, bool(s.output.support_exhausted[0]),
+        for s in steps:
+            if s.output is None:
+                raise ValueError(f"step {s.step}, request {s.request}: no output to write (a step before its "
+                                 "verifier returns goes to write_inputs)")
+        summary = {"records": [[s.step, s.request, s.accept_length, bool(_output(s).support_exhausted[0]),
                                 s.num_nodes if (s.tree is not None or s.stored_num_nodes is not None) else None]
                                for s in steps]}
         ok = self._write("steps", {"records": [step_json(s) for s in steps], "token_texts": texts}, tensors, summary)
@@ -109,6 +117,11 @@ class TraceWriter:
         """Write the ``end`` segment (``note``: e.g. ``"interrupted"``) and close the file."""
         self._write("end", {"records": self.records, "note": note})
         self._seg.close()
+
+
+def _output(s: Step) -> VerifyOutput:
+    assert s.output is not None  # write_steps checked every step first
+    return s.output
 
 
 class _Steps(collections.abc.Sequence):
@@ -142,6 +155,13 @@ class AppendRun(Run):
     """
 
     CACHE = 4  # decoded segments kept
+
+    # set by load_append_trace (not dataclass fields: the subclass is not a dataclass)
+    path: Path
+    entries: list[SegmentEntry]
+    records: list[tuple]
+    closed: bool
+    _cache: collections.OrderedDict[int, list[Step]]
 
     def segment_steps(self, seg: int) -> list[Step]:
         """The steps of segment ``seg`` (decoded, checked, cached).
@@ -226,7 +246,8 @@ def _decode(path: Path, entry: SegmentEntry, vocab: int | None) -> list[Step]:
         try:
             if kind == "inputs":
                 step = _input_step(path, js, by.get(i, {}))
-                step.stored_inputs = dict(by.get(i, {}))  # tensors, for replay_inputs (extra stays JSON)
+                # tensors, for replay_inputs (extra stays JSON); not a Step field, read back by getattr
+                setattr(step, "stored_inputs", dict(by.get(i, {})))
             else:
                 check_step_tensors(where, js, by.get(i, {}), vocab, 2)
                 step = step_from_json(js, by.get(i, {}), where)
@@ -285,7 +306,7 @@ def load_append_trace(path: str | Path, lazy: bool | None = None) -> AppendRun:
     if lazy is None:
         lazy = path.stat().st_size > EAGER_BYTES
     if lazy:
-        run.steps = _Steps(run)
+        run.steps = cast("list[Step]", _Steps(run))  # a lazy read-only Sequence stands in for the list
         run.metadata["lazy"] = True
     else:
         steps, keep = [], []
@@ -337,6 +358,10 @@ def replay_inputs(step: Step, backend: str = "reference"):
     if "logits" not in inputs:
         raise ValueError(f"{where}: its target rows were not stored before the call (record with "
                          "inputs_first='rows'): check() runs on its buffers, replay cannot")
+    if step.params is None:
+        raise ValueError(f"{where}: its sampling parameters were not stored: replay cannot verify it")
+    if step.coins is None:
+        raise ValueError(f"{where}: its coins were not stored: replay cannot verify it")
     final = torch.tensor([0.0 if step.final_coin is None else float(step.final_coin)], dtype=torch.float32)
     return verify_tree(step.verify_input(), inputs["logits"][None].float(), [step.params], step.coins[None], final,
                        backend=backend)

@@ -97,7 +97,7 @@ class Bundle:
 
     def rejected_tokens(self) -> list[int]:
         """Tokens of the children of the bonus node (all rejected: the walk ended there)."""
-        return children_tokens(self.step, self.step.bonus.node)
+        return children_tokens(self.step, _bonus_node(self.step))
 
     def final_row_prefix(self) -> torch.Tensor:
         """``[t + 1]`` float32: a bonus row prefix the reference draw reads exactly as the
@@ -108,8 +108,18 @@ class Bundle:
         return dense_prefix(c, self.final_row_base, tail, self.rejected_tokens())
 
 
+def _bonus_node(step: Step) -> int:
+    bonus = step.bonus
+    if bonus is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no recorded output (no bonus draw)")
+    return bonus.node
+
+
 def children_tokens(step: Step, node: int) -> list[int]:
-    nt, ns, tokens = step.retrieve_next_token.tolist(), step.retrieve_next_sibling.tolist(), step.node_token_ids.tolist()
+    next_token, next_sibling, node_tokens = step.retrieve_next_token, step.retrieve_next_sibling, step.node_token_ids
+    if next_token is None or next_sibling is None or node_tokens is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no tree or verify buffers stored")
+    nt, ns, tokens = next_token.tolist(), next_sibling.tolist(), node_tokens.tolist()
     out, child, hops = [], nt[node], 0
     while child != -1 and hops <= len(tokens):
         out.append(tokens[child])
@@ -154,10 +164,12 @@ def residual_cumsum(prefix: torch.Tensor, rejected: list[int]) -> torch.Tensor:
 def reduce_bonus_row(step: Step) -> tuple[int, float, torch.Tensor]:
     """``(c, base, tail)`` for the step's bonus row (module docstring)."""
     prefix = step.final_row_prefix
+    if prefix is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no bonus row (final_row_prefix) stored")
     t = prefix.shape[0] - 1
     if t < 0:
         return 0, 0.0, torch.zeros(0)
-    rejected = children_tokens(step, step.bonus.node)
+    rejected = children_tokens(step, _bonus_node(step))
     cum = residual_cumsum(prefix, rejected)
     c = (t // CHUNK) * CHUNK
     if c > 0:
@@ -193,6 +205,8 @@ def load_bundle(directory: str | Path) -> Bundle:
         check_step_tensors(f"{path}: step 0", js, t, int(vocab) if isinstance(vocab, int) else None, 2,
                            exempt=("final_row_prefix",))
         step = step_from_json(js, t, f"{path}: step 0")
+        if step.rows is None:
+            raise TraceFormatError(f"{path}: step 0: no verify rows stored (a bundle keeps them)")
         step.rows.kind = "bundle"
         step.source = "bundle"
         texts = {int(k): str(v) for k, v in (doc.get("token_texts") or {}).items()}
@@ -213,6 +227,8 @@ def load_bundle(directory: str | Path) -> Bundle:
 def bundle_step(bundle: Bundle) -> Step:
     """The bundle's step with its bonus row rebuilt from the reduction (rows kind ``"bundle"``):
     what :func:`ddtree_lab.replay` and the views read."""
+    if bundle.step.rows is None:
+        raise ValueError(f"bundle of step {bundle.step.step}, request {bundle.step.request}: no verify rows stored")
     rows = dataclasses.replace(bundle.step.rows, final_row_prefix=bundle.final_row_prefix())
     return dataclasses.replace(bundle.step, rows=rows, source="bundle")
 
@@ -267,6 +283,8 @@ def make_bundle(run: Run, step: int | Step, request: int | None = None) -> Bundl
     kept_rows = TargetRows(kind="bundle", child_probs=s.child_probs, final_mass=s.final_mass,
                            row_logsumexp=s.row_logsumexp, node_logits=s.node_logits)
     keep = dataclasses.replace(s, rows=kept_rows, level="light", timings=dict(s.timings), extra=dict(s.extra))
+    if s.draft_token_ids is None:
+        raise ValueError(f"step {step}, request {request}: no draft stored: nothing to bundle")
     wanted = s.token_ids() | set(s.draft_token_ids.flatten().tolist())
     if s.top_token_ids is not None:
         for i in s.accepted_path:
@@ -305,7 +323,7 @@ def _readme(b: Bundle) -> str:
 
     s = b.step
     p = s.params
-    params = "greedy" if p.is_greedy else (f"temperature {p.temperature}, top_k {p.top_k}, top_p {p.top_p}"
+    params = "not recorded" if p is None else "greedy" if p.is_greedy else (f"temperature {p.temperature}, top_k {p.top_k}, top_p {p.top_p}"
                                            + (f", min_p {p.min_p}" if p.min_p else ""))
     rows = [f"| {k} | {d.parent} | {d.node} | {d.token} `{b.token_texts.get(d.token, '?')!r}` | {d.target_prob:.6g} | "
             f"{mass_label(d.cumulative_mass, 6)} | {'-' if d.coin is None else f'{d.coin:.6g}'} | {d.verdict} |"

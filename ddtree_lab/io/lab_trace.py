@@ -124,18 +124,21 @@ _REQUIRED["full"] = _REQUIRED["light"] + ("top_token_ids", "top_probs")
 
 
 def step_json(s: Step) -> dict:
-    bonus = s.bonus
+    bonus, params, out = s.bonus, s.params, s.output
+    if params is None or out is None:
+        raise ValueError(f"step {s.step}, request {s.request}: no {'sampling parameters' if params is None else 'output'}"
+                         " recorded: a lab trace stores both")
     return {
         "step": s.step, "request": s.request, "request_id": s.request_id, "prefix_len": s.prefix_len,
         "level": s.level, "num_nodes": s.num_nodes if (s.node_token_ids is not None or s.stored_num_nodes is not None)
         else None,
-        "params": s.params.to_dict(), "final_coin": s.final_coin, "final_mass": s.final_mass,
+        "params": params.to_dict(), "final_coin": s.final_coin, "final_mass": s.final_mass,
         "accept_length": s.accept_length, "bonus_token": s.bonus_token,
-        "support_exhausted": bool(s.output.support_exhausted[0]),
+        "support_exhausted": bool(out.support_exhausted[0]),
         "decisions": [[d.depth, d.parent, d.node, d.token, d.target_prob, d.cumulative_mass, d.coin, d.verdict]
                       for d in s.decisions],
         "bonus": None if bonus is None else bonus.to_dict(), "timings": s.timings, "backend": s.backend,
-        "extra": s.extra, "thresholds": [float(t) for t in s.output.thresholds], "lossy": bool(s.output.lossy),
+        "extra": s.extra, "thresholds": [float(t) for t in out.thresholds], "lossy": bool(out.lossy),
     }
 
 
@@ -308,6 +311,7 @@ def _read_step(path: Path, k: int, js: dict, got: dict, vocab: int | None, versi
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TraceFormatError(f"{where}: bad field ({exc!r})") from exc
+    assert step.params is not None  # step_from_json always sets it (checked above)
     why = step.params.problem()
     if why is not None:
         raise TraceFormatError(f"{where}: params: {why}")

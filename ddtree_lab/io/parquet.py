@@ -52,15 +52,18 @@ def _node_rows(s: Step, cols: dict[str, list]) -> None:
     if s.tree is None:
         return
     n = s.num_nodes
-    par = s.parents.numpy()
+    parents, depths, ranks, tokens = s.parents, s.depths, s.ranks, s.node_token_ids
+    assert parents is not None and depths is not None and ranks is not None and tokens is not None  # s.tree is set
+    par = parents.numpy()
     out = s.output
     accepted = np.zeros(n, dtype=bool)
     if out is not None:
         path = [i for i in out.accept_index[0].tolist() if i >= 0]
         accepted[path] = True
     first = np.zeros(n, dtype=bool)
-    if s.buffers is not None:
-        nxt = s.retrieve_next_token.numpy()
+    next_token = s.retrieve_next_token
+    if next_token is not None:  # the step has buffers
+        nxt = next_token.numpy()
         first[nxt[nxt >= 0]] = True
     p = s.child_probs.numpy().astype(np.float64) if s.child_probs is not None else np.full(n, np.nan)
     lw = s.node_logws.numpy().astype(np.float64) if s.node_logws is not None else np.full(n, np.nan)
@@ -76,10 +79,10 @@ def _node_rows(s: Step, cols: dict[str, list]) -> None:
     cols["step"].append(np.full(n, s.step, dtype=np.int32))
     cols["node"].append(np.arange(n, dtype=np.int32))
     cols["parent"].append(par.astype(np.int32))
-    cols["depth"].append(s.depths.numpy().astype(np.int16))
-    cols["rank"].append(s.ranks.numpy().astype(np.int16))
+    cols["depth"].append(depths.numpy().astype(np.int16))
+    cols["rank"].append(ranks.numpy().astype(np.int16))
     cols["first_child"].append(first)
-    cols["token"].append(s.node_token_ids.numpy().astype(np.int32))
+    cols["token"].append(tokens.numpy().astype(np.int32))
     cols["target_p"].append(p)
     cols["drafter_q"].append(q)
     cols["accepted"].append(accepted)
@@ -116,7 +119,7 @@ def _iter_batches(run: Run, batch: int):
     """Lists of steps, about ``batch`` records each, one segment at a time where the run has them."""
     segment_steps = getattr(run, "segment_steps", None)
     if segment_steps is not None:
-        records = run.records
+        records = getattr(run, "records")  # an AppendRun's index (it is the run with segment_steps)
         todo, i = [], 0
         while i < len(records):
             seg = records[i][0]

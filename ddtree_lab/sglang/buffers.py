@@ -398,6 +398,7 @@ def find_sglang_buffer_problems(buffers: SGLangVerifyBuffers, num_nodes: torch.T
     links: dict[int, list[str]] = {}
     for p in find_retrieve_problems(buffers.retrive_next_token, buffers.retrive_next_sibling, num_nodes,
                                     retrieve_index=buffers.retrive_index):  # SGLang's rows: b * N + i
+        assert p.request is not None  # every retrieve problem names its request
         links.setdefault(p.request, []).append(str(p))
     for b in range(bs):
         count = int(num_nodes[b])
