@@ -248,7 +248,8 @@ def _fold_consequences(results: list[CheckResult]) -> None:
             continue
         keep, folded = [], 0
         for f in r.findings:
-            if f.fault is None and f.request in first and f.step is not None and f.step >= first[f.request]:
+            start = first.get(f.request)  # tree-forward findings always name their step
+            if f.fault is None and start is not None and f.step is not None and f.step >= start:
                 folded += f.steps
             else:
                 keep.append(f)

@@ -18,6 +18,8 @@ __all__ = ["check_coins", "coins_step"]
 
 def coins_step(step: Step) -> list[tuple[str, str | None, int | None, str]]:
     """The broken coin invariants of one step: ``(kind, fault, node, evidence)`` each."""
+    if step.coins is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no walk coins recorded")
     out = []
     n = step.num_nodes
     coins = step.coins[:n].tolist()

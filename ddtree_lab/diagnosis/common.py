@@ -101,7 +101,8 @@ def group_findings(per_step: list[Finding]) -> list[Finding]:
     for f in per_step:
         key = (f.check, f.kind, f.fault, f.request)
         count[key] = count.get(key, 0) + f.steps
-        if key not in out or (f.step is not None and out[key].step is not None and f.step < out[key].step):
+        first = out.get(key)
+        if first is None or (f.step is not None and first.step is not None and f.step < first.step):
             out[key] = f
     return [Finding(**{**f.__dict__, "steps": count[k]}) for k, f in out.items()]
 

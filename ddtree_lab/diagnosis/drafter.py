@@ -21,7 +21,7 @@ import torch
 
 from ..faults import DRAFTER_FAULTS
 from ..models.drafter import DraftContext
-from ..step import Run, Step
+from ..step import DraftTopK, Run, Step
 from .common import CheckResult, Finding, group_findings, next_command
 from .forward import request_prefix
 
@@ -70,8 +70,8 @@ def check_drafter_hits(run: Run, steps: list[Step] | None = None) -> CheckResult
     return result
 
 
-def _logprobs(logits: torch.Tensor, step: Step) -> torch.Tensor:
-    return torch.log_softmax(logits.float(), -1).gather(-1, step.draft_token_ids.long())
+def _logprobs(logits: torch.Tensor, draft: DraftTopK) -> torch.Tensor:
+    return torch.log_softmax(logits.float(), -1).gather(-1, draft.token_ids.long())
 
 
 def check_drafter_inputs(run: Run, target, drafter, steps: list[Step] | None = None) -> CheckResult:
@@ -100,7 +100,7 @@ def check_drafter_inputs(run: Run, target, drafter, steps: list[Step] | None = N
         except ValueError as exc:  # e.g. a bundle or an SGLang recording without token ids
             result.note = (result.note + "; " if result.note else "") + str(exc)
             continue
-        last = max(s.prefix_len for s in mine)
+        last = max(s.prefix_len for s in mine if s.prefix_len is not None)  # all of them (`usable`)
         if layers is None:
             _, feats, _ = target.prefill(ids[:last])
         else:
@@ -108,7 +108,9 @@ def check_drafter_inputs(run: Run, target, drafter, steps: list[Step] | None = N
         drafter.start(3)  # slot 0: right features, 1: zeros, 2: stale (each step root's)
         have, prev = 0, None
         for s in mine:
-            p = s.prefix_len
+            assert s.prefix_len is not None and s.draft is not None  # `usable` keeps only steps with both
+            p: int = s.prefix_len  # declared: the closures below read them
+            draft: DraftTopK = s.draft
             chunk = feats[have:p]
             drafter.commit(0, chunk, have)
             drafter.commit(1, torch.zeros_like(chunk), have)
@@ -118,11 +120,11 @@ def check_drafter_inputs(run: Run, target, drafter, steps: list[Step] | None = N
             ctx = lambda slot, anchor: DraftContext([slot], torch.tensor([anchor]), torch.tensor([p]),  # noqa: E731
                                                     [ids[: p + 1]])
             right = drafter.draft_logits(ctx(0, ids[p]))[0]
-            want = s.draft_logprobs.float()
+            want = draft.logprobs.float()
             k = min(want.shape[0], right.shape[0])
 
             def err(logits):
-                return float((_logprobs(logits[:k], s)[:k] - want[:k]).abs().max())
+                return float((_logprobs(logits[:k], draft)[:k] - want[:k]).abs().max())
 
             result.checked += 1
             e0 = err(right)

@@ -76,25 +76,35 @@ def step_rows_diff(step: Step, logits: torch.Tensor) -> torch.Tensor:
     node's children under the request's parameters (greedy: 1 where the recorded verdict is not
     the argmax by more than :data:`ROW_ATOL` in logits), 0 for a row not recorded."""
     n = step.num_nodes
+    where = f"step {step.step}, request {step.request}"
     if step.row_logits is not None:
+        if step.row_logit_ids is None:
+            raise ValueError(f"{where}: top-M raw logits recorded without their token ids (row_logit_ids)")
         got = logits[:n].gather(1, step.row_logit_ids.long())
         return (got - step.row_logits.float()).abs().max(-1).values
+    if step.child_probs is None:
+        raise ValueError(f"{where}: no target rows recorded (top-M raw logits or child probabilities)")
     cp, out = step.child_probs.float(), torch.zeros(n)
     read = (~torch.isnan(cp)) & (torch.arange(n) > 0)
     kids = read.nonzero().flatten()
     if kids.numel() == 0:
         return out
-    par, tok = step.parents[kids], step.node_token_ids[kids]
+    parents, tokens, params = step.parents, step.node_token_ids, step.params
+    if parents is None or tokens is None:
+        raise ValueError(f"{where}: no tree recorded (parents, node_token_ids)")
+    if params is None:
+        raise ValueError(f"{where}: no sampling parameters recorded")
+    par, tok = parents[kids], tokens[kids]
     rows = logits[:n].float()
-    if step.params.is_greedy:
-        rows = apply_bans(rows, step.params)
+    if params.is_greedy:
+        rows = apply_bans(rows, params)
         top2 = rows.topk(2, -1).values
         mine = rows[par, tok]
         is_top = mine >= top2[par, 0] - ROW_ATOL  # within noise of the argmax
         clear_top = mine > top2[par, 1] + ROW_ATOL  # the argmax by a margin
         d = torch.where(cp[kids] >= 0.5, (~is_top).float(), clear_top.float())
     else:
-        d = (target_probs(rows[None], step.params)[0][par, tok] - cp[kids]).abs()
+        d = (target_probs(rows[None], params)[0][par, tok] - cp[kids]).abs()
     return out.scatter_reduce(0, par, d, "amax")
 
 
@@ -112,6 +122,8 @@ def spine(step: Step) -> list[int]:
     """The step's spine: the root, its first child in the buffers' sibling order, that node's
     first child, ... (``retrieve_next_token`` followed from node 0): a chain with no sibling
     on its path."""
+    if step.retrieve_next_token is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no verify buffers recorded (retrieve_next_token)")
     nt, out, c = step.retrieve_next_token.tolist(), [0], 0
     while nt[c] != -1 and len(out) <= step.num_nodes:
         c = nt[c]
@@ -130,7 +142,13 @@ def unknown_forward_kind(step: Step, bad_nodes: list[int]) -> tuple[str, str]:
                 "off it are wrong")
     return ("unknown positions or ancestor-mask fault in the tree forward",
             f"the spine (a chain with no sibling on it) is wrong from node {on[0]} (depth "
-            f"{int(step.depths[on[0]])}) on: positions or the ancestor part of the mask")
+            f"{int(_depths(step)[on[0]])}) on: positions or the ancestor part of the mask")
+
+
+def _depths(step: Step) -> torch.Tensor:
+    if step.depths is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no tree recorded (depths)")
+    return step.depths
 
 
 def _batch_input(run: Run, step_no: int):
@@ -315,7 +333,7 @@ def _diagnose_request(run, target, steps: list[Step], confirm: bool, reproduced:
         logits, _ = _forward(target, prefix[: s.prefix_len], _fault_input(run, s, name))
         if float(step_rows_diff(s, logits).max()) <= atol:
             names.append(name)
-    base = (f"node {node} (depth {int(s.depths[node])}): recorded {_what(s)} differ from the right tree forward by "
+    base = (f"node {node} (depth {int(_depths(s)[node])}): recorded {_what(s)} differ from the right tree forward by "
             f"{float(d[node]):.3g} ({len(bad_nodes)} of {s.num_nodes} nodes wrong, root right)")
     if not names:
         named = _named_from_start(run, target, steps, k, s, base, node)

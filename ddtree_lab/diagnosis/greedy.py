@@ -25,6 +25,11 @@ TIE_MARGIN = 1e-3
 
 def greedy_step(step: Step) -> tuple[int | None, str] | None:
     """The first broken greedy invariant of one step ``(node, evidence)``, or None."""
+    if step.params is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no sampling parameters recorded")
+    if step.row_logit_ids is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no raw logits recorded (row_logit_ids, "
+                         "level full)")
     banned = set(step.params.banned_token_ids)
     argmax = [next((t for t in row if t not in banned), -1) for row in step.row_logit_ids.tolist()]
     for d in step.decisions:

@@ -64,6 +64,7 @@ def check(step: Step) -> list[Problem]:
 
 def _check_buffers(step: Step, bad, out: list[Problem]) -> None:
     vi = step.buffers
+    assert vi is not None  # check() calls this only for a step with buffers
     logws = step.node_logws
     logws = logws[None] if logws is not None and not torch.isnan(logws).any() else None
     if step.prefix_len is not None and int(vi.positions[0, 0]) != step.prefix_len:
@@ -77,16 +78,20 @@ def _check_buffers(step: Step, bad, out: list[Problem]) -> None:
     if found or step.tree is None:
         return
     n = step.num_nodes
+    recorded = step.parents
+    assert recorded is not None  # the step has a tree (checked just above)
     parents, _ = decode_retrieve(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes)
-    for i in (parents[0, :n] != step.parents).nonzero().flatten().tolist():
+    for i in (parents[0, :n] != recorded).nonzero().flatten().tolist():
         bad("tree", "parent", "parents", i,
-            f"recorded parent {int(step.parents[i])} but the buffers link it under {int(parents[0, i])}",
-            int(step.parents[i]), int(parents[0, i]))
+            f"recorded parent {int(recorded[i])} but the buffers link it under {int(parents[0, i])}",
+            int(recorded[i]), int(parents[0, i]))
 
 
 def _check_rows(step: Step, bad) -> None:
     cp = step.child_probs
     if cp is not None:
+        parents = step.parents
+        assert parents is not None  # check() calls this only for a step with a tree
         known = ~torch.isnan(cp)
         for i in (known & ((cp < 0) | (cp > 1))).nonzero().flatten().tolist():
             bad("rows", "prob_range", "child_probs", i, f"child probability {float(cp[i])} is not in [0, 1]",
@@ -94,7 +99,7 @@ def _check_rows(step: Step, bad) -> None:
         sums: dict[int, float] = {}
         for i in range(1, step.num_nodes):
             if bool(known[i]):
-                sums[int(step.parents[i])] = sums.get(int(step.parents[i]), 0.0) + float(cp[i])
+                sums[int(parents[i])] = sums.get(int(parents[i]), 0.0) + float(cp[i])
         for node, total in sorted(sums.items()):
             if total > 1.0 + MASS_SLACK:
                 bad("rows", "children_mass", "child_probs", node,
@@ -110,7 +115,9 @@ def _check_rows(step: Step, bad) -> None:
 def _check_output(step: Step, bad) -> None:
     n = step.num_nodes
     path = step.accepted_path
-    tokens, parents = step.node_token_ids.tolist(), step.parents.tolist()
+    node_token_ids, node_parents = step.node_token_ids, step.parents
+    assert node_token_ids is not None and node_parents is not None  # check() calls this only for a step with a tree
+    tokens, parents = node_token_ids.tolist(), node_parents.tolist()
     if not path or path[0] != 0:
         bad("output", "path_root", "accepted_path", None, f"the accepted path {path} does not start at the root")
         return

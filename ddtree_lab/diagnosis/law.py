@@ -75,7 +75,14 @@ def outcome(step: Step) -> tuple[list[int], int] | None:
         return (step.accepted_path or [0]), step.bonus_token
     if not emitted:
         return None
-    nt, ns, tokens = step.retrieve_next_token.tolist(), step.retrieve_next_sibling.tolist(), step.node_token_ids.tolist()
+    next_token, next_sibling, node_token_ids = step.retrieve_next_token, step.retrieve_next_sibling, step.node_token_ids
+    if next_token is None or next_sibling is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no verify buffers recorded to follow the engine's "
+                         "emitted tokens down")
+    if node_token_ids is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no tree recorded to follow the engine's emitted "
+                         "tokens down")
+    nt, ns, tokens = next_token.tolist(), next_sibling.tolist(), node_token_ids.tolist()
     path = [0]
     for t in emitted[:-1]:
         nxt = next((c for c in children_of(step.request, nt, ns, path[-1], step.num_nodes) if tokens[c] == t), None)
@@ -96,8 +103,12 @@ def law_observations(step: Step, sample: LawSample) -> bool:
     if (out is None or step.params is None or step.params.is_greedy or out.lossy or step.buffers is None
             or step.child_probs is None or bool(out.support_exhausted[0])):
         return False
-    nt, ns = step.retrieve_next_token.tolist(), step.retrieve_next_sibling.tolist()
-    cp, tokens = step.child_probs.double().tolist(), step.node_token_ids.tolist()
+    next_token, next_sibling, node_token_ids = step.retrieve_next_token, step.retrieve_next_sibling, step.node_token_ids
+    assert next_token is not None and next_sibling is not None  # the step has buffers (checked above)
+    if node_token_ids is None:
+        raise ValueError(f"step {step.step}, request {step.request}: verify buffers recorded without a tree")
+    nt, ns = next_token.tolist(), next_sibling.tolist()
+    cp, tokens = step.child_probs.double().tolist(), node_token_ids.tolist()
     got = outcome(step)
     if got is None:
         return False
@@ -106,7 +117,7 @@ def law_observations(step: Step, sample: LawSample) -> bool:
     v = torch.rand(len(path) + 1, generator=g, dtype=torch.float64).tolist()  # one per move, one for the bonus
     sample.steps += 1
     where = (int(step.step), int(step.request))
-    residual_out = None
+    residual_out: tuple[int, list[int], float] | None = None
     for j, n in enumerate(path):
         kids = children_of(step.request, nt, ns, n, step.num_nodes)
         probs = [cp[c] for c in kids]
@@ -126,6 +137,7 @@ def law_observations(step: Step, sample: LawSample) -> bool:
             sample.walk.append(min(sum(probs[:o]) + v[j] * p_o, 1.0))
             sample.moves.append((nxt is not None, 1.0 - p_out))
         residual_out = (n, kids, p_out)
+    assert residual_out is not None  # the path holds at least the root, and every exit above returned
     n, kids, mass = residual_out
     b, prefix = bonus_token, step.final_row_prefix
     if b < 0 or prefix is None or prefix.shape[0] != b + 1 or step.bonus is None or step.bonus.node != n:

@@ -142,11 +142,21 @@ def prob_interval(ids: torch.Tensor, logits: torch.Tensor, lse: float, token: in
 def sampling_step(step: Step, vocab: int) -> tuple[int, dict[str, int], int | None, str] | None:
     """``(nodes decided, {candidate: nodes contradicting it}, first node contradicting the
     recorded parameters, its evidence)`` for one sampled step; None when no node was decided."""
-    cands = candidates(step.params)
+    where = f"step {step.step}, request {step.request}"
+    params = step.params
+    if params is None:
+        raise ValueError(f"{where}: no sampling parameters recorded")
+    cands = candidates(params)
     bad = dict.fromkeys(cands, 0)
     decided, first, evidence = 0, None, ""
-    cp, parents, tokens = step.child_probs, step.parents.tolist(), step.node_token_ids.tolist()
+    node_parents, node_token_ids = step.parents, step.node_token_ids
+    if node_parents is None or node_token_ids is None:
+        raise ValueError(f"{where}: no tree recorded (parents, node_token_ids)")
+    cp, parents, tokens = step.child_probs, node_parents.tolist(), node_token_ids.tolist()
     ids, logits, lse = step.row_logit_ids, step.row_logits, step.row_logsumexp
+    if cp is None or ids is None or logits is None or lse is None:
+        raise ValueError(f"{where}: no full target rows recorded (child_probs, row_logit_ids, row_logits, "
+                         "row_logsumexp: level full, format v2)")
     for i in range(1, step.num_nodes):
         p = float(cp[i])
         if math.isnan(p):
@@ -166,7 +176,7 @@ def sampling_step(step: Step, vocab: int) -> tuple[int, dict[str, int], int | No
                 if name == "recorded" and first is None:
                     first = i
                     evidence = (f"node {i} (token {tokens[i]}): recorded p = {p:.6g}, the recorded parameters "
-                                f"({step.params.label()}) "
+                                f"({params.label()}) "
                                 f"give {lo:.6g}" + (f"..{hi:.6g}" if hi - lo > 1e-9 else ""))
     return (decided, bad, first, evidence) if decided else None
 
@@ -183,6 +193,10 @@ _NAMES = {"sampling-greedy": "a request with T > 0 was verified greedily (its sa
 def banned_step(step: Step) -> tuple[int | None, str] | None:
     """``(node, evidence)`` where a step's rows or output keep a token its request bans (any
     level: the recorded child probabilities and the emitted tokens), or None."""
+    if step.params is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no sampling parameters recorded")
+    if step.node_token_ids is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no tree recorded (node_token_ids)")
     banned = set(step.params.banned_token_ids)
     cp, tokens = step.child_probs, step.node_token_ids.tolist()
     for i in range(1, step.num_nodes):
@@ -224,6 +238,7 @@ def check_sampling(run: Run, steps: list[Step] | None = None) -> CheckResult:
     for s in eligible:
         if (s.step, s.request) in result.per_step:
             continue  # named above from the bans
+        assert vocab is not None  # `eligible` is emptied above when the run has no vocabulary size
         got = sampling_step(s, vocab)
         if got is None:
             continue

@@ -26,7 +26,11 @@ __all__ = ["check_verifier", "verifier_step", "engine_finding"]
 
 
 def _same(step: Step, out) -> bool:
-    return out is not None and not compare_outputs(step.output, out, None)
+    if out is None:
+        return False
+    if step.output is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no verify output recorded to compare with")
+    return not compare_outputs(step.output, out, None)
 
 
 def _try(fn):
@@ -58,13 +62,14 @@ def _walk_follows_rule(step: Step) -> bool:
 
     from ..verify.rules import accepts
 
-    cp = step.child_probs
+    cp, coins = step.child_probs, step.coins
+    assert cp is not None and coins is not None  # verifier_step checks both first
     mass, parent = 0.0, None
     for d in step.decisions:
         if d.parent != parent:
             mass, parent = 0.0, d.parent
         mass = float(np.float32(mass + d.target_prob))
-        if d.coin is None or float(step.coins[d.parent]) != d.coin or d.target_prob != float(cp[d.node]):
+        if d.coin is None or float(coins[d.parent]) != d.coin or d.target_prob != float(cp[d.node]):
             return False
         want = "accept" if (accepts(d.target_prob, mass, d.coin, 1.0, 1.0) or d.cumulative_mass == 1.0) else "reject"
         if d.verdict != want or (d.cumulative_mass != mass and d.cumulative_mass != 1.0):
@@ -75,9 +80,10 @@ def _walk_follows_rule(step: Step) -> bool:
 def _bonus_coins(step: Step) -> tuple[bool, list[int], bool]:
     """``(the final coin draws the bonus, walk nodes whose coin draws it, the bonus has zero
     residual probability in its node's row)`` from the stored row prefix and residual mass."""
-    b, prefix = step.bonus, step.final_row_prefix
+    b, prefix, final_mass, coins = step.bonus, step.final_row_prefix, step.final_mass, step.coins
+    assert b is not None and coins is not None  # both callers check the bonus; verifier_step checks the coins
     t = b.token
-    if t < 0 or prefix is None or prefix.shape[0] != t + 1 or step.final_mass is None:
+    if t < 0 or prefix is None or prefix.shape[0] != t + 1 or final_mass is None:
         return False, [], False
     rejected = [d.token for d in step.decisions if d.parent == b.node and d.verdict == "reject"]
     r = prefix.double().clone()
@@ -90,9 +96,12 @@ def _bonus_coins(step: Step) -> tuple[bool, list[int], bool]:
     lo, hi = (float(cum[t - 1]) if t else 0.0), float(cum[t])
 
     def draws(c: float) -> bool:
-        return lo <= c * step.final_mass < hi
+        return lo <= c * final_mass < hi
 
-    return draws(float(step.final_coin)), [i for i in range(step.num_nodes) if draws(float(step.coins[i]))], False
+    if step.final_coin is None:
+        raise ValueError(f"step {step.step}, request {step.request}: the bonus {t} was drawn, but no final coin "
+                         "was recorded")
+    return draws(float(step.final_coin)), [i for i in range(step.num_nodes) if draws(float(coins[i]))], False
 
 
 def _fast_ok(step: Step) -> bool:
@@ -102,7 +111,8 @@ def _fast_ok(step: Step) -> bool:
     the stored prefix. True means the full replay would agree; False: run it."""
     if step.thresholds != (1.0, 1.0) or step.bonus is None or step.bonus.token < 0:
         return False
-    nt, ns = step.retrieve_next_token.tolist(), step.retrieve_next_sibling.tolist()
+    vi = step.verify_input()  # step.retrieve_next_token / _sibling, or ValueError without buffers
+    nt, ns = vi.retrieve_next_token[0].tolist(), vi.retrieve_next_sibling[0].tolist()
     decisions, k, cur = step.decisions, 0, 0
     while True:
         try:
@@ -131,13 +141,16 @@ def _fast_ok(step: Step) -> bool:
     return ok
 
 
-def verifier_step(step: Step, vocab: int) -> tuple[list[str], str | None, int | None, str] | None:
+def verifier_step(step: Step, vocab: int) -> tuple[list[str] | None, str | None, int | None, str] | None:
     """Diagnose one step: None when the recorded walk is the target-only rule's on its rows and
     coins, else ``(candidate faults reproducing it, a kind for none, node, evidence)``.
 
     Raises:
         ValueError: the step stores nothing to replay (level ``off``, no rows or coins).
     """
+    if step.coins is None or step.child_probs is None:
+        raise ValueError(f"step {step.step}, request {step.request}: recorded at level {step.level!r}: no verify rows "
+                         "to replay")
     if _fast_ok(step):
         return None
     out, diffs = replay_differences(step, vocab)
@@ -164,11 +177,16 @@ def reproduces(step: Step, vocab: int, name: str, threshold_acc: float = 1.0) ->
     """Whether the candidate rule ``name`` (``verifier-p-over-q``, or ``verifier-threshold`` at
     ``threshold_acc``) re-walked on the step's stored rows and coins gives its recorded output."""
     vi, rows = step.verify_input(), stored_rows(step, vocab)
+    if step.coins is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no walk coins recorded")
     coins = step.coins[None].float()
     final = torch.tensor([0.0 if step.final_coin is None else step.final_coin], dtype=torch.float32)
     mass = [step.final_mass if step.final_row_prefix is not None and step.final_row_prefix.numel() else None]
     if name == "verifier-p-over-q":
-        out = _try(lambda: verify_p_over_q(vi, lambda b, i: rows[b, i], step.node_logws[None], coins, final, mass))
+        logws = step.node_logws
+        if logws is None:
+            raise ValueError(f"step {step.step}, request {step.request}: no tree recorded (node_logws)")
+        out = _try(lambda: verify_p_over_q(vi, lambda b, i: rows[b, i], logws[None], coins, final, mass))
     else:
         out = _try(lambda: verify_sampled(vi, rows, coins, final, final_masses=mass, threshold_acc=threshold_acc))
     return _same(step, out)
