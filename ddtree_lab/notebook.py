@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 
-from .models.loading import DEFAULT_DRAFTER, drafter_exists, load_default, load_drafter  # noqa: F401  (notebook calls)
+from .models.loading import DEFAULT_DRAFTER, drafter_exists, load_default, load_drafter
 from .step import Run, Step
 from .verify.types import VerifyOutput
 from .views import committed_html, decisions_table_html, step_svg, step_view, to_text
