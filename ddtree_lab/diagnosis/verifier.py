@@ -262,7 +262,9 @@ def check_verifier(run: Run, steps: list[Step] | None = None) -> CheckResult:
     common: dict[int, list[str]] = {}
     for r in sorted({s.request for s, (names, _, _, _) in found if names is None}):
         a, b = bounds[r]
-        cands = [("verifier-p-over-q", 1.0)] + ([("verifier-threshold", b)] if a < b < 1.0 else [])
+        # a threshold inside the feasible interval, not on its edge: at the edge u == S / t and
+        # float rounding decides the verdict
+        cands = [("verifier-p-over-q", 1.0)] + ([("verifier-threshold", (a + b) / 2)] if a < b < 1.0 else [])
         mine = [s for s in ok_steps if s.request == r] + [s for s, (n, _, _, _) in found if s.request == r and n is None]
         common[r] = [name for name, t in cands if all(reproduces(s, vocab_of(s), name, t) for s in mine)]
         if "verifier-threshold" in common[r]:
