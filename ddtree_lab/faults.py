@@ -49,7 +49,7 @@ from .buffers import DDTreeVerifyInput
 from .sampling import SamplingParams
 from .verify import BonusDraw, Decision, VerifyOutput, verify_sampled
 from .verify.rules import residual_draw
-from .verify.walk import walk_batch
+from .verify.walking import walk_batch
 
 __all__ = ["Faults", "NO_FAULTS", "FAULT_KINDS", "FORWARD_FAULTS", "COMMIT_FAULTS", "DRAFTER_FAULTS",
            "SAMPLING_FAULTS", "VERIFIER_FAULTS", "as_faults", "forward_input", "kept_rows", "sampling_params",

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..step import Run, Step
-from ..verify.walk import children_of
+from ..verify.walking import children_of
 from .common import CheckResult, Finding, engine_emitted, group_findings, next_command
 
 __all__ = ["check_law", "law_observations", "outcome", "LawSample", "LAW_ALPHA", "MIN_DRAWS", "P_ZERO"]

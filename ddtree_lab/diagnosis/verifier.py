@@ -19,7 +19,7 @@ from ..faults import verify_p_over_q
 from ..replaying import compare_outputs, replay_differences, stored_rows
 from ..step import Run, Step
 from ..verify import verify_sampled
-from ..verify.walk import children_of
+from ..verify.walking import children_of
 from .common import CheckResult, Finding, engine_emitted, group_findings, next_command
 
 __all__ = ["check_verifier", "verifier_step", "engine_finding"]

@@ -40,8 +40,8 @@ from .types import VerifyOutput as VerifyOutput
 from .types import WalkEvent as WalkEvent
 from .types import events_of as events_of
 from .types import is_lossy as is_lossy
-from .walk import walk as walk
-from .walk import walk_batch as walk_batch
+from .walking import walk as walk
+from .walking import walk_batch as walk_batch
 from .whatif import CHILDREN_COVER_TOL as CHILDREN_COVER_TOL
 from .whatif import acceptance_probabilities as acceptance_probabilities
 from .whatif import walk_request as walk_request

@@ -12,7 +12,7 @@ from ..buffers import DDTreeVerifyInput, check_verify_buffers
 from ..sampling import SamplingParams, check_logits_rows
 from .rules import GreedyRule, SampledRule
 from .types import VerifyOutput
-from .walk import walk_batch
+from .walking import walk_batch
 
 __all__ = ["verify_greedy", "verify_sampled", "walk_sampled_batch", "draw_coins", "make_generators",
            "check_verify_input", "validate_coins", "check_thresholds"]

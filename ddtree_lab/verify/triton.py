@@ -11,7 +11,7 @@ from ..buffers import DDTreeVerifyInput
 from ..sampling import SamplingParams
 from .rules import SGLANG_MIN_THRESHOLD_ACC
 from .types import BonusDraw, Decision, VerifyOutput, is_lossy
-from .walk import walk_batch
+from .walking import walk_batch
 
 __all__ = ["KERNEL_ORDER", "PROB_ATOL", "PROB_RTOL", "COMPACT_CAP", "triton_kernels", "triton_usable", "launch_options",
            "sampled_launcher", "greedy_launcher", "verify_triton_sampled", "verify_triton_greedy"]

@@ -10,7 +10,7 @@ import torch
 from .reference import check_thresholds
 from .rules import SGLANG_MIN_THRESHOLD_ACC, SampledRule
 from .types import UndrawnBonus, WalkEvent, is_lossy
-from .walk import children_of, walk
+from .walking import children_of, walk
 
 __all__ = ["walk_request", "acceptance_probabilities", "CHILDREN_COVER_TOL"]
 
