@@ -179,7 +179,8 @@ def test_compare_figures_on_fixture_traces(sampled_run, greedy_run):
     assert len(exact) == 2 and list(exact[1].y) == [r["expected"] for r in analysis.step_table(
         sorted(greedy_run.steps, key=lambda s: (s.step, s.request)))]
     acc = compare.acceptance_figure(steps)
-    assert list(acc.data[0].y) == analysis.acceptance_by_depth(sampled_run.steps)["rate"]
+    by_depth = analysis.acceptance_by_depth(sampled_run.steps)
+    assert list(acc.data[0].y) == [r for r, o in zip(by_depth["rate"], by_depth["offered"]) if o]
     ranks = compare.sibling_rank_figure(steps)
     assert sum(sum(t.y) for t in ranks.data) == sum(s.accept_length for s in steps)
     tau = compare.tau_distribution_figure(steps)
@@ -188,7 +189,7 @@ def test_compare_figures_on_fixture_traces(sampled_run, greedy_run):
     assert [t.name for t in q.data] == ["T=0.8", "greedy"]
     assert len(compare.throughput_figure(steps).data[0].y) == 6
     rows = {r["setting"]: r for r in compare.summary_rows(steps)}
-    assert rows["greedy"]["observed"] == rows["greedy"]["exact expected"]
+    assert rows["greedy"][compare.OBSERVED] == rows["greedy"][compare.EXPECTED]
     html = compare.trees_html(sampled_run, step=2)
     assert html.count("<svg") == len([s for s in sampled_run.steps if s.step == 2])
     with pytest.raises(ValueError, match="no request has decoding step 999"):

@@ -49,6 +49,7 @@ from ..step import Run, Step, TargetRows
 from ..store.container import read_container, write_container
 from ..verify import VerifyOutput
 from .lab_trace import TraceFormatError, check_step_tensors, step_from_json, step_json, step_tensors
+from ..texts import join_texts
 
 __all__ = ["Bundle", "BundleReplay", "make_bundle", "save_bundle", "load_bundle", "replay_bundle", "bundle_step",
            "bundle_run", "FORMAT", "VERSION", "CHUNK", "FILES", "reduce_bonus_row", "children_tokens",
@@ -302,7 +303,7 @@ def make_bundle(run: Run, step: int | Step, request: int | None = None) -> Bundl
         earlier = sum(len(t.emitted) for t in run.for_request(s.request) if t.step < s.step)
         generated = list(r.get("generated_token_ids") or [])[: 1 + earlier]
         meta["prompt"] = r.get("prompt")
-        meta["context"] = "".join(run.text(t) for t in generated) if generated else None
+        meta["context"] = join_texts(run.text(t) for t in generated) if generated else None
     bundle = Bundle(step=keep, final_row_start=c, final_row_base=base, final_row_tail=tail, token_texts=texts,
                     svg=views.step_svg(s, run.token_texts), metadata=meta)
     vocab = run.vocab_size
@@ -319,13 +320,19 @@ def make_bundle(run: Run, step: int | Step, request: int | None = None) -> Bundl
 
 
 def _readme(b: Bundle) -> str:
-    from ..views.labels import mass_label
+    from ..views.labels import mass_label, token_label
+
+    def tok(t: int) -> str:  # a Markdown table cell: the id, then the label in a code span (| escaped)
+        if t < 0:
+            return "none (support exhausted)"
+        text = token_label(b.token_texts[t]) if t in b.token_texts else "(text not recorded)"
+        return f"{t} `{text}`".replace("|", "\\|")
 
     s = b.step
     p = s.params
     params = "not recorded" if p is None else "greedy" if p.is_greedy else (f"temperature {p.temperature}, top_k {p.top_k}, top_p {p.top_p}"
                                            + (f", min_p {p.min_p}" if p.min_p else ""))
-    rows = [f"| {k} | {d.parent} | {d.node} | {d.token} `{b.token_texts.get(d.token, '?')!r}` | {d.target_prob:.6g} | "
+    rows = [f"| {k} | {d.parent} | {d.node} | {tok(d.token)} | {d.target_prob:.6g} | "
             f"{mass_label(d.cumulative_mass, 6)} | {'-' if d.coin is None else f'{d.coin:.6g}'} | {d.verdict} |"
             for k, d in enumerate(s.decisions)]
     bonus = s.bonus
@@ -340,7 +347,7 @@ def _readme(b: Bundle) -> str:
 
 One DDTree verify step, reduced to what replays it exactly. Target: {target}; backend that
 ran: `{s.backend}`; sampling: {params}; {s.num_nodes} tree nodes; accepted {s.accept_length}
-draft token(s); bonus token {s.bonus_token} `{b.token_texts.get(s.bonus_token, '?')!r}`
+draft token(s); bonus token {tok(s.bonus_token)}
 ({bonus.kind if bonus else '-'} draw, coin {s.final_coin}).
 {context}
 ## Replay

@@ -32,6 +32,7 @@ from typing import Protocol, Sequence, cast
 import torch
 
 from ..buffers import DDTreeVerifyInput
+from ..texts import BYTE_ESCAPE, bytes_text
 
 __all__ = ["TargetModel", "TreeForward", "BatchCache", "load_default_target", "default_target_gguf", "cache_dir"]
 
@@ -77,6 +78,39 @@ class TreeForward:
 
     logits: torch.Tensor
     hidden: torch.Tensor
+
+
+def _byte_level_table() -> dict[str, int]:
+    """Byte-level BPE's printable stand-ins (GPT-2's convention, used by SmolLM2's tokenizer):
+    the bytes ``!``..``~``, ``¡``..``¬`` and ``®``..``ÿ`` stand for themselves, every other byte
+    for the character ``256 + n`` (``n``: its place among those others, in byte order). Returns
+    stand-in character -> byte."""
+    kept = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in kept:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+_BYTE_LEVEL = _byte_level_table()
+
+
+def _token_bytes(tokenizer, token_id: int) -> bytes | None:
+    """The bytes of one token: a SentencePiece byte-fallback piece (``<0xE3>``) or a byte-level
+    BPE piece (every character one of :func:`_byte_level_table`'s stand-ins); None for any
+    other piece."""
+    piece = tokenizer.convert_ids_to_tokens(token_id)
+    if not isinstance(piece, str) or not piece:
+        return None
+    if BYTE_ESCAPE.fullmatch(piece):
+        return bytes([int(piece[3:5], 16)])
+    if all(ch in _BYTE_LEVEL for ch in piece):
+        return bytes(_BYTE_LEVEL[ch] for ch in piece)
+    return None
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -194,8 +228,17 @@ class TargetModel:
         return self.tokenizer.decode(token_ids)
 
     def token_text(self, token_id: int) -> str:
-        """The text of one token as a person reads it (special tokens by name)."""
-        return self.tokenizer.decode([int(token_id)])
+        """The text of one token as a person reads it (special tokens by name), as traces store
+        it (:mod:`ddtree_lab.texts`): a token that decodes to U+FFFD because it is a piece of a
+        UTF-8 character (a byte-level tokenizer's byte, SentencePiece's ``<0xNN>`` byte
+        fallback) keeps its bytes, the valid part as text and every other byte as ``<0xNN>``,
+        so two such tokens never read alike. A token whose bytes cannot be told keeps the
+        decoder's text."""
+        text = self.tokenizer.decode([int(token_id)])
+        if "\ufffd" not in text:
+            return text
+        data = _token_bytes(self.tokenizer, int(token_id))
+        return text if data is None else bytes_text(data)
 
     @torch.no_grad()
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:

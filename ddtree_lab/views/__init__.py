@@ -33,13 +33,15 @@ from .model import DecisionRow as DecisionRow
 from .nodes import NodeView as NodeView
 from .model import StepView as StepView
 from .model import step_view as step_view
-from .model import token_label as token_label
+from .labels import shared_text_ids as shared_text_ids
+from .labels import token_label as token_label
 from .model import walk_events as walk_events
 from .pick import informative_step as informative_step
 from .text import decisions_text as decisions_text
 from .text import to_text as to_text
 
 __all__ = ["StepView", "NodeView", "DecisionRow", "BonusView", "Cursor", "step_view", "walk_events", "token_label",
+           "shared_text_ids",
            "to_dot", "step_svg", "render_svg", "svg_size", "to_text", "decisions_text", "decisions_table_html",
            "children_html", "mass_bar_svg", "bonus_html", "committed_html", "informative_step"]
 from .stepper import VerifyStepper as VerifyStepper

@@ -30,7 +30,7 @@ from ..step import Run
 
 __all__ = ["settings_of", "tau_figure", "tau_distribution_figure", "calibration_figure", "acceptance_figure",
            "sibling_rank_figure", "throughput_figure", "sibling_quality_figure", "trees_html", "looks_greedy_html",
-           "summary_rows", "summary_html"]
+           "summary_rows", "summary_html", "OBSERVED", "EXPECTED", "DRAFTER"]
 
 #: hover boxes show whole trace names (plotly cuts them at 15 characters by default).
 HOVER = {"namelength": -1, "align": "left"}
@@ -121,18 +121,30 @@ def calibration_figure(run_or_steps):
 
 
 def acceptance_figure(run_or_steps):
-    """Acceptance rate at each depth (accepted / offered) per setting."""
+    """Acceptance rate at each depth (accepted / offered; *offered* at depth d: the steps whose
+    walk reached depth d − 1 at a node with children) per setting. The depth axis ends at the
+    deepest depth any step was offered (trees may be deeper: a depth the walk never reached has
+    no rate, and the title says how deep the trees went)."""
     import plotly.graph_objects as go
 
     steps = _steps(run_or_steps)
     fig = go.Figure()
+    deepest_offered, deepest_tree = 0, 0
     for k, (label, mine) in enumerate(_by_setting(steps).items()):
         a = analysis.acceptance_by_depth(mine)
-        fig.add_trace(go.Scatter(x=a["depth"], y=a["rate"], mode="lines+markers", name=label,
-                                 customdata=list(zip(a["accepted"], a["offered"])),
+        depth = [d for d, o in zip(a["depth"], a["offered"]) if o]
+        deepest_offered = max([deepest_offered, *depth])
+        deepest_tree = max([deepest_tree, *a["depth"]])
+        keep = [i for i, o in enumerate(a["offered"]) if o]
+        fig.add_trace(go.Scatter(x=depth, y=[a["rate"][i] for i in keep], mode="lines+markers", name=label,
+                                 customdata=[(a["accepted"][i], a["offered"][i]) for i in keep],
                                  hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]}<extra></extra>",
                                  line={"color": _color(k)}))
-    fig.update_layout(hoverlabel=HOVER, title="acceptance by depth (accepted / offered)", xaxis_title="depth",
+    deeper = (f"; the trees reach depth {deepest_tree}, the walk never stood where depth {deepest_offered + 1} was "
+              "offered" if deepest_tree > deepest_offered else "")
+    fig.update_layout(hoverlabel=HOVER, title=f"acceptance by depth (accepted / offered{deeper})",
+                      xaxis_title="depth (offered: the walk reached the depth above at a node with children)",
+                      xaxis={"range": [0.5, max(deepest_offered, 1) + 0.5], "dtick": 1},
                       yaxis_title="acceptance rate", yaxis_range=[0, 1.05], height=300, margin={"t": 40, "b": 40})
     return fig
 
@@ -247,9 +259,16 @@ def looks_greedy_html(run_or_steps, min_tokens: int = 16, alpha: float = 1e-3) -
             f"{''.join(rows)}</table>")
 
 
+#: the summary table's accept-length columns: they count accepted draft tokens, τ − 1 (the
+#: bonus token not counted), and their headers say so.
+OBSERVED, EXPECTED, DRAFTER = ("observed accept length (τ − 1)", "exact expected accept length (τ − 1)",
+                               "drafter estimate (τ − 1)")
+
+
 def summary_rows(run_or_steps) -> list[dict]:
-    """Per setting: steps, mean tau, mean observed / exact expected / drafter-estimated
-    accept length, tokens/s."""
+    """Per setting: steps, mean τ (accepted draft tokens + bonus), the mean observed / exact
+    expected / drafter-estimated accept length (accepted draft tokens, τ − 1: the keys
+    :data:`OBSERVED`, :data:`EXPECTED`, :data:`DRAFTER` say so), tokens/s."""
     steps = _steps(run_or_steps)
     out = []
     for label, mine in _by_setting(steps).items():
@@ -258,9 +277,9 @@ def summary_rows(run_or_steps) -> list[dict]:
         tokens, seconds = sum(r["tokens"] for r in per), sum(r["seconds"] for r in per)
         out.append({"setting": label, "steps": len(mine),
                     "mean τ": round(statistics.mean(r["tau"] for r in table), 3),
-                    "observed": round(statistics.mean(r["observed"] for r in table), 3),
-                    "exact expected": round(statistics.mean(r["expected"] for r in table), 3),
-                    "drafter estimate": round(statistics.mean(r["drafter"] for r in table), 3),
+                    OBSERVED: round(statistics.mean(r["observed"] for r in table), 3),
+                    EXPECTED: round(statistics.mean(r["expected"] for r in table), 3),
+                    DRAFTER: round(statistics.mean(r["drafter"] for r in table), 3),
                     "tokens/s": round(tokens / seconds, 2) if seconds > 0 else None})
     return out
 

@@ -57,11 +57,11 @@ def _dot_id(i: int) -> str:
     return f"n{i}" if i >= 0 else f"c{-i}"
 
 
-def _label_lines(node: NodeView, status: str) -> list[str]:
+def _label_lines(node: NodeView, status: str, label: str) -> list[str]:
     if status == "collapsed":
         best = "" if node.target_p is None else f"max p={node.target_p:.2g}"
         return [node.text, best] if best else [node.text]
-    head = f"#{node.index} {token_label(node.text)}"
+    head = f"#{node.index} {label}"
     if status == "root":
         return [head, "root"]
     second = " ".join(x for x in (node.target_p_text(2), node.drafter_q_text(2), f"r{node.rank}" if node.rank >= 0 else "")
@@ -130,7 +130,8 @@ def to_dot(view: StepView, what_if: list[int] | None = None) -> str:
             style.update(WHAT_IF_STYLE)
         if cur is not None and i == cur.focus and i != 0:
             style.update(FOCUS_STYLE)
-        label = "\\n".join(_esc(line) for line in _label_lines(node, status))
+        token = view.label(node.token)
+        label = "\\n".join(_esc(line) for line in _label_lines(node, status, token))
         out.append(f'  {_dot_id(i)} [label="{label}", tooltip="{_esc(_tooltip(node))}", {_attrs(style)}];')
     for i, node in view.nodes.items():
         for c in node.children:
@@ -147,10 +148,10 @@ def to_dot(view: StepView, what_if: list[int] | None = None) -> str:
         if b.token < 0:
             lines = ["no bonus", "support exhausted"]
         elif view.greedy:
-            lines = [f"bonus {token_label(b.text)}", f"argmax {_p(b)}"]
+            lines = [f"bonus {view.label(b.token)}", f"argmax {_p(b)}"]
         else:
             res = "" if b.residual_p is None else f" residual p={b.residual_p:.2g}"
-            lines = [f"bonus {token_label(b.text)}", f"{_p(b)}{res}"]
+            lines = [f"bonus {view.label(b.token)}", f"{_p(b)}{res}"]
         label = "\\n".join(_esc(line) for line in lines)
         tip = f"bonus at node {b.node} ({b.kind})"
         out.append(f'  bonus [label="{label}", tooltip="{_esc(tip)}", {_attrs(style)}];')

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from ..step import Run
-from .model import LOSSY_COLOR, StepView, token_label
+from .model import LOSSY_COLOR, StepView
 from .labels import mass_label
 from .labels import number_label
 
@@ -25,8 +25,8 @@ def _e(text) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _tok(text: str) -> str:
-    return _e(token_label(text))
+def _tok(view: StepView, token: int) -> str:
+    return _e(view.label(token))
 
 
 def _p(value: float | None, upper: bool) -> str:
@@ -57,7 +57,7 @@ def decisions_table_html(view: StepView) -> str:
         head = ["#", "depth", "parent", "node", "token", "target p", "S_k", "coin", "verdict"]
     rows, styles = [], []
     for d in view.decisions:
-        common = [str(d.order), str(d.depth), str(d.parent), str(d.node), _tok(d.text), _p(d.target_p, d.target_p_upper)]
+        common = [str(d.order), str(d.depth), str(d.parent), str(d.node), _tok(view, d.token), _p(d.target_p, d.target_p_upper)]
         rows.append(common + (["yes" if d.verdict == "accept" else "no"] if greedy else [mass_label(d.mass), number_label(d.coin)])
                     + [d.verdict])
         styles.append(_STATUS_BG["accepted" if d.verdict == "accept" else "rejected"])
@@ -72,9 +72,9 @@ def _bonus_sentence(view: StepView) -> str:
         return (f"no bonus: the residual at node {b.node} is empty (mass {mass_label(b.residual_mass)}, coin "
                 f"{number_label(b.coin)}): support exhausted")
     if view.greedy:
-        return f"bonus {_tok(b.text)}: the target's argmax at node {b.node} (target p {_p(b.target_p, b.target_p_upper)})"
+        return f"bonus {_tok(view, b.token)}: the target's argmax at node {b.node} (target p {_p(b.target_p, b.target_p_upper)})"
     where = "the target row (a leaf)" if b.kind == "leaf" else "the residual (rejected siblings zeroed, renormalised)"
-    return (f"bonus {_tok(b.text)} drawn at node {b.node} from {where}: residual mass {mass_label(b.residual_mass)}, coin "
+    return (f"bonus {_tok(view, b.token)} drawn at node {b.node} from {where}: residual mass {mass_label(b.residual_mass)}, coin "
             f"{number_label(b.coin)}; target p {_p(b.target_p, b.target_p_upper)}, residual p {number_label(b.residual_p)}")
 
 
@@ -97,7 +97,8 @@ def children_html(view: StepView, limit: int = 12) -> str:
     in sibling order: target p, their segment of the cumulative mass, the exact probability
     that the walk accepts each once here (``accept p``) and from the root (``path p``), and
     the status so far. Greedy: the argmax comparison instead of segments. Rows past the first
-    ``limit`` that are not judged yet are summed up in one line."""
+    ``limit`` that are not judged yet are summed up in one line: the sums of their target p,
+    accept p and path p, each under its own column."""
     cur = view.cursor
     node = 0 if cur is None else cur.current
     status_of = view.status
@@ -123,16 +124,32 @@ def children_html(view: StepView, limit: int = 12) -> str:
         else:
             lo, hi = seg[c]
             third = f"[{mass_label(lo)}, {mass_label(hi)})"
-        rows.append([f"#{c}", _tok(child.text), _p(child.target_p, child.target_p_upper), third,
+        rows.append([f"#{c}", _tok(view, child.token), _p(child.target_p, child.target_p_upper), third,
                      number_label(child.accept_p), number_label(child.path_p), st])
         styles.append(_STATUS_BG.get(st, ""))
     if rest:
-        mass = sum(view.nodes[c].accept_p or 0.0 for c in rest)
-        rows.append(["…", f"{len(rest)} more children", "-", f"total target p {number_label(mass)}", "-", "-", "pending"])
+        rows.append(["…", f"{len(rest)} more children", *_rest_sums([view.nodes[c] for c in rest]), "pending"])
         styles.append("")
     if not rows:
         return f"<p>node {node} is a leaf: no children to judge.</p>"
     return _table(head, rows, styles, "ddtree-children")
+
+
+def _sum_text(values: list[float | None], upper: bool = False) -> str:
+    """``sum 0.0087`` of the values (``sum <0.0087`` when one is an upper bound; ``?`` when one
+    is unknown)."""
+    if any(v is None for v in values):
+        return "?"
+    return f"sum {'<' if upper else ''}{number_label(sum(v for v in values if v is not None))}"
+
+
+def _rest_sums(rest) -> list[str]:
+    """The summary row of children not listed one by one, under the table's columns: the sum of
+    their target p (their share of the current node's target row), nothing under "= argmax?" /
+    the segment column (one verdict or segment per child), and the sums of their accept p (the
+    chance the walk accepts one of them once here) and path p."""
+    return [_sum_text([n.target_p for n in rest], any(n.target_p_upper for n in rest)), "-",
+            _sum_text([n.accept_p for n in rest]), _sum_text([n.path_p for n in rest])]
 
 
 def mass_bar_svg(view: StepView, width: int = 640, coin: float | None = None) -> str:
@@ -160,7 +177,7 @@ def mass_bar_svg(view: StepView, width: int = 640, coin: float | None = None) ->
         x, w = 10 + lo * width, max((hi - lo) * width, 0.0)
         st = view.status(c)
         parts.append(f'<rect x="{x:.2f}" y="{top}" width="{w:.2f}" height="{h}" fill="{colors.get(st, "#cfd8dc")}" '
-                     f'stroke="#ffffff" stroke-width="0.5"><title>#{c} {_tok(view.nodes[c].text)}: '
+                     f'stroke="#ffffff" stroke-width="0.5"><title>#{c} {_tok(view, view.nodes[c].token)}: '
                      f'[{mass_label(lo)}, {mass_label(hi)})</title></rect>')
         if w >= 22:
             parts.append(f'<text x="{x + w / 2:.2f}" y="{top + h / 2 + 4}" font-size="10" text-anchor="middle" '
@@ -184,9 +201,9 @@ def bonus_html(view: StepView, limit: int = 12) -> str:
     struck out), the residual mass, the final coin and the chosen token. Greedy: the argmax."""
     b = view.bonus
     rows, styles = [], []
-    for t, text, p, rp in b.top[:limit]:
+    for t, _text, p, rp in b.top[:limit]:
         struck = t in b.rejected
-        tok = f"<s>{_tok(text)}</s>" if struck else _tok(text)
+        tok = f"<s>{_tok(view, t)}</s>" if struck else _tok(view, t)
         chosen = t == b.token
         rows.append([str(t), tok, number_label(p), "struck out" if struck else number_label(rp), "◀ chosen" if chosen else ""])
         styles.append("#e3f0ff" if chosen else "#fbe3e1" if struck else "")
@@ -201,12 +218,16 @@ _PALETTE = ["#fde2e4", "#e2ece9", "#dfe7fd", "#fff1c1", "#e8dff5", "#d8f3dc", "#
 
 def committed_html(run: Run, request: int = 0) -> str:
     """The request's generated text, each step's tokens on its own colour; a step's bonus
-    token is underlined. The prefill's first token is grey. Hover shows step and role."""
+    token is underlined. The prefill's first token is grey. Hover shows step, role and token id.
+    A character whose bytes span several tokens (byte-level tokens of Japanese text, emoji)
+    shows whole, on the token of its last byte (:func:`ddtree_lab.texts.token_pieces`)."""
+    from ..texts import token_pieces
+
     meta = run.metadata["requests"][request]
     generated = list(meta["generated_token_ids"])
-    parts = []
+    spans = []  # (token, title, style)
     if generated:
-        parts.append(f'<span title="prefill" style="background:#eeeeee">{html.escape(run.text(generated[0]))}</span>')
+        spans.append((generated[0], "prefill", "background:#eeeeee"))
     count = 1
     for s in run.for_request(request):
         color = _PALETTE[s.step % len(_PALETTE)]
@@ -217,9 +238,10 @@ def committed_html(run: Run, request: int = 0) -> str:
                 break
             role = "bonus" if j == len(emitted) - 1 and not bool(s.output.support_exhausted[0]) else "accepted draft"
             deco = "text-decoration:underline;" if role == "bonus" else ""
-            parts.append(f'<span title="step {s.step}: {role}" style="background:{color};{deco}">'
-                         f"{html.escape(run.text(tok))}</span>")
+            spans.append((tok, f"step {s.step}: {role}", f"background:{color};{deco}"))
             count += 1
-    body = "".join(parts).replace("\n", "<br>")
+    pieces = token_pieces(run.text(tok) for tok, _, _ in spans)
+    body = "".join(f'<span title="{html.escape(f"{title}, token {tok}")}" style="{style}">{html.escape(piece)}</span>'
+                   for (tok, title, style), piece in zip(spans, pieces)).replace("\n", "<br>")
     return (f'<div style="font-family:monospace;white-space:pre-wrap;line-height:1.6">'
             f"<b>{html.escape(meta.get('prompt') or '(prompt not recorded)')}</b><br>{body}</div>")

@@ -48,7 +48,7 @@ from ..step import Run, Step
 from ..verify import BonusDraw, WalkEvent, events_of
 from .collapse import collapse_nodes
 from .nodes import STATUSES, NodeView
-from .labels import LOSSY_COLOR, lossy_mark, mass_label, number_label, token_label
+from .labels import LOSSY_COLOR, lossy_mark, mass_label, number_label, shared_text_ids, token_label
 
 __all__ = ["NodeView", "DecisionRow", "BonusView", "Cursor", "StepView", "WalkEvent", "step_view", "token_label",
            "lossy_mark", "walk_events", "STATUSES", "number_label", "mass_label",
@@ -164,6 +164,10 @@ class StepView:
         thresholds: ``(threshold_single, threshold_acc)`` the step was verified with.
         lossy: the thresholds break exactness (:func:`ddtree_lab.verify.is_lossy`); the title
             then ends with :attr:`lossy_mark`.
+        token_labels: token id -> its label (:func:`ddtree_lab.views.token_label`) for every
+            token the view shows (nodes, decisions, the bonus and its row's top tokens): the id
+            beside any text that is ambiguous or that two of these ids share. Read it with
+            :meth:`label`.
     """
 
     title: str
@@ -184,6 +188,12 @@ class StepView:
     cursor: Cursor | None = None
     thresholds: tuple[float, float] = (1.0, 1.0)
     lossy: bool = False
+    token_labels: dict[int, str] = field(default_factory=dict)
+
+    def label(self, token: int) -> str:
+        """The label of ``token`` in this view (:attr:`token_labels`; a token the view does
+        not show: its ``<id>`` placeholder, quoted)."""
+        return self.token_labels.get(int(token)) or token_label(f"<{int(token)}>")
 
     @property
     def lossy_mark(self) -> str:
@@ -224,6 +234,7 @@ class StepView:
             "events": [{"kind": e.kind, "node": int(e.node)} for e in self.events],
             "cursor": None if self.cursor is None else self.cursor.to_dict(),
             "thresholds": list(self.thresholds), "lossy": self.lossy,
+            "token_labels": {str(t): lab for t, lab in self.token_labels.items()},
         }
 
 
@@ -401,9 +412,13 @@ def step_view(step: Step, texts: Run | Mapping[int, str] | None = None, collapse
     if step.lossy:
         title += f" · {lossy_mark(step.thresholds)}"
     threshold_single, threshold_acc = step.thresholds
+    on_show = set(tokens) | {d.token for d in step.decisions} | {t for t, *_ in bonus.top}
+    on_show |= {bonus.token} if bonus.token >= 0 else set()
+    shared = shared_text_ids(on_show, lookup)
+    labels = {t: token_label(lookup(t), t, shared=t in shared) for t in sorted(on_show)}
     view = StepView(title, step.step, step.request, step.request_id, greedy, mode, nodes, bonus, draw.node,
                     rows, walk_events(step.decisions, draw), list(step.accepted_path), n, hidden, expected,
-                    thresholds=(threshold_single, threshold_acc), lossy=bool(step.lossy))
+                    thresholds=(threshold_single, threshold_acc), lossy=bool(step.lossy), token_labels=labels)
     return view if cursor is None else view.at(cursor)
 
 
@@ -478,7 +493,7 @@ def _verdict(view: StepView, event, current: int, k: int) -> str:
     if event.kind == "consider":
         d = event.decision
         node = view.nodes.get(d.node)
-        tok = token_label(node.text) if node else str(d.token)
+        tok = view.label(d.token)
         if view.greedy:
             if d.verdict == "accept":
                 return f"node {d.node} {tok} is the target's argmax at node {d.parent}: accept"
@@ -499,7 +514,7 @@ def _verdict(view: StepView, event, current: int, k: int) -> str:
     if b.token < 0:
         return (f"bonus at node {b.node}: the residual is empty (mass {_mass(b.residual_mass)}): "
                 "support exhausted, no bonus token")
-    tok = token_label(b.text)
+    tok = view.label(b.token)
     if view.greedy:
         return f"bonus at node {b.node}: the target's argmax {tok}"
     if b.kind == "leaf":

@@ -28,6 +28,7 @@ from typing import Sequence
 
 from ..io.acceptance import SUMMARY_CANNOT, AcceptanceSummaries
 from ..io.ddtree_reference import REFERENCE_CANNOT, STAGE_NAMES, ReferenceTraces, sibling_ranks_of
+from .labels import token_label
 
 __all__ = ["reference_stats", "summary_stats", "missing_report", "run_summary_text", "run_summary_html",
            "serving_vs_lab", "serving_vs_lab_figure", "round_tree_text", "round_tree_dot"]
@@ -409,9 +410,10 @@ def _one_round(source, step: int, request: int) -> dict:
 
 
 def _token(tok: int, texts) -> str:
+    """``id 'text'`` (the label of :func:`ddtree_lab.views.token_label`, the id always first)."""
     if tok < 0:
         return "(not recorded)"
-    return f"{tok} {texts[tok]!r}" if texts and tok in texts else str(tok)
+    return f"{tok} {token_label(texts[tok])}" if texts and tok in texts else str(tok)
 
 
 def round_tree_text(source, step: int = 0, request: int = 0, texts: dict[int, str] | None = None) -> str:

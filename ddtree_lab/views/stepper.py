@@ -35,7 +35,6 @@ from typing import Callable
 from ..step import Run, Step
 from .dot import render_svg, to_dot
 from .html import bonus_html, children_html, decisions_table_html, mass_bar_svg, segments
-from .labels import token_label
 from .model import Cursor, StepView, step_view
 
 __all__ = ["VerifyStepper", "WhatIf", "what_if"]
@@ -288,6 +287,14 @@ class VerifyStepper:
                         else "no new step for this request (finished)")
         self._select(len(self.steps) - 1)
 
+    def more_reason(self) -> str:
+        """What the "run one more live step" button does, or why it is off (the button's
+        tooltip; with no live session also the note beside it)."""
+        if self.more is None:
+            return ("off: this stepper shows a recorded run (no live session); build it with "
+                    "more=notebook.live_more(session, max_new_tokens=...) to add steps")
+        return "runs the live session one more step and shows it"
+
     # -- renderings ----------------------------------------------------------------------------
 
     def picture_svg(self) -> str:
@@ -305,7 +312,7 @@ class VerifyStepper:
         v = self.view
         cur = v.cursor
         assert cur is not None  # StepView.at always sets the cursor
-        parts = [f"<p><b>node {cur.current}</b> {html.escape(token_label(v.nodes[cur.current].text))}: its children "
+        parts = [f"<p><b>node {cur.current}</b> {html.escape(v.label(v.nodes[cur.current].token))}: its children "
                  "in sibling order (accept p: the exact probability the walk accepts the child once here; "
                  "path p: from the root)</p>", children_html(v)]
         if not v.greedy:
@@ -326,7 +333,7 @@ class VerifyStepper:
         if w is None:
             return (f'<div {style};color:#616161">what-if: move the slider (it stops in each child\'s segment) to '
                     f"re-run the verifier with another coin at node {self.current_node}</div>")
-        toks = " ".join(html.escape(token_label(self.run.text(t))) for t in w.tokens) or "(none)"
+        toks = " ".join(html.escape(self.view.label(t)) for t in w.tokens) or "(none)"
         tail = ("the recorded path: the recorded bonus stands" if w.same_path else
                 f"a different path (purple on the tree): the bonus would be drawn at node {w.bonus_node} (its row "
                 "is stored only as its top tokens, so the bonus token is not recomputed)")
@@ -379,8 +386,10 @@ class VerifyStepper:
         b["table"] = w.HTML()
         b["status"] = w.HTML()
         b["more"] = w.Button(description="run one more live step", disabled=self.more is None,
-                             tooltip="runs LiveSession one step (needs more=...)", layout={"width": "210px"})
+                             tooltip=self.more_reason(), layout={"width": "210px"})
         b["more"].add_class("ddtree-more")
+        b["more_note"] = w.HTML(f'<span class="ddtree-more-note" style="color:#616161;font-size:12px">'
+                                f"{html.escape(self.more_reason())}</span>" if self.more is None else "")
 
         b["request"].observe(lambda ch: self._on(self.set_request, ch["new"]), names="value")
         b["decision"].observe(lambda ch: self._on(self.go, ch["new"]), names="value")
@@ -391,7 +400,7 @@ class VerifyStepper:
         b["last"].on_click(lambda _: self._on(self.last))
         b["reset"].on_click(lambda _: self._on(self.set_coin, None))
         b["more"].on_click(lambda _: self._on(self.run_more))
-        controls = w.VBox([w.HBox([b["request"], b["step"], b["more"]]),
+        controls = w.VBox([w.HBox([b["request"], b["step"], b["more"], b["more_note"]]),
                            w.HBox([b["first"], b["prev"], b["next"], b["last"], b["decision"]]),
                            w.HBox([b["coin"], b["reset"], b["whatif"]])])
         b["box"] = w.VBox([controls, b["verdict"], b["picture"], b["details"], b["status"], b["table"]])

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .model import StepView, token_label
+from .model import StepView
 from .labels import mass_label
 from .labels import number_label
 
@@ -26,7 +26,7 @@ def to_text(view: StepView) -> str:
             return
         p = f"p{'<' if b.target_p_upper else '='}{number_label(b.target_p)}" if b.target_p is not None else "p=?"
         extra = f" residual p={number_label(b.residual_p)}" if b.residual_p is not None else ""
-        lines.append(f"{pad}★ bonus {token_label(b.text)} ({b.kind}) {p}{extra}")
+        lines.append(f"{pad}★ bonus {view.label(b.token)} ({b.kind}) {p}{extra}")
 
     stack = [(0, 0)]
     while stack:
@@ -42,7 +42,7 @@ def to_text(view: StepView) -> str:
         if status != "root":
             q = f" {node.drafter_q_text(4)}" if node.drafter_q_text(4) else ""
             info = f"  d{node.depth} r{node.rank} logw={node.logw:.3f} {node.target_p_text(4)}{q}"
-        lines.append(f"{pad}{MARKS[status]} [{i}] {token_label(node.text)}{info}")
+        lines.append(f"{pad}{MARKS[status]} [{i}] {view.label(node.token)}{info}")
         if view.bonus is not None and i == view.bonus_parent and (view.cursor is None or view.cursor.bonus_done):
             bonus_line(indent + 1)
         for c in reversed(node.children):
@@ -60,7 +60,7 @@ def decisions_text(view: StepView) -> str:
     rows = []
     for d in view.decisions:
         p = "?" if d.target_p is None else f"{'<' if d.target_p_upper else ''}{d.target_p:.4g}"
-        common = [str(d.order), str(d.depth), str(d.parent), str(d.node), token_label(d.text), p]
+        common = [str(d.order), str(d.depth), str(d.parent), str(d.node), view.label(d.token), p]
         if greedy:
             rows.append(common + ["yes" if d.verdict == "accept" else "no", d.verdict])
         else:
@@ -73,9 +73,9 @@ def decisions_text(view: StepView) -> str:
         out.append(f"bonus: none (support exhausted at node {b.node}, residual mass {mass_label(b.residual_mass)}, "
                    f"coin {number_label(b.coin)})")
     elif greedy:
-        out.append(f"bonus {token_label(b.text)}: the target's argmax at node {b.node}")
+        out.append(f"bonus {view.label(b.token)}: the target's argmax at node {b.node}")
     else:
         p = "?" if b.target_p is None else f"{'<' if b.target_p_upper else ''}{b.target_p:.4g}"
-        out.append(f"bonus {token_label(b.text)} at node {b.node} ({b.kind}): target p {p}, residual p "
+        out.append(f"bonus {view.label(b.token)} at node {b.node} ({b.kind}): target p {p}, residual p "
                    f"{number_label(b.residual_p)}, residual mass {mass_label(b.residual_mass)}, coin {number_label(b.coin)}")
     return "\n".join(out) + "\n"

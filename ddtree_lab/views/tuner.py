@@ -37,6 +37,8 @@ from ..step import Run
 __all__ = ["TunerState", "Tuner", "expected_tau_text", "params_from_controls", "reach_tree_dot", "bars_svg"]
 
 EXPECTED_TAU_CLASS = "ddtree-expected-tau"
+#: the box the selected step's tree scrolls in (its own scrollbars, at most 720 px high).
+TREE_CLASS = "ddtree-tuner-tree"
 
 
 def params_from_controls(temperature: float, top_k: int, top_p: float, min_p: float) -> SamplingParams:
@@ -158,7 +160,8 @@ def reach_tree_dot(data: TunerData, result: TunerResult, k: int, texts=None, max
     draws at most ``max_children`` children (None: all); the rest and their subtrees become one
     grey note with their count and total reach."""
     from .dot import STATUS_STYLE
-    from .model import text_lookup, token_label
+    from .labels import shared_text_ids, token_label
+    from .model import text_lookup
 
     def esc(text: str) -> str:
         return text.replace("&", "&amp;").replace("\\", "\\\\").replace('"', '\\"')
@@ -170,6 +173,8 @@ def reach_tree_dot(data: TunerData, result: TunerResult, k: int, texts=None, max
     step = data.steps[k]
     sl = data.step_nodes(k)
     n = min(step.num_nodes, result.budget + 1)
+    tokens = [int(t) for t in step.node_token_ids[:n]]
+    shared = shared_text_ids(tokens, lookup)
     tau = _interval_text(float(result.expected_lo[k]) + 1, float(result.expected_hi[k]) + 1)
     title = (f"step {step.step} · request {step.request_id} · {analysis.setting_label(result.params)} · "
              f"B'={n - 1} · expected τ = {tau}")
@@ -200,7 +205,7 @@ def reach_tree_dot(data: TunerData, result: TunerResult, k: int, texts=None, max
                           sum(float(result.reach_hi[sl.start + j]) for j in hidden)))
     for i in sorted(shown):
         g = sl.start + i
-        head = esc(f"#{i} {token_label(lookup(int(step.node_token_ids[i])))}")
+        head = esc(f"#{i} {token_label(lookup(tokens[i]), tokens[i], shared=tokens[i] in shared)}")
         if i == 0:
             lines.append(f'  n0 [label="{head}\\nroot", tooltip="node 0 (root / anchor)", '
                          f'{attrs(STATUS_STYLE["root"])}];')
@@ -356,7 +361,10 @@ class Tuner:
         self.per_step = w.HTML()
         self.cover = w.HTML()
         self.step_cover = w.HTML()
-        self.tree = w.HTML()
+        # the tree scrolls in its own box (both ways), so a wide or deep tree never widens the tuner
+        self.tree = w.HTML(layout=w.Layout(width="100%"))
+        self.params_note = w.HTML()
+        self.params_note.add_class("ddtree-tuner-params-note")
         self.live_button = w.Button(description="run live with these parameters", disabled=live is None,
                                     layout={"width": "260px"})
         self.live_button.add_class("ddtree-tuner-live")
@@ -371,7 +379,8 @@ class Tuner:
         self._update()
         head = w.HTML("<b>expected τ (mean over the recorded steps, target-only rule):</b>&nbsp;")
         self.widget = w.VBox([
-            w.HBox([w.VBox([self.temperature, self.top_k, self.top_p, self.min_p]), w.VBox([self.budget, self.request, self.step])]),
+            w.HBox([w.VBox([self.temperature, self.top_k, self.top_p, self.min_p, self.params_note]),
+                    w.VBox([self.budget, self.request, self.step])]),
             w.HBox([head, self.expected_tau]), self.summary, self.per_step, self.cover, self.step_cover,
             self.tree,
             w.HBox([self.live_button]), self.live_out])
@@ -411,10 +420,7 @@ class Tuner:
 
     def _update(self) -> None:
         self._sync()
-        greedy = self.temperature.value == 0  # top-k / top-p / min-p do not change an argmax
-        for s in (self.top_k, self.top_p, self.min_p):
-            s.disabled = greedy
-            s.tooltip = "no effect at temperature 0 (greedy: the argmax)" if greedy else None
+        self._disable_idle_sliders()
         st = self.state
         self.result = res = st.result()
         self.expected_tau.value = expected_tau_text(res)
@@ -434,6 +440,26 @@ class Tuner:
                                     "target mass the tree covers at each depth (mean over steps)", ymax=1.0,
                                     css_class="ddtree-tuner-cover")
         self._draw_step()
+
+    def _disable_idle_sliders(self) -> None:
+        """Sliders that change nothing are off, with the reason beside them (and as their
+        tooltip): at temperature 0 (greedy: the argmax) top-k, top-p and min-p; at top-k = 1 at
+        a temperature above 0 (only the argmax survives the cut) temperature, top-p and min-p."""
+        greedy = self.temperature.value == 0
+        one_token = not greedy and self.top_k.value == 1
+        if greedy:
+            idle, why = (self.top_k, self.top_p, self.min_p), "temperature 0 is greedy (the argmax)"
+        elif one_token:
+            idle, why = (self.temperature, self.top_p, self.min_p), "top-k = 1 keeps only the argmax"
+        else:
+            idle, why = (), ""
+        names = {self.temperature: "temperature", self.top_k: "top-k", self.top_p: "top-p", self.min_p: "min-p"}
+        for s in names:
+            s.disabled = s in idle
+            s.tooltip = f"no effect: {why}" if s in idle else None
+        self.params_note.value = ("" if not idle else
+                                  f'<span style="color:#616161;font-size:12px">{html.escape(why)}: '
+                                  f"{', '.join(names[s] for s in idle)} change nothing (off)</span>")
 
     def _draw_step(self) -> None:
         from .dot import render_svg
@@ -456,7 +482,10 @@ class Tuner:
                                          [str(d + 1) for d in range(res.cover_lo.shape[1])],
                                          f"step {s.step} / request {s.request_id}: target mass covered at each depth",
                                          ymax=1.0, css_class="ddtree-tuner-step-cover")
-        self.tree.value = render_svg(reach_tree_dot(self.state.data, res, k, self.run))
+        svg = render_svg(reach_tree_dot(self.state.data, res, k, self.run))
+        svg = svg.replace("<svg ", '<svg style="max-width:none" ', 1)  # never shrunk to fit: its box scrolls
+        self.tree.value = (f'<div class="{TREE_CLASS}" style="overflow:auto;max-width:100%;max-height:720px;'
+                           f'border:1px solid #ddd">{svg}</div>')
 
     def _on_live(self, button=None) -> None:
         if self.live is None:
