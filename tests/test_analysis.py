@@ -196,3 +196,21 @@ def test_compare_figures_on_fixture_traces(sampled_run, greedy_run):
         compare.trees_html(sampled_run, step=999)
     table = compare.looks_greedy_html(steps)
     assert "LOOKS GREEDY" not in table and table.count("<tr>") == 1 + 6
+
+
+def test_compare_table_says_it_counts_accepted_draft_tokens_and_the_depth_axis_fits_the_data(sampled_run):
+    """Issue 26.12: notebook 03's table names its accept-length columns τ − 1 (mean τ beside
+    them is one more), and acceptance by depth ends its axis where a depth was last offered."""
+    from ddtree_lab.views import compare
+
+    row = compare.summary_rows(sampled_run)[0]
+    assert {compare.OBSERVED, compare.EXPECTED, compare.DRAFTER} <= set(row) and "τ − 1" in compare.OBSERVED
+    assert row["mean τ"] == pytest.approx(row[compare.OBSERVED] + 1, abs=2e-3)
+    assert "(τ − 1)" in compare.summary_html(sampled_run)
+    by_depth = analysis.acceptance_by_depth(sampled_run.steps)
+    offered = max(d for d, o in zip(by_depth["depth"], by_depth["offered"]) if o)
+    assert max(by_depth["depth"]) > offered  # the fixture's trees are deeper than any walk went
+    fig = compare.acceptance_figure(sampled_run)
+    assert tuple(fig.layout.xaxis.range) == (0.5, offered + 0.5) and max(fig.data[0].x) == offered
+    assert f"the trees reach depth {max(by_depth['depth'])}" in fig.layout.title.text
+    assert "offered: the walk reached" in fig.layout.xaxis.title.text

@@ -192,3 +192,17 @@ def test_bad_arguments_are_named():
         views.VerifyStepper(run, request=5)
     with pytest.raises(ValueError, match="step position 3"):
         views.VerifyStepper(run, step=3)
+
+
+def test_a_stepper_without_a_live_session_says_why_its_live_button_is_off():
+    """Issue 26.12: the disabled "run one more live step" button shows its reason beside it
+    (and as its tooltip); with a live session there is no note and the tooltip says what it does."""
+    recorded = views.VerifyStepper(_run_of("collapsed"))
+    b = recorded.widget and recorded._widgets
+    assert b["more"].disabled and "no live session" in b["more"].tooltip
+    assert "ddtree-more-note" in b["more_note"].value and "no live session" in b["more_note"].value
+    assert "live_more" in b["more_note"].value
+    assert b["more_note"] in b["step_row"].children  # beside the button
+    live = views.VerifyStepper(_run_of("collapsed"), more=lambda: _run_of("collapsed"))
+    b = live.widget and live._widgets
+    assert not b["more"].disabled and b["more_note"].value == "" and "one more step" in b["more"].tooltip

@@ -417,3 +417,34 @@ def test_tuner_chart_has_a_fixed_y_scale_request_labels_and_the_tree_style_of_th
     assert capped.count("  n0 -> n") == 1 and "  n0 -> c" in capped  # one child, then the note
     # request by request on the x axis: one run of bars per request, the selected bar by its packed index
     assert t.state.chart_order() == [0, 2, 4, 1, 3, 5] and t.state.groups() == [(0, 3, "req r0"), (3, 6, "req r1")]
+
+
+def test_sliders_that_change_nothing_are_off_with_the_reason_beside_them(small_run):
+    """Issue 26.12: at top-k = 1 (temperature > 0) only the argmax survives, so temperature,
+    top-p and min-p change nothing: they are off with a note; the expected τ does not move."""
+    from ddtree_lab.views import tuner as tv
+
+    t = tv.Tuner(small_run)
+    assert t.params_note.value == "" and not t.temperature.disabled
+    t.top_k.value = 1
+    assert t.temperature.disabled and t.top_p.disabled and t.min_p.disabled and not t.top_k.disabled
+    assert "top-k = 1" in t.params_note.value and "temperature, top-p, min-p change nothing" in t.params_note.value
+    assert "ddtree-tuner-params-note" in t.params_note._dom_classes and "top-k = 1" in t.top_p.tooltip
+    one = t.expected_tau.value
+    data = t.state.data
+    for p in (tv.params_from_controls(1.7, 1, 0.3, 0.2), tv.params_from_controls(0.0, 0, 1.0, 0.0)):
+        assert tv.expected_tau_text(data, p, 16) == one  # what the note claims: the argmax alone
+    t.top_k.value = 2
+    assert not t.temperature.disabled and not t.top_p.disabled and t.params_note.value == ""
+    t.temperature.value = 0.0
+    assert not t.temperature.disabled and t.top_k.disabled and "temperature 0" in t.params_note.value
+
+
+def test_the_tuner_tree_scrolls_in_its_own_box(small_run):
+    """Issue 26.10: the tree sits in its own scrolling box (never shrunk, never widening the
+    tuner), not clipped with the only scrollbar under the whole tuner."""
+    from ddtree_lab.views import tuner as tv
+
+    t = tv.Tuner(small_run)
+    assert t.tree.value.startswith(f'<div class="{tv.TREE_CLASS}" style="overflow:auto;max-width:100%;')
+    assert '<svg style="max-width:none" ' in t.tree.value and t.tree.layout.width == "100%"

@@ -353,3 +353,37 @@ def test_wide_fans_are_capped_and_views_open_on_an_informative_step():
     box = notebook.step_browser(run, request)
     assert run.for_request(request)[box.children[0].value] is views.informative_step(run, request)
     assert "12 rejected" in notebook.step_browser(run, 0, position=0).children[1].value
+
+
+def test_children_summary_row_sums_target_p_under_its_own_column():
+    """Issue 26.5: the greedy stepper's "N more children" row printed "total target p 0" (the
+    sum of the one-hot accept p) under "= argmax?". It gives the sum of the children's target
+    p under "target p" (their share of the row: not 0), nothing under "= argmax?", and the
+    sums of accept p and path p under theirs."""
+    from ddtree_lab.views.labels import number_label
+
+    greedy = dl.load_trace(GREEDY_TRACE)
+    step = next(s for s in greedy.steps if sum(1 for p in s.parents.tolist()[1:] if p == 0) > 12)
+    view = views.step_view(step, greedy).at(0)
+    rest = [c for c in view.nodes[0].children[12:] if view.status(c) == "pending"]
+    assert rest
+    row = re.findall(r"<tr[^>]*>(.*?)</tr>", views.children_html(view))[-1]
+    cells = [html_unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+    head = re.findall(r"<th[^>]*>(.*?)</th>", views.children_html(view))
+    assert head[2:6] == ["target p", "= argmax?", "accept p", "path p"]
+    mass = sum(view.nodes[c].target_p for c in rest)
+    upper = any(view.nodes[c].target_p_upper for c in rest)
+    assert mass > 0 and cells[1] == f"{len(rest)} more children"
+    assert cells[2] == f"sum {'<' if upper else ''}{number_label(mass)}" and cells[3] == "-"
+    assert cells[4] == f"sum {number_label(sum(view.nodes[c].accept_p for c in rest))}"
+    assert "total target p" not in views.children_html(view)
+    sampled, texts = CASES["sampled_residual"]  # sampled: target p and accept p are the same numbers
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", re.findall(r"<tr[^>]*>(.*?)</tr>",
+                       views.children_html(views.step_view(sampled, texts).at(0), limit=1))[-1])
+    assert cells[1] == "2 more children" and cells[2] == cells[4] == "sum 0.2" and cells[3] == "-"
+
+
+def html_unescape(text: str) -> str:
+    import html as html_mod
+
+    return html_mod.unescape(text)
