@@ -303,3 +303,26 @@ def test_appending_after_a_crash_cuts_the_partial_tail(tmp_path):
     entries, tail = scan(path)
     assert [e.kind for e in entries] == ["run", "steps", "steps"] and tail.why is None
     assert json.loads(index_path(path).read_text().splitlines()[-1])["k"] == "steps"
+
+
+def test_info_after_a_kill_names_what_it_left_out(tmp_path, capsys):
+    """Issue 26.12: after `kill -9` (a recording never closed, its last segment cut) `info`
+    printed "(named above)" with nothing named on stdout; it names each problem on stdout."""
+    from ddtree_lab.cli import main
+
+    path = tmp_path / "killed.ddtrace"
+    shape = SyntheticShape(requests=2, budget=6, vocab=300)
+    w = TraceWriter(path, {"vocab_size": 300})
+    for k in range(3):
+        w.write_steps(synthetic_steps(shape, 1, k), {})
+    data = path.read_bytes()
+    entries, _ = scan(path)
+    path.write_bytes(data[:entries[-1].offset + 40])  # killed inside the last segment, never closed
+    index_path(path).unlink(missing_ok=True)
+    run = load(path)
+    assert run.problems
+    main(["info", str(path)])
+    out = capsys.readouterr().out
+    assert "named above" not in out
+    for problem in run.problems:
+        assert f"problem: {problem}" in out

@@ -26,7 +26,9 @@ def cmd_info(args) -> int:
     tname = target.get("name", "?") if isinstance(target, dict) else str(target)
     dname = drafter.get("name", "?") if isinstance(drafter, dict) else str(drafter)
     print(f"{run.source} {args.trace}: {count(len(run.steps), 'record')}"
-          + (f", {count(len(run.problems), 'damaged step record')} left out (named above)" if run.problems else ""))
+          + (f"; {count(len(run.problems), 'problem')} reading it:" if run.problems else ""))
+    for problem in run.problems:  # named here (stdout), not only in the warnings on stderr
+        print(f"  problem: {problem}")
     lacking = sorted({m for s in run.steps for m in s.missing_stages()})
     if lacking:
         print(f"not recorded: {', '.join(lacking)} (the views show what there is; replay and audit need buffers, "
@@ -203,8 +205,10 @@ def _replay_trace(args) -> int:
     if pending:
         parts.append(f"{pending} did not return (not replayed)")
     if bad:
-        parts.append(f"{bad} damaged and not replayed (named above)")
+        parts.append(f"{bad} damaged and not replayed (below)")
     print(f"{count(len(steps), 'step')} replayed with the reference verifier: " + ", ".join(parts))
+    for problem in run.problems:
+        print(f"  not replayed: {problem}")
     return EXIT_PROBLEM if differing or bad or pending else 0
 
 
