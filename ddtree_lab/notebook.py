@@ -14,7 +14,7 @@ from .verify.types import VerifyOutput
 from .views import committed_html, decisions_table_html, step_svg, step_view, to_text
 
 __all__ = ["DEFAULT_DRAFTER", "drafter_exists", "load_default", "load_drafter", "show_step", "show_steps", "show_text", "step_browser",
-           "decisions_html", "summary", "summary_html", "step_text", "verify_stepper", "live_more", "fixture_trace"]
+           "decisions_html", "summary", "summary_html", "table_html", "step_text", "verify_stepper", "live_more", "fixture_trace"]
 
 
 def _display(obj) -> None:
@@ -112,6 +112,23 @@ def summary_html(run: Run) -> str:
     head = "".join(f"<th>{k}</th>" for k in rows[0]) if rows else ""
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def table_html(head: list[str], rows: list[list], css_class: str = "ddtree-table") -> str:
+    """A table as HTML whose rows never wrap: cells stay on one line and the box scrolls
+    sideways when the table is wider than the page. Every cell is HTML-escaped.
+
+    Raises:
+        ValueError: a row whose length differs from ``head``'s (naming the row).
+    """
+    for k, r in enumerate(rows):
+        if len(r) != len(head):
+            raise ValueError(f"row {k} has {len(r)} cells for {len(head)} columns")
+    cell = 'style="padding:1px 8px;white-space:nowrap;text-align:left;font-family:monospace"'
+    th = "".join(f"<th {cell}>{html.escape(str(h))}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td {cell}>{html.escape(str(v))}</td>" for v in r) + "</tr>" for r in rows)
+    return (f'<div style="overflow-x:auto;max-width:100%"><table class="{html.escape(css_class)}" '
+            f'style="border-collapse:collapse;width:max-content"><tr>{th}</tr>{body}</table></div>')
 
 
 def step_text(run: Run, step_index: int) -> str:

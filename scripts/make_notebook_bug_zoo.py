@@ -31,6 +31,8 @@ then at the one line `diagnose` prints. To file a bug from your own engine's rec
 `ddtree-lab diagnose` on it first and paste its lines."""),
     ("code", """import json
 
+from IPython.display import HTML, display
+
 import ddtree_lab as dl
 from ddtree_lab import notebook
 from ddtree_lab.faults import FAULT_KINDS
@@ -38,12 +40,16 @@ from ddtree_lab.faults import FAULT_KINDS
 zoo = json.load(open("../benchmarks/bug_zoo.json"))
 checks = zoo["checks"]
 print(f"clean run: tau {zoo['clean']['tau']}, P(accept >= 1, 2, 3) {zoo['clean']['acceptance_by_depth']}")
-print(f"{'kind':30s} {'tau':>5s} " + " ".join(f"{c:>15s}" for c in checks) + "  named/observable")
-for r in zoo["zoo"]:
-    print(f"{r['kind']:30s} {r['tau']:5.2f} " + " ".join(f"{r['cells'].get(c, '?'):>15s}" for c in checks)
-          + f"  {r['named']}/{r['observable']}")
+display(HTML(notebook.table_html(["kind", "tau", *checks, "named/observable"],
+                                 [[r["kind"], f"{r['tau']:.2f}", *(r["cells"].get(c, "?") for c in checks),
+                                   f"{r['named']}/{r['observable']}"] for r in zoo["zoo"]])))
 alarms = sum(a["findings"] > 0 for a in zoo["false_alarms"])
-print(f"false alarms: {alarms} of {len(zoo['false_alarms'])} clean runs; timings {zoo['timings']}")"""),
+t = zoo["timings"]
+print(f"false alarms: {alarms} of {len(zoo['false_alarms'])} clean runs")
+print(f"diagnose on a run of {t['step_records']} step records ({t['decoding_steps']} decoding steps), "
+      f"models loaded once in {zoo['load_s']} s:")
+print(f"  {'without a model':<16s} {t['no_model_s']:>6.2f} s")
+print(f"  {'with the model':<16s} {t['with_model_s']:>6.2f} s")"""),
     ("md", """N: the check names the planted fault; f: it flags something but not with this name; `.`: it
 ran and found nothing; `-`: it could not run (it says why; that never counts as passing). The τ
 column is the symptom: some kinds barely move it (siblings visible, a batch-only mask), some are

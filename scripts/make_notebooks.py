@@ -103,7 +103,12 @@ python -m sglang.launch_server --model-path ... --speculative-algorithm EAGLE ..
 
 then set `RECORDING` below to `/tmp/rec/sglang-rank0-pid<PID>` and run all cells. Nothing
 here needs sglang installed or a GPU."""),
-    ("code", """from IPython.display import HTML, SVG, display
+    ("code", """import os
+import torch
+
+if not torch.cuda.is_available():  # before triton is imported: the lab's Triton backend runs interpreted below
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+from IPython.display import HTML, SVG, display
 
 from ddtree_lab import notebook, sglang, views
 
@@ -169,13 +174,21 @@ lab's (`replayed`); the table and the drawing are the lab's walk."""),
         display(SVG(views.step_svg(s, run)))"""),
     ("md", """## Every lab backend
 
-The same replay with each of the lab's verify backends present in this checkout. Every backend
-gets the same input (the recorded rows' logarithms at temperature 1), so they classify every
-row alike."""),
+The same replay with each of the lab's verify backends. Every backend gets the same input (the
+recorded rows' logarithms at temperature 1), so they classify every row alike. On a CPU the
+Triton backend runs under `TRITON_INTERPRET=1` (set in the first cell, before triton is
+imported); a backend that cannot run here is listed with the reason."""),
     ("code", """from ddtree_lab.sglang.kernels import lab_verifiers
+from ddtree_lab.verify import select_backend
 
-for backend in lab_verifiers():
-    print(f"{backend}: {sglang.replay_report(sglang.replay_recording(recording, backend))[-1]}")"""),
+backends = lab_verifiers()
+for backend in backends:
+    print(f"{backend}: {sglang.replay_report(sglang.replay_recording(recording, backend))[-1]}")
+if "triton" not in backends:
+    try:
+        select_backend("triton", "cuda" if torch.cuda.is_available() else "cpu")
+    except (RuntimeError, ImportError) as exc:
+        print(f"triton: not run: {exc} (on a CPU set TRITON_INTERPRET=1 before importing torch / triton)")"""),
 ]
 
 VERIFY_STEPPER = [
@@ -245,7 +258,7 @@ notebook hands the stepper a callable; the stepper never touches the model).""")
     ("code", """target, drafter = notebook.load_default()
 session = dl.LiveSession(target, drafter, budget=16, sampling=dl.SamplingParams(temperature=0.8, seed=3))
 session.start("Name three colours.")
-session.step(12)
+session.step(max_new_tokens=12)   # one step; the request stops at 12 new tokens
 live = notebook.verify_stepper(session.trace(), more=notebook.live_more(session, max_new_tokens=12))
 live"""),
     ("code", """live.run_more()   # what the button does

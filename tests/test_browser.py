@@ -373,6 +373,8 @@ def check_04(page) -> None:
     after = shown.inner_text().strip()
     assert after == expected_tau_for(controls), (after, controls)
     check_04_step_controls(page)
+    check_04_tree_scrolls_in_its_own_box(page)
+    check_04_idle_sliders_are_off_with_a_note(page)
     screenshot(page, "04_topk_topp_tuner", page.locator(".ddtree-expected-tau").first.locator(
         "xpath=ancestor::div[contains(@class, 'widget-vbox')][last()]"))
 
@@ -409,6 +411,45 @@ def check_04_step_controls(page) -> None:
     while run.steps[_selected_bar(page)].request != 2 and time.time() < deadline:
         page.wait_for_timeout(200)
     assert run.steps[_selected_bar(page)] is run.for_request(2)[0] and _readout(page, "ddtree-tuner-step") == "0"
+
+
+def check_04_tree_scrolls_in_its_own_box(page) -> None:
+    """Issue 26.10: the selected step's tree scrolls in its own box, which stays inside the
+    page (the tree was clipped at 1,100 px with the only scrollbar under the whole tuner)."""
+    box = page.locator(".ddtree-tuner-tree").first
+    box.scroll_into_view_if_needed()
+    got = box.evaluate("""el => {
+        const before = [el.scrollTop, el.scrollLeft];
+        el.scrollTop = 200; el.scrollLeft = 200;
+        const r = el.getBoundingClientRect(), svg = el.querySelector('svg').getBoundingClientRect();
+        return {over: el.scrollHeight > el.clientHeight || el.scrollWidth > el.clientWidth,
+                moved: el.scrollTop > before[0] || el.scrollLeft > before[1], right: r.right, height: r.height,
+                svgWidth: svg.width, boxWidth: r.width, page: document.documentElement.clientWidth}; }""")
+    assert got["over"] and got["moved"], got  # the box itself scrolls
+    assert got["right"] <= got["page"] + 1 and got["height"] <= 722, got  # and stays on the page
+    screenshot(page, "04_tuner_tree_box", box)
+
+
+def check_04_idle_sliders_are_off_with_a_note(page) -> None:
+    """Issue 26.12: at top-k = 1 temperature, top-p and min-p change nothing: they are off and
+    a note beside them says why; top-k back to 0 turns them on again."""
+    note = page.locator(".ddtree-tuner-params-note").first
+    handle = page.locator(".ddtree-tuner-top-k .noUi-handle").first
+    _press(page, handle, "Home")
+    _press(page, handle, "ArrowRight")
+    deadline = time.time() + 60
+    while "top-k = 1" not in note.inner_text() and time.time() < deadline:
+        page.wait_for_timeout(200)
+    assert "top-k = 1" in note.inner_text() and "change nothing" in note.inner_text()
+    for name in ("temperature", "top-p", "min-p"):
+        assert page.locator(f".ddtree-tuner-{name} [disabled]").count() >= 1, name
+    assert page.locator(".ddtree-tuner-top-k [disabled]").count() == 0
+    screenshot(page, "04_tuner_top_k_1", note.locator("xpath=ancestor::div[contains(@class, 'widget-vbox')][1]"))
+    _press(page, handle, "Home")
+    deadline = time.time() + 60
+    while note.inner_text().strip() and time.time() < deadline:
+        page.wait_for_timeout(200)
+    assert not note.inner_text().strip() and page.locator(".ddtree-tuner-temperature [disabled]").count() == 0
 
 
 CHECKS = {"02_verify_stepper.ipynb": check_02, "03_greedy_vs_sampling.ipynb": check_03,
@@ -453,3 +494,42 @@ def test_audit_plot_draws_offline(browser, tmp_path):
         page.close()
     assert drawn["embedded"][0] > 0 and drawn["embedded"][1] > 0 and not drawn["embedded"][2], drawn
     assert drawn["control"][0] == 0 and any("network.invalid" in u for u in drawn["control"][2]), drawn
+
+
+def test_byte_tokens_and_shared_texts_draw_apart_in_the_browser(browser, tmp_path):
+    """Issue 26.2: the stepper's tree and tables as Chromium draws them: byte tokens show as
+    ``<0xE3>`` escapes with their id, and two tokens recorded with the same ``'�'`` text (an
+    older recording) are told apart by their ids."""
+    import dataclasses
+
+    from ddtree_lab import views
+
+    run = _fixture_run()
+    step = next(s for s in run.steps if s.accept_length >= 1 and any(
+        d.verdict == "reject" and d.parent == 0 for d in s.decisions))
+    tokens = step.node_token_ids.tolist()
+    accepted = tokens[step.accepted_path[1]]
+    rejected = next(d.token for d in step.decisions if d.verdict == "reject" and d.parent == 0 and d.token != accepted)
+    other = next(t for t in tokens[1:] if t not in (accepted, rejected))
+    texts = dict(run.token_texts)
+    texts.update({accepted: "\ufffd", rejected: "\ufffd", other: "<0xE3><0x81>"})
+    run = dataclasses.replace(run, token_texts=texts)
+    stepper = views.VerifyStepper(run, request=step.request, step=run.for_request(step.request).index(step),
+                                  collapse_unvisited=False)
+    stepper.go(stepper.num_events)
+    page_file = tmp_path / "labels.html"
+    page_file.write_text(f'<html><meta charset="utf-8"><body>{stepper.picture_svg()}{stepper.details_html()}'
+                         f"{views.decisions_table_html(stepper.view)}</body></html>", encoding="utf-8")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(page_file.as_uri())
+        svg_text = " ".join(page.locator("svg g.node text").all_text_contents())
+        table_text = page.locator("table.ddtree-decisions").first.inner_text()
+        screenshot(page, "token_labels")
+    finally:
+        page.close()
+    for shown in (svg_text, table_text):
+        assert f"'�' id {accepted}" in shown and f"'�' id {rejected}" in shown, shown[:500]
+    assert f"'<0xE3><0x81>' id {other}" in svg_text
+    bare = svg_text.replace(f"'�' id {accepted}", "").replace(f"'�' id {rejected}", "")
+    assert "'�'" not in bare

@@ -124,3 +124,29 @@ def test_saved_notebooks_hold_no_stale_progress_bar():
         bars = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if is_progress_bar(o)]
         assert not bars, f"{path.name}: a saved progress bar: {bars[0]}"
         assert "Loading weights" not in path.read_text(), path.name
+
+
+def _outputs(nb) -> str:
+    return "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/html", ""))
+                   for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+
+
+def test_saved_notebooks_read_without_the_new_users_stumbles():
+    """Issue 26.10 / 26.12, on the saved notebooks: 06 runs every lab backend (Triton
+    interpreted on a CPU, set before triton is imported) or says why one did not run; 08's
+    detection matrix is a table whose rows never wrap and its timings are not a raw dict; 02
+    steps with a named argument, not `session.step(12)`."""
+    sg = nbformat.read(LABS / "06_sglang.ipynb", as_version=4)
+    first = next(c for c in sg.cells if c.cell_type == "code").source
+    assert first.index('os.environ.setdefault("TRITON_INTERPRET", "1")') < first.index("from ddtree_lab import")
+    backends = [c for c in sg.cells if c.cell_type == "code" and "lab_verifiers" in c.source][0]
+    assert "not run:" in backends.source
+    text = _outputs(sg)
+    assert "triton: 12 rows" in text or "triton: not run: " in text
+    zoo = nbformat.read(LABS / "08_bug_zoo.ipynb", as_version=4)
+    text = _outputs(zoo)
+    assert 'class="ddtree-table"' in text and "white-space:nowrap" in text and "overflow-x:auto" in text
+    assert "{'step_records'" not in text and "with the model" in text
+    stepper = nbformat.read(LABS / "02_verify_stepper.ipynb", as_version=4)
+    code = "".join(c.source for c in stepper.cells if c.cell_type == "code")
+    assert "session.step(12)" not in code and "session.step(max_new_tokens=12)" in code

@@ -387,3 +387,13 @@ def html_unescape(text: str) -> str:
     import html as html_mod
 
     return html_mod.unescape(text)
+
+
+def test_table_html_rows_never_wrap_and_scroll_sideways():
+    from ddtree_lab import notebook
+
+    table = notebook.table_html(["kind", "tau"], [["mask-<siblings>", "1.35"], ["x", 2]])
+    assert "white-space:nowrap" in table and "overflow-x:auto" in table and "width:max-content" in table
+    assert "mask-&lt;siblings&gt;" in table and table.count("<tr>") == 3
+    with pytest.raises(ValueError, match="row 1 has 1 cells for 2 columns"):
+        notebook.table_html(["kind", "tau"], [["a", "b"], ["c"]])
