@@ -259,6 +259,76 @@ def test_policies_outside_the_recording_are_scored_with_the_model(target, sample
         assert by[(s.step, s.request, "ddtree", 64)].tau_sampled >= by[(s.step, s.request, "ddtree", 8)].tau_sampled - 1e-12
 
 
+@pytest.mark.slow
+def test_live_session_verifies_the_policy_tree_and_its_counterfactual_reproduces_the_run(target, drafter):
+    from ddtree_lab.session import LiveSession
+    from ddtree_lab.sampling import SamplingParams
+
+    budget = 8
+    session = LiveSession(target, drafter, budget=budget, sampling=SamplingParams(temperature=0.8, seed=3),
+                          policy="beam4")
+    run = session.run("Tell me something interesting about lighthouses.", max_new_tokens=8)
+    assert run.metadata["policy"] == "beam4" and run.steps
+    beam4 = get_policy("beam4")
+    for s in run.steps:
+        anchor = int(s.node_token_ids[0])
+        assert s.tree.equals(beam4(s.draft, anchor, budget, None)), s.step  # the tree verified is the policy's
+        assert s.extra == {"policy": "beam4", "policy_budget": budget}
+        assert s.num_nodes - 1 == int(beam4(s.draft, anchor, budget, None).num_nodes[0]) - 1
+        # the counterfactual of the policy that ran is the recorded step: covered, no forward
+        (r,) = step_counterfactuals(s, ["beam4"], [budget])
+        assert r.covered and _tree(r.tree) == _tree(s.tree)
+        assert r.tau_sampled == pytest.approx(1.0 + recorded_expected_accepted(s), abs=1e-9)
+        # re-scored by a fresh forward at the step's prefix: the recorded rows again, and the walk
+        # at the recorded coins takes the recorded path
+        fresh = rescore_trees(target, step_prefix_ids(run, s), [s.tree], s.params)
+        got = torch.tensor([0.0] + [fresh.sampled[k] for k in path_keys(s.tree)[1:]], dtype=torch.float64)
+        assert torch.allclose(got[1:], s.child_probs.double()[1:], atol=2e-3), float((got - s.child_probs)[1:].abs().max())
+        ev = walk_request(s.retrieve_next_token, s.retrieve_next_sibling, s.node_token_ids, got.tolist(),
+                          s.coins.tolist(), s.final_coin)
+        assert [e.node for e in ev if e.kind == "move"] == s.accepted_path[1:]
+        assert sum(e.kind == "move" for e in ev) == s.accept_length
+
+
+def test_a_session_refuses_a_policy_it_cannot_run():
+    from types import SimpleNamespace
+
+    from ddtree_lab.session import LiveSession
+
+    target, drafter = SimpleNamespace(device="cpu"), SimpleNamespace(block_size=16)
+    with pytest.raises(KeyError, match="unknown name 'wide'"):
+        LiveSession(target, drafter, policy="wide")
+    with pytest.raises(TypeError, match="policy must be a policy function"):
+        LiveSession(target, drafter, policy=3)
+    with pytest.raises(ValueError, match="top1_spine and min_prob"):
+        LiveSession(target, drafter, policy="chain", min_prob=0.1)
+    with pytest.raises(ValueError, match="policy_context.max_depth 3 != max_depth 4"):
+        LiveSession(target, drafter, policy="chain", max_depth=4, policy_context=PolicyContext(max_depth=3))
+    with pytest.raises(ValueError, match="without a policy"):
+        LiveSession(target, drafter, policy_context=CTX)
+
+
+def test_policy_trees_are_stacked_as_a_batch_and_checked_against_their_budget():
+    from ddtree_lab.analysis.policies import build_policy_trees, stack_trees
+
+    ids = torch.stack([PAPER.token_ids, PAPER.token_ids + 100])
+    lps = torch.stack([PAPER.logprobs, PAPER.logprobs])
+    tree = build_policy_trees(get_policy("chain"), ids, lps, torch.tensor([5, 6]), [1, 3])
+    assert tree.num_nodes.tolist() == [2, 4] and tree.node_token_ids.tolist() == [[5, 10, -1, -1], [6, 110, 120, 130]]
+    assert tree.parents[0].tolist() == [-1, 0, -1, -1] and tree.node_logws[0, 2:].isneginf().all()
+    vi = compile_retrieve(tree, torch.tensor([7, 9]))
+    parents, _ = decode_retrieve(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes)
+    assert parents[1].tolist() == [-1, 0, 1, 2]
+
+    def greedy_overshoot(draft, anchor, budget, context=None):  # one node too many at anchor 6
+        return get_policy("ddtree")(draft, anchor, budget + (anchor == 6), context)
+
+    with pytest.raises(ValueError, match="request 1: policy greedy_overshoot built 4 draft nodes for budget 3"):
+        build_policy_trees(greedy_overshoot, ids, lps, torch.tensor([5, 6]), [9, 3])
+    with pytest.raises(ValueError, match="batch of one"):
+        stack_trees([build_policy_trees(get_policy("chain"), ids, lps, torch.tensor([5, 6]), [1, 1])])
+
+
 # -- the CLI verb -------------------------------------------------------------------------------------
 
 def test_compare_policies_verb(capsys, tmp_path):
