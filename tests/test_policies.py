@@ -335,15 +335,44 @@ def test_compare_policies_verb(capsys, tmp_path):
     from ddtree_lab.cli import main
 
     assert main(["compare-policies", str(SAMPLED), "--policy", "ddtree", "--budgets", "4,32",
-                 "--max-steps", "3", "--parquet", str(tmp_path)]) == 0
+                 "--max-steps", "3"]) == 0
     out = capsys.readouterr().out
-    assert "ddtree" in out and "3/3" in out and (tmp_path / "policies.parquet").exists()
+    assert "ddtree" in out and "3/3" in out
     # a tree outside the recording without --model: exit 1, the row says it was not scored
     assert main(["compare-policies", str(SAMPLED), "--policy", "chain", "--budgets", "8", "--max-steps", "2"]) == 1
     assert "not scored" in capsys.readouterr().out
     assert main(["compare-policies", str(SAMPLED), "--policy", "wide"]) == 2
     assert "--policy wide: unknown policy" in capsys.readouterr().err
     assert main(["compare-policies", str(SAMPLED), "--budgets", "4,x"]) == 2
+
+
+def test_compare_policies_parquet_has_one_row_per_step_policy_and_budget(capsys, tmp_path, sampled_run):
+    import pyarrow.parquet as pq
+
+    from ddtree_lab.cli import main
+
+    out = tmp_path / "cf.parquet"
+    # chain at 8 lies outside the recording (no model): its rows are written with null E[tau]
+    assert main(["compare-policies", str(SAMPLED), "--policy", "ddtree", "--policy", "chain", "--budgets", "4,8",
+                 "--max-steps", "3", "--parquet", str(out)]) == 1
+    assert "12 rows ->" in capsys.readouterr().out
+    table = pq.read_table(out).to_pylist()
+    assert [(r["step"], r["request"], r["policy"], r["budget"]) for r in table] == [
+        (s.step, s.request, p, b) for s in sampled_run.steps[:3] for p in ("ddtree", "chain") for b in (4, 8)]
+    assert {r["run"] for r in table} == {str(SAMPLED)}
+    by = {(s.step, s.request): s for s in sampled_run.steps[:3]}
+    for row in table:
+        s = by[(row["step"], row["request"])]
+        (want,) = step_counterfactuals(s, [row["policy"]], [row["budget"]])
+        assert (row["tau_greedy"], row["tau_sampled"], row["covered"], row["num_nodes"]) == (
+            want.tau_greedy, want.tau_sampled, want.covered, want.num_nodes)
+        assert (row["tau_sampled"] is None) == (row["reason"] is not None)
+    assert any(r["covered"] for r in table) and any(r["tau_sampled"] is None for r in table)
+    # nothing is replaced, the name says what it is, the directory must exist: refused before loading
+    for bad, why in [(out, "exists"), (tmp_path / "cf.csv", "ending in .parquet"),
+                     (tmp_path / "no" / "x.parquet", "no such directory")]:
+        assert main(["compare-policies", str(SAMPLED), "--parquet", str(bad)]) == 2
+        assert why in capsys.readouterr().err
 
 
 @pytest.mark.slow
