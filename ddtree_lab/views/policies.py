@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["load_policy_records", "tokens_per_second_figure", "tau_by_depth_figure", "policy_tree_dot",
+__all__ = ["load_policy_records", "tokens_per_second_figure", "tau_by_depth_figure", "policy_tree_dot", "PolicyPicker",
            "policy_trees_html", "mean_accept_by_depth"]
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
@@ -201,3 +201,90 @@ def policy_trees_html(results: Sequence, texts=None) -> str:
             body = f"<p>graphviz could not draw it ({html.escape(str(exc))}); its DOT:</p><pre>{html.escape(src)}</pre>"
         cells.append(f'<div style="flex:1 1 0; min-width:260px; overflow:auto">{body}</div>')
     return f'<div class="ddtree-policy-trees" style="display:flex; gap:12px; align-items:flex-start">{"".join(cells)}</div>'
+
+
+class PolicyPicker:
+    """The policy picker of the tuner notebook: a policy dropdown (the policies of
+    ``results``), a budget slider and a step slider over precomputed results; it reads them and
+    never a model.
+
+    Shows: the exact ``P(accepted >= d)`` by depth of every policy at the chosen budget
+    (:func:`tau_by_depth_figure`), the chosen step's trees side by side (the chosen policy, DDTree
+    and the chain at the chosen budget, :func:`policy_trees_html`) and, given benchmark rows,
+    expected tokens/s against the budget with plain decoding and the chain as horizontal lines
+    (:func:`tokens_per_second_figure`).
+
+    Args:
+        results: :class:`PolicyResult`s (:func:`~ddtree_lab.analysis.counterfactual.
+            run_counterfactuals` or ``step_counterfactuals``, computed before).
+        texts: token texts for the trees (a :class:`Run` or mapping).
+        rows, plain_tok_s: ``benchmarks/tree_policies.json`` rows and plain decoding's tokens/s
+            (:func:`load_policy_records`), or None (no tokens/s panel).
+
+    Raises:
+        ValueError: no results.
+    """
+
+    def __init__(self, results: Sequence, texts=None, rows: Sequence[dict] | None = None,
+                 plain_tok_s: float | None = None):
+        import ipywidgets as w
+
+        if not results:
+            raise ValueError("PolicyPicker needs policy results (run the counterfactuals first)")
+        self.results, self.texts = list(results), texts
+        self.policies = list(dict.fromkeys(r.policy for r in self.results))
+        self.budgets = sorted({r.budget for r in self.results})
+        self.steps = list(dict.fromkeys((r.step, r.request) for r in self.results))
+        self.policy = w.Dropdown(options=self.policies, value=self.policies[0], description="policy")
+        self.budget = w.SelectionSlider(options=self.budgets, value=self.budgets[-1], description="budget B")
+        self.step = w.IntSlider(value=0, min=0, max=len(self.steps) - 1, description="step #")
+        for c, name in ((self.policy, "policy"), (self.budget, "budget"), (self.step, "step")):
+            c.add_class(f"ddtree-policy-{name}")
+        self.depth_out, self.trees_out, self.speed_out = w.Output(), w.HTML(), w.Output()
+        self.summary = w.HTML()
+        self.widget = w.VBox([w.HBox([self.policy, self.budget, self.step]), self.summary, self.depth_out,
+                              self.trees_out, self.speed_out])
+        self.widget.add_class("ddtree-policy-picker")
+        if rows is not None and plain_tok_s is not None:
+            with self.speed_out:
+                from IPython.display import display
+
+                display(tokens_per_second_figure(rows, plain_tok_s))
+        for c in (self.policy, self.budget, self.step):
+            c.observe(lambda _change: self.update(), names="value")
+        self.update()
+
+    def chosen(self) -> list:
+        """The results drawn side by side: the chosen policy, then DDTree and the chain (where
+        computed and not the chosen one), at the chosen budget and step."""
+        key = self.steps[self.step.value]
+        names = [self.policy.value] + [n for n in ("ddtree", "chain") if n != self.policy.value and n in self.policies]
+        by = {(r.policy, r.budget, r.step, r.request): r for r in self.results}
+        return [by[k] for k in ((n, self.budget.value) + key for n in names) if k in by]
+
+    def summary_html(self) -> str:
+        """One line: the chosen policy's mean E[tau] at the chosen budget over the steps."""
+        import html
+
+        rs = [r for r in self.results if r.policy == self.policy.value and r.budget == self.budget.value]
+        ok = [r.tau_sampled for r in rs if r.tau_sampled is not None]
+        mean = f"{sum(ok) / len(ok):.3f}" if len(ok) == len(rs) else f"not scored on {len(rs) - len(ok)} of {len(rs)} steps"
+        return (f"<div>{html.escape(str(self.policy.value))} at B = {self.budget.value}: mean exact E[τ] {mean} over "
+                f"{len(rs)} steps (mean {sum(r.num_nodes for r in rs) / max(len(rs), 1):.1f} nodes)</div>")
+
+    def update(self) -> None:
+        from IPython.display import display
+
+        self.summary.value = self.summary_html()
+        self.trees_out.value = policy_trees_html(self.chosen(), self.texts)
+        self.depth_out.clear_output(wait=True)
+        with self.depth_out:
+            try:
+                display(tau_by_depth_figure(self.results, self.budget.value))
+            except ValueError as exc:  # nothing scored at this budget: say so
+                print(exc)
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
