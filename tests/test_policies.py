@@ -385,3 +385,33 @@ def test_measured_cost_model_drives_the_cost_policy(target, sampled_run):
     assert all(t > 0 for t in cm.seconds[1]) and cm.seconds[1][2] > cm.seconds[1][0]
     tree = cost_aware_policy(s.draft, int(s.node_token_ids[0]), 32, PolicyContext(cost_model=cm))
     assert 1 <= int(tree.num_nodes[0]) <= 33
+
+
+# -- the views (read results, never a model) ----------------------------------------------------------
+
+def test_policy_views_draw_the_results_they_are_given(sampled_run):
+    from ddtree_lab.views.policies import PolicyPicker, mean_accept_by_depth, policy_tree_dot, tokens_per_second_figure
+
+    res = [r for s in sampled_run.steps[:3] for r in step_counterfactuals(s, ["ddtree", "capped4", "beam2"], [4, 8])]
+    scored = [r for r in res if r.tau_sampled is not None]
+    assert len(scored) < len(res)  # beam2 at 8 leaves the recorded tree (no model here)
+    for r in scored:  # P(accepted >= d) sums to E[tau] - 1; the reach of the root is 1
+        assert sum(r.accept_by_depth) == pytest.approx(r.tau_sampled - 1.0, abs=1e-12) and r.reach[0] == 1.0
+    for r in res:
+        assert (r.accept_by_depth is None) == (r.reach is None) == (r.tau_sampled is None)
+    by = mean_accept_by_depth(res)  # groups with an unscored step are left out, not averaged over a subset
+    unscored = {(r.policy, r.budget) for r in res if r.tau_sampled is None}
+    assert set(by) == {(r.policy, r.budget) for r in res} - unscored and unscored
+    dot = policy_tree_dot(res[0], sampled_run)
+    assert dot.count("reach=") == res[0].num_nodes and "ddtree · B=4" in dot
+    picker = PolicyPicker(res, texts=sampled_run)
+    picker.policy.value, picker.budget.value = "capped4", 4
+    assert [r.policy for r in picker.chosen()] == ["capped4", "ddtree"]
+    assert "capped4 at B = 4: mean exact E[τ]" in picker.summary.value
+    assert picker.trees_out.value.count("<svg") == 2
+    rows = [{"temperature": 0.0, "policy": p, "budget": b, "expected_tok_s": v, "live_tau_tok_s": None}
+            for p, b, v in [("ddtree", 4, 8.0), ("ddtree", 8, 9.0), ("chain", 4, 7.0), ("chain", 8, 6.5)]]
+    fig = tokens_per_second_figure(rows, 18.0)
+    lines = {t.name: t for t in fig.data}
+    assert lines["plain decoding"].y == (18.0, 18.0) and lines["chain (best budget)"].y == (7.0, 7.0)
+    assert lines["ddtree"].y == (8.0, 9.0)
