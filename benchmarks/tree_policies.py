@@ -1,28 +1,46 @@
-"""Does a tree pay here? Tree policies x budgets on recorded fixture runs (issue #27).
+"""Does a tree pay here? Tree policies x budgets, exact counterfactuals against live runs (issue #27).
 
-For each recorded run (fixtures/traces) and each step (the first --steps of it), every tree
-policy of ddtree_lab.analysis.policies is built at every budget from the step's recorded draft
-top-k, and its EXACT expected accept length E[tau] (target-only rule, greedy and at the run's
-sampling parameters; ddtree_lab.analysis.counterfactual) is computed: recorded rows where the
-recording covers the tree, one target tree forward per step (the union of all trees) otherwise.
+On the embedded default (SmolLM2-135M target, fp32 on this CPU, the lab's default DFlash
+drafter), held-out prompts (``fixtures/drafters/dflash_prompts.json`` "held_out": topics and
+templates the drafter's training prompts never use, scripts/dflash_prompts.py), at T = 0 and
+T = 0.8:
 
-The cost side is measured here, with the real target (SmolLM2-135M, fp32, this CPU): seconds
-per target tree forward against N (median of --repeats), and the drafter's seconds per round
-(a short LiveSession with the default drafter, median of its 'draft' + 'build' stages). Then
+1. **Cost.** Seconds per target tree forward against N (rows, root included) at batch sizes 1
+   and 8 (:func:`ddtree_lab.analysis.counterfactual.measure_cost_model`, median of
+   ``--repeats``), and the drafter's seconds per round (median ``draft`` + ``build`` stage of
+   the recorded run).
+2. **One recorded trajectory** per temperature: a live DDTree run at budget 32 (level full).
+3. **Exact counterfactuals** on that trajectory: every policy of
+   :data:`ddtree_lab.analysis.policies.POLICIES` at every budget, built from each recorded
+   step's draft top-k, its exact E[tau] (accepted + bonus) under the target-only rule, the
+   nodes the recording does not cover scored with one target tree forward per step.
+4. **Live runs** of the same prompts under each policy and budget
+   (``LiveSession(policy=...)``): live tau = mean over steps of accepted draft tokens + 1
+   (``docs/DESIGN.md``: accept length tau), and the **counterfactual bias** = counterfactual
+   E[tau] (from the ONE recorded trajectory) - live tau.
 
-    expected tokens/s = sum_steps E[tau] / sum_steps (t_draft + t_forward(1 + nodes))
-    plain decoding     = 1 / t_forward(1)            (one token per one-row forward, no drafter)
+Tokens per second, per request stream (batch size 1 costs):
 
-and the break-even budgets: the smallest budget at which a policy beats plain decoding, and the
-smallest at which it beats the chain at the same budget by more than 1%; "E[tau] to pay" is the
-E[tau] those trees would need to match plain decoding.
+    expected tok/s = sum_steps E[tau] / sum_steps (t_draft + t_forward(1 + nodes))
+    live-tau tok/s = live tau / (t_draft + t_forward(1 + live mean nodes))
+    plain decoding = 1 / t_forward(1)          (one token per one-row forward, no drafter)
 
-    DDTREE_LAB_THREADS=1 python benchmarks/tree_policies.py [--steps 60] [--repeats 5]
+Break-even budget: the smallest budget at which a policy's expected tok/s beats plain decoding,
+and the smallest at which it beats the chain's best budget. The live runs' own wall clock
+(tokens generated / seconds, the 8 prompts as one batch) is printed too: it shares the CPU
+with whatever else runs, the cost model is the figure to compare policies by.
+
+    DDTREE_LAB_THREADS=1 python benchmarks/tree_policies.py [--prompts 8] [--new-tokens 64]
+
+Writes ``--out`` (the table), ``benchmarks/tree_policies.json`` (the rows, read by
+``labs/04_topk_topp_tuner.ipynb``) and ``benchmarks/tree_policies.html`` (the plotly figure;
+plotly.js from its CDN; a static PNG beside it only where kaleido is installed).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 import time
@@ -30,104 +48,228 @@ from pathlib import Path
 
 import torch
 
-from ddtree_lab.analysis.counterfactual import measure_cost_model, run_counterfactuals, step_prefix_ids
+from ddtree_lab.analysis.counterfactual import measure_cost_model, step_counterfactuals, step_prefix_ids
 from ddtree_lab.analysis.policies import POLICIES, PolicyContext
-from ddtree_lab.io import load
+from ddtree_lab.sampling import SamplingParams
+from ddtree_lab.session import LiveSession
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNS = ["smollm2_t08_b32", "smollm2_greedy_b32"]
 BUDGETS = [4, 8, 16, 32, 64]
-NUM_ROWS = (1, 5, 9, 17, 33, 65, 129)
+RECORDED_BUDGET = 32
+NUM_ROWS = (1, 5, 9, 17, 33, 65)
+BATCH_SIZES = (1, 8)
 
 
-def drafter_seconds(target, rounds: int) -> float:
-    """Median drafter + build seconds per round of a short live run (default drafter, bs 1)."""
-    from ddtree_lab.models.loading import load_drafter
-    from ddtree_lab.session import LiveSession
-
-    drafter = load_drafter(target)
-    run = LiveSession(target, drafter, budget=4, record="light").run("Name three colours.", max_new_tokens=rounds)
-    secs = [s.timings.get("draft", 0.0) + s.timings.get("build", 0.0) for s in run.steps]
-    return statistics.median(secs[1:] or secs)  # the first round warms up
+def by_batch_size(run) -> dict[int, int]:
+    """Step number -> how many requests took part (the batch size of that step)."""
+    out: dict[int, int] = {}
+    for s in run.steps:
+        out[s.step] = out.get(s.step, 0) + 1
+    return out
 
 
-def table(run_name, run, results, cm, plain_tps, out):
-    sampled_label = "greedy" if run.steps[0].params.is_greedy else run.steps[0].params.label()
-    groups = {}
-    for r in results:
-        groups.setdefault((r.policy, r.budget), []).append(r)
+def counterfactuals(run, target, cm, names, budgets, first=0, last=None):
+    """step_counterfactuals over the run's steps ``first:last``, each with the cost model at the
+    batch size its step ran at."""
+    bs = by_batch_size(run)
+    res = []
+    for s in run.steps[first:last]:
+        ctx = PolicyContext(cost_model=cm, batch_size=bs[s.step])
+        res.extend(step_counterfactuals(s, names, budgets, target=target, prefix_ids=step_prefix_ids(run, s),
+                                        context=ctx))
+    return res
 
-    def tps(rs):
-        if any(r.tau_sampled is None for r in rs):
-            return None
-        return sum(r.tau_sampled for r in rs) / sum(cm.round_seconds(1 + r.num_nodes) for r in rs)
 
-    def need(rs):  # the E[tau] at which these trees would match plain decoding's tokens/s
-        return sum(cm.round_seconds(1 + r.num_nodes) for r in rs) / len(rs) * plain_tps
-
-    rate = {k: tps(v) for k, v in groups.items()}
-    steps = len({(r.step, r.request) for r in results})
-    out(f"\n## {run_name}: {steps} steps, sampled column at {sampled_label}, recorded budget "
-        f"{run.metadata.get('budget')}")
-    out(f"{'policy':<8} {'budget':>6} {'nodes':>6} {'E[tau] greedy':>13} {'E[tau] sampled':>14} "
-        f"{'covered':>8} {'tok/s':>7} {'x plain':>8} {'x chain':>8} {'E[tau] to pay':>13}")
-    for (name, b), rs in groups.items():
-        ok = all(r.tau_sampled is not None and r.tau_greedy is not None for r in rs)
-        g = sum(r.tau_greedy for r in rs) / len(rs) if ok else None
-        s = sum(r.tau_sampled for r in rs) / len(rs) if ok else None
-        t, c = rate[(name, b)], rate.get(("chain", b))
-        f = lambda x, w, p=3: ("-" if x is None else f"{x:.{p}f}").rjust(w)  # noqa: E731
-        out(f"{name:<8} {b:>6} {sum(r.num_nodes for r in rs) / len(rs):>6.1f} {f(g, 13)} {f(s, 14)} "
-            f"{sum(r.covered for r in rs):>4}/{len(rs):<3} {f(t, 7, 2)} {f(t and t / plain_tps, 8, 2)} "
-            f"{f(t and c and t / c, 8, 2)} {f(need(rs), 13)}")
-    out(f"break-even (expected tokens/s; plain decoding {plain_tps:.2f} tok/s):")
-    for name in dict.fromkeys(k[0] for k in groups):
-        vs_plain = [b for b in BUDGETS if rate.get((name, b)) and rate[(name, b)] >= plain_tps]
-        vs_chain = [b for b in BUDGETS if rate.get((name, b)) and rate.get(("chain", b))
-                    and rate[(name, b)] > 1.01 * rate[("chain", b)]]
-        best = max(BUDGETS, key=lambda b: rate.get((name, b)) or 0.0)
-        out(f"  {name:<8} beats plain from budget {vs_plain[0] if vs_plain else 'never'}; beats the chain "
-            f"(same budget) from {vs_chain[0] if vs_chain else 'never'}; best budget {best} "
-            f"({rate.get((name, best)) or 0:.2f} tok/s)")
+def live(target, drafter, prompts, new_tokens, temperature, policy, budget, cm, record):
+    session = LiveSession(target, drafter, budget=budget, sampling=SamplingParams(temperature=temperature, seed=1),
+                          seed=1, record=record, policy=policy,
+                          policy_context=PolicyContext(cost_model=cm) if policy == "cost" else None)
+    t0 = time.perf_counter()
+    run = session.run(prompts, max_new_tokens=new_tokens)
+    wall = time.perf_counter() - t0
+    acc = [s.accept_length for s in run.steps]
+    gen = sum(len(run.generated_tokens(b)) for b in range(len(prompts)))
+    return run, {"tau": sum(a + 1 for a in acc) / len(acc), "steps": len(acc),
+                 "nodes": sum(s.num_nodes - 1 for s in run.steps) / len(acc),
+                 "by_depth": [sum(a >= d for a in acc) / len(acc) for d in range(1, 9)],
+                 "wall_s": wall, "wall_tok_s": gen / wall,
+                 "step_s": sum(session.stage_totals.values()) / max(session.num_steps, 1)}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (the first N; default all)")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--temperatures", default="0,0.8")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--live-minutes", type=float, default=25.0,
+                    help="if the estimated live grid exceeds this, live runs only at --reduced-budgets")
+    ap.add_argument("--reduced-budgets", default="8,32")
+    ap.add_argument("--deadline-minutes", type=float, default=None,
+                    help="start no live run after this many minutes since the start (the rest are listed as "
+                         "not run); default: no deadline")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "tree_policies.out.txt"))
+    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "tree_policies.json"))
+    ap.add_argument("--figure", default=str(ROOT / "benchmarks" / "tree_policies.html"))
     args = ap.parse_args()
-    lines = []
+    lines: list[str] = []
 
     def out(text=""):
         print(text, flush=True)
         lines.append(text)
 
     from ddtree_lab.models import load_default_target
+    from ddtree_lab.models.loading import load_drafter
 
     start = time.perf_counter()
     target = load_default_target(dtype=torch.float32)
-    runs = {name: load(ROOT / "fixtures" / "traces" / f"{name}.ddtrace.safetensors") for name in RUNS}
-    first = runs[RUNS[0]].steps[0]
-    prefix = step_prefix_ids(runs[RUNS[0]], first) + [int(first.node_token_ids[0])]
-    t_draft = drafter_seconds(target, rounds=8)
-    cm = measure_cost_model(target, prefix, first.draft, NUM_ROWS, repeats=args.repeats, draft_seconds=t_draft)
+    drafter = load_drafter(target)
+    prompts = json.loads((ROOT / "fixtures" / "drafters" / "dflash_prompts.json").read_text())["held_out"][: args.prompts]
+    temps = [float(t) for t in args.temperatures.split(",")]
+    names = list(POLICIES)
+
+    # -- the recorded trajectories (DDTree, budget 32, full rows), the first live configuration --
+    recorded, live_rows = {}, {}
+    for temp in temps:
+        run, row = live(target, drafter, prompts, args.new_tokens, temp, "ddtree", RECORDED_BUDGET, None, "full")
+        recorded[temp] = run
+        live_rows[(temp, "ddtree", RECORDED_BUDGET)] = row
+    per_run = statistics.mean(r["wall_s"] for r in live_rows.values())
+
+    # -- cost model -------------------------------------------------------------------------------
+    first = recorded[temps[0]].steps[0]
+    prefix = step_prefix_ids(recorded[temps[0]], first) + [int(first.node_token_ids[0])]
+    drafts = [s.timings["draft"] + s.timings["build"] for r in recorded.values() for s in r.steps]
+    t_draft = statistics.median(drafts)  # per batched round; bs-1 rounds are cheaper (an upper bound)
+    cm = measure_cost_model(target, prefix, first.draft, NUM_ROWS, repeats=args.repeats, draft_seconds=t_draft,
+                            batch_sizes=BATCH_SIZES)
     plain_tps = 1.0 / cm.forward_seconds(1)
-    out("# Does a tree pay here? Tree policies x budgets, exact counterfactual E[tau] on recorded runs")
-    out(f"machine: {platform.processor() or platform.machine()}, torch threads {torch.get_num_threads()}, "
-        f"target SmolLM2-135M fp32 on CPU, drafter: the lab's default; steps per run: {args.steps or 'all'}; "
-        f"policies {list(POLICIES)}; budgets {BUDGETS}")
-    out(f"cost model (median of {args.repeats}, prefix {len(prefix) - 1} tokens, bs 1): drafter + build "
-        f"{t_draft * 1e3:.1f} ms per round; target tree forward: " +
-        ", ".join(f"N={n} {s * 1e3:.1f} ms" for n, s in zip(cm.num_rows, cm.seconds[1])))
-    ctx = PolicyContext(cost_model=cm)
-    for name, run in runs.items():
+
+    # -- live grid: measured one configuration first ------------------------------------------------
+    # cheapest budgets first, both temperatures, so that a deadline leaves comparable pairs
+    configs = [(t, n, b) for b in sorted(BUDGETS, key=lambda b: (b not in (8, 32), b)) for t in temps for n in names
+               if (t, n, b) not in live_rows]
+    estimate = per_run * len(configs) / 60
+    live_budgets = BUDGETS
+    if estimate > args.live_minutes:
+        live_budgets = [int(b) for b in args.reduced_budgets.split(",")]
+        configs = [c for c in configs if c[2] in live_budgets]
+    out("# Does a tree pay here? Tree policies x budgets: exact counterfactual E[tau], live tau, bias, cost")
+    out(f"machine: {platform.processor() or platform.machine()}, 2 cores shared with other jobs, torch threads "
+        f"{torch.get_num_threads()}; target {target.name} fp32 on CPU; drafter {drafter.name} (the lab's default)")
+    out(f"prompts: {len(prompts)} held-out prompts x {args.new_tokens} new tokens, one batch per run (topics and "
+        f"templates never in the drafter's 620 training prompts, fixtures/drafters/dflash_prompts.json): {prompts}")
+    out(f"policies {names}; budgets {BUDGETS}; temperatures {temps}; seed 1")
+    out(f"live runs: one took {per_run:.0f} s (DDTree B={RECORDED_BUDGET}); the whole grid was estimated at "
+        f"{estimate:.0f} min -> live runs at budgets {live_budgets}" +
+        ("" if live_budgets == BUDGETS else f" only (over the {args.live_minutes:.0f}-minute limit); "
+         "counterfactuals for the whole grid"))
+    out(f"cost model (this CPU, median of {args.repeats}, prefix {len(prefix) - 1} tokens): drafter + build "
+        f"{t_draft * 1e3:.1f} ms per round (median over the recorded batched rounds)")
+    for bs in BATCH_SIZES:
+        out(f"  target tree forward, bs {bs}: " + ", ".join(f"N={n} {s * 1e3:.1f} ms"
+                                                          for n, s in zip(cm.num_rows, cm.seconds[bs])))
+    out(f"plain decoding (1 / t_forward(N=1, bs 1)): {plain_tps:.2f} tok/s")
+
+    # -- counterfactuals: the timing goal on 100 steps, then the rest ----------------------------------
+    cf = {}
+    for temp in temps:
+        run = recorded[temp]
         t0 = time.perf_counter()
-        res = run_counterfactuals(run, list(POLICIES), BUDGETS, target=target, context=ctx, max_steps=args.steps)
-        table(name, run, res, cm, plain_tps, out)
-        out(f"({time.perf_counter() - t0:.0f} s)")
-    out(f"\ntotal {time.perf_counter() - start:.0f} s. Live tau per policy (and the counterfactual's bias "
-        "against it) is not measured: LiveSession builds its trees with build_tree only.")
+        head = counterfactuals(run, target, cm, names, BUDGETS, last=100)
+        dt = time.perf_counter() - t0
+        steps = len({(r.step, r.request) for r in head})
+        out(f"counterfactual timing (goal <= 120 s): {steps} recorded steps x {len(names)} policies x {len(BUDGETS)} "
+            f"budgets in {dt:.1f} s at T={temp}")
+        cf[temp] = head + counterfactuals(run, target, cm, names, BUDGETS, first=100)
+
+    t0 = time.perf_counter()
+    not_run = []
+    last = per_run
+    for i, (temp, name, b) in enumerate(configs):
+        if args.deadline_minutes is not None and (time.perf_counter() - start + last) / 60 > args.deadline_minutes:
+            not_run.append((temp, name, b))
+            continue
+        _, row = live(target, drafter, prompts, args.new_tokens, temp, name, b, cm, "light")
+        last = row["wall_s"]
+        live_rows[(temp, name, b)] = row
+        print(f"  live {i + 1}/{len(configs)}: T={temp} {name} B={b}: tau {row['tau']:.3f} ({row['wall_s']:.0f} s)",
+              flush=True)
+    live_minutes = (time.perf_counter() - t0) / 60
+    if not_run:
+        out(f"live runs NOT made (the {args.deadline_minutes:.0f}-minute deadline; their bias is '-'): " +
+            ", ".join(f"T={t} {n} B={b}" for t, n, b in not_run))
+
+    # -- the table ----------------------------------------------------------------------------------
+    records = []
+    for temp in temps:
+        res = cf[temp]
+        groups: dict[tuple[str, int], list] = {}
+        for r in res:
+            groups.setdefault((r.policy, r.budget), []).append(r)
+        key = "tau_greedy" if temp == 0 else "tau_sampled"
+
+        def tps(rs):
+            if any(getattr(r, key) is None for r in rs):
+                return None
+            return sum(getattr(r, key) for r in rs) / sum(cm.round_seconds(1 + r.num_nodes) for r in rs)
+
+        rate = {k: tps(v) for k, v in groups.items()}
+        chain_best = max(v for (n, _), v in rate.items() if n == "chain" and v)
+        out(f"\n## T={temp}: counterfactual from the DDTree B={RECORDED_BUDGET} recording "
+            f"({len(recorded[temp].steps)} steps), live runs of the same prompts; E[tau] and tau count the bonus")
+        out(f"{'policy':<8} {'B':>3} {'nodes':>6} {'E[tau] cf':>9} {'covered':>8} {'live tau':>8} {'bias':>7} "
+            f"{'live nodes':>10} {'step ms':>8} {'exp tok/s':>9} {'x plain':>7} {'x chain':>7} {'live tok/s':>10} "
+            f"{'wall tok/s':>10}")
+        for (name, b), rs in groups.items():
+            e = sum(getattr(r, key) for r in rs) / len(rs) if rate[(name, b)] is not None else None
+            lv = live_rows.get((temp, name, b))
+            bias = None if (lv is None or e is None) else e - lv["tau"]
+            live_tps = None if lv is None else lv["tau"] / cm.round_seconds(1 + lv["nodes"])
+            nodes = sum(r.num_nodes for r in rs) / len(rs)
+            step_ms = cm.round_seconds(1 + round(nodes)) * 1e3
+            f = lambda x, w, p=3: ("-" if x is None else f"{x:.{p}f}").rjust(w)  # noqa: E731
+            t = rate[(name, b)]
+            out(f"{name:<8} {b:>3} {nodes:>6.1f} {f(e, 9)} {sum(r.covered for r in rs):>4}/{len(rs):<3} "
+                f"{f(lv and lv['tau'], 8)} {('-' if bias is None else f'{bias:+.3f}'):>7} "
+                f"{f(lv and lv['nodes'], 10, 1)} {step_ms:>8.1f} {f(t, 9, 2)} {f(t and t / plain_tps, 7, 2)} "
+                f"{f(t and t / chain_best, 7, 2)} {f(live_tps, 10, 2)} {f(lv and lv['wall_tok_s'], 10, 2)}")
+            records.append({"temperature": temp, "policy": name, "budget": b, "nodes": nodes, "cf_tau": e,
+                            "covered": sum(r.covered for r in rs), "steps": len(rs),
+                            "live_tau": lv and lv["tau"], "bias": bias, "live_nodes": lv and lv["nodes"],
+                            "round_ms": step_ms, "expected_tok_s": t, "live_tau_tok_s": live_tps,
+                            "live_wall_tok_s": lv and lv["wall_tok_s"], "live_step_s": lv and lv["step_s"],
+                            "by_depth": lv and lv["by_depth"]})
+        out(f"break-even (expected tok/s; plain decoding {plain_tps:.2f} tok/s, the chain's best "
+            f"{chain_best:.2f} tok/s):")
+        for name in names:
+            vs_plain = [b for b in BUDGETS if (rate.get((name, b)) or 0) > plain_tps]
+            vs_chain = [b for b in BUDGETS if (rate.get((name, b)) or 0) > chain_best]
+            best = max(BUDGETS, key=lambda b: rate.get((name, b)) or 0.0)
+            out(f"  {name:<8} beats plain from budget {vs_plain[0] if vs_plain else 'never'}; beats the chain's best "
+                f"from {vs_chain[0] if vs_chain else 'never'}; best budget {best} ({rate.get((name, best)) or 0:.2f} "
+                f"tok/s, E[tau] {sum(getattr(r, key) for r in groups[(name, best)]) / len(groups[(name, best)]):.3f})")
+        biases = [r["bias"] for r in records if r["temperature"] == temp and r["bias"] is not None]
+        if biases:
+            out(f"counterfactual bias at T={temp}: mean {statistics.mean(biases):+.3f}, range "
+                f"{min(biases):+.3f} .. {max(biases):+.3f} over {len(biases)} live configurations")
+    out(f"\nlive grid {live_minutes:.1f} min; total {(time.perf_counter() - start) / 60:.1f} min")
+    meta = {"not_run_live": [list(c) for c in not_run], "target": target.name, "drafter": drafter.name, "prompts": prompts, "new_tokens": args.new_tokens,
+            "plain_tok_s": plain_tps, "live_budgets": live_budgets, "recorded_budget": RECORDED_BUDGET,
+            "cost_model": {"num_rows": list(cm.num_rows), "seconds": {str(k): list(v) for k, v in cm.seconds.items()},
+                           "draft_seconds": cm.draft_seconds, "device": cm.device}}
+    Path(args.json).write_text(json.dumps({"meta": meta, "rows": records}, indent=1) + "\n")
+    from ddtree_lab.views.policies import tokens_per_second_figure
+
+    fig = tokens_per_second_figure(records, plain_tps)
+    fig.write_html(args.figure, include_plotlyjs="cdn")
+    try:
+        import kaleido  # noqa: F401
+
+        fig.write_image(str(Path(args.figure).with_suffix(".png")))
+        out(f"figure: {args.figure} and its PNG")
+    except ImportError:
+        out(f"figure: {args.figure} (HTML only: kaleido is not installed, no static image)")
     Path(args.out).write_text("\n".join(lines) + "\n")
 
 

@@ -7,7 +7,8 @@ One step for the batch of active requests (Ringel & Romano, arXiv 2604.12989, §
    top-k (:func:`ddtree_lab.draft_topk_from_logits`);
 2. ``build``: :func:`ddtree_lab.build_tree` (whole batch, on the host: the draft top-k comes to
    the host once per step: the first of a GPU step's two host reads, the second is the
-   verify output);
+   verify output), or the session's tree policy (``policy=``, :mod:`ddtree_lab.analysis.policies`)
+   called once per request;
 3. ``compile``: :func:`ddtree_lab.compile_retrieve` (buffers, tree mask, positions);
 4. ``target``: ONE forward over every active request's tree
    (:meth:`ddtree_lab.models.TargetModel.tree_forward_batch`: ragged trees padded to the batch's
@@ -33,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -112,7 +113,20 @@ class LiveSession:
             (request ``b`` gets ``seed * 1000 + b``). One :class:`SamplingParams` with a
             seed given for the whole batch seeds request ``b`` with ``params.seed + b``, so
             requests never share coins.
-        max_depth, top1_spine, min_prob: passed to :func:`ddtree_lab.build_tree`.
+        max_depth, top1_spine, min_prob: passed to :func:`ddtree_lab.build_tree`
+            (``max_depth`` also to a policy, as ``PolicyContext.max_depth``).
+        policy: the tree policy that builds each request's tree
+            (:mod:`ddtree_lab.analysis.policies`: a function ``policy(draft, anchor_token_id,
+            budget, context) -> DDTreeBuildResult`` or the name of a built-in one, e.g.
+            ``"chain"``). None (default): DDTree best-first by :func:`ddtree_lab.build_tree`,
+            as before. The recorded :class:`Step` holds the policy's tree as built (its draft
+            nodes, not the budget asked, are what ``num_nodes - 1`` says); the policy's name
+            is in the run's metadata (``"policy"``; absent without a policy) and in every
+            step's ``extra["policy"]``,
+            the budget asked in ``extra["policy_budget"]``.
+        policy_context: the :class:`~ddtree_lab.analysis.policies.PolicyContext` handed to the
+            policy (the ``cost`` policy's cost model); its ``batch_size`` is set to the active
+            batch at every step.
         top_m: tokens kept per target row for display (see :mod:`ddtree_lab.record`).
         verify_backend: ``"reference"`` (:func:`ddtree_lab.verify_sampled` on
             :func:`ddtree_lab.target_probs`), ``"torch-lazy"``, ``"triton"`` or ``"auto"``
@@ -135,7 +149,11 @@ class LiveSession:
 
     Raises:
         ValueError: block size mismatch, unknown backend or level, or invalid parameters
-            (naming the request), or bad thresholds.
+            (naming the request), or bad thresholds; a ``policy`` with ``top1_spine`` /
+            ``min_prob`` (options of :func:`ddtree_lab.build_tree` a policy does not take) or
+            with a ``policy_context.max_depth`` other than ``max_depth``.
+        KeyError: an unknown policy name.
+        TypeError: a ``policy`` that is neither a name nor callable.
     """
 
     def __init__(self, target, drafter: Drafter, block_size: int | None = None, budget: int | Sequence[int] = 32,
@@ -143,7 +161,7 @@ class LiveSession:
                  seed: int = 0, max_depth: int | None = None, top1_spine: bool = False,
                  min_prob: float | None = None, top_m: int = 16, verify_backend: str | None = None,
                  record: str = "full", threshold_single: float = 1.0, threshold_acc: float = 1.0,
-                 record_to=None, inputs_first: str = "buffers", faults=None):
+                 record_to=None, inputs_first: str = "buffers", faults=None, policy=None, policy_context=None):
         if block_size is not None and block_size != drafter.block_size:
             raise ValueError(f"block_size {block_size} != the drafter's block size {drafter.block_size}")
         if record not in LEVELS:
@@ -164,6 +182,7 @@ class LiveSession:
         self.max_depth = max_depth
         self.top1_spine = top1_spine
         self.min_prob = min_prob
+        self.policy, self.policy_context = self._check_policy(policy, policy_context)
         self.top_m = top_m
         self.record = record
         from .verify import check_thresholds
@@ -193,6 +212,39 @@ class LiveSession:
             from .io.live_record import SessionRecorder
 
             self.recorder = SessionRecorder(record_to, inputs_first)
+
+    def _check_policy(self, policy, context) -> "tuple[Callable[..., Any] | None, Any]":
+        if policy is None:
+            if context is not None:
+                raise ValueError("policy_context is given without a policy")
+            return None, None
+        from .analysis.policies import PolicyContext, get_policy
+
+        if isinstance(policy, str):
+            policy = get_policy(policy)
+        if not callable(policy):
+            raise TypeError(f"policy must be a policy function or the name of one, got {type(policy).__name__}")
+        fn: Callable[..., Any] = policy
+        if self.top1_spine or self.min_prob is not None:
+            raise ValueError("top1_spine and min_prob are options of build_tree: a policy does not take them "
+                             "(write them into the policy)")
+        context = context if context is not None else PolicyContext()
+        if not isinstance(context, PolicyContext):
+            raise TypeError(f"policy_context must be a PolicyContext, got {type(context).__name__}")
+        if context.max_depth is not None and self.max_depth is not None and context.max_depth != self.max_depth:
+            raise ValueError(f"policy_context.max_depth {context.max_depth} != max_depth {self.max_depth}")
+        if context.max_depth is None and self.max_depth is not None:
+            context = dataclasses.replace(context, max_depth=self.max_depth)
+        return fn, context
+
+    @property
+    def policy_label(self) -> str:
+        """The recorded name of the tree policy (``"ddtree"`` when none was given)."""
+        if self.policy is None:
+            return "ddtree"
+        from .analysis.policies import policy_name
+
+        return policy_name(self.policy)
 
     @property
     def layer_ids(self) -> list[int] | None:
@@ -279,8 +331,15 @@ class LiveSession:
         ids, lps = draft_topk_from_logits(draft_logits.float(), k=min(max(budgets + [1]), draft_logits.shape[-1]))
         ids, lps = ids.cpu(), lps.cpu()  # host read 1 of 2: the tree build runs on the host
         clock.mark("draft")
-        tree = build_tree(ids, lps, anchors, budgets, self.max_depth, top1_spine=self.top1_spine,
-                          min_prob=self.min_prob)
+        if self.policy is None:
+            tree = build_tree(ids, lps, anchors, budgets, self.max_depth, top1_spine=self.top1_spine,
+                              min_prob=self.min_prob)
+        else:
+            from .analysis.policies import build_policy_trees
+
+            assert self.policy_context is not None  # set with the policy (_check_policy)
+            tree = build_policy_trees(self.policy, ids, lps, anchors, budgets,
+                                      dataclasses.replace(self.policy_context, batch_size=len(active)))
         clock.mark("build")
         vi = compile_retrieve(tree, prefix)
         clock.mark("compile")
@@ -336,7 +395,9 @@ class LiveSession:
             tree=tree.request(b), buffers=vi.request(b), output=_request_output(out, b),
             coins=coins[b], final_coin=float(final[b]), draft=DraftTopK(ids[b], lps[b]),
             logits=logits[b], probs=None if probs is None else probs[b], level=self.record,
-            top_m=self.top_m, top_m_logits=TOP_M_LOGITS, backend=out.backend)
+            top_m=self.top_m, top_m_logits=TOP_M_LOGITS, backend=out.backend,
+            extra=None if self.policy is None else {"policy": self.policy_label,
+                                                    "policy_budget": int(self.request_budgets[r.request])})
 
     def _commit(self, active: list[RequestState], out: VerifyOutput, features: torch.Tensor, num_rows: int,
                 max_new_tokens: int) -> None:
@@ -425,6 +486,7 @@ class LiveSession:
                           "generated_token_ids": r.generated, "finish_reason": r.finish_reason}
                          for r in self.requests],
             **({"planted_faults": list(self.faults.names)} if self.faults else {}),
+            **({"policy": self.policy_label} if self.policy is not None else {}),
             "versions": {"ddtree_lab": __version__, "torch": torch.__version__,
                          "python": platform.python_version()},
         }

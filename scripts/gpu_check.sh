@@ -31,7 +31,8 @@ CHECKS=(
   "sglang-kernels|50|$PY -m pytest -q -x tests/test_sglang_gpu.py"
   "tree-build-cuda|40|$PY benchmarks/tree_build.py --device cuda --repeat 3 --skip-builders"
   "live-step-cuda|80|$PY benchmarks/live_step.py --device cuda --skip-threads"
-  "verify-bench|110|$PY benchmarks/verify.py"
+  "verify-bench|85|$PY benchmarks/verify.py"
+  "tree-cost-cuda|25|$PY benchmarks/tree_cost.py --device cuda --repeats 5"
 )
 
 # the summary table: one header, used by the real run and checked by the dry run
@@ -140,7 +141,7 @@ for r in "${ROWS[@]}"; do
   printf '%s\t%s\t%s\t%s\n' "$a" "$b" "$c" "$d" >>"$OUT_DIR/summary.tsv"
 done
 echo "total $(( $(date +%s) - start ))s"
-for n in tree-build-cuda live-step-cuda verify-bench; do
+for n in tree-build-cuda live-step-cuda verify-bench tree-cost-cuda; do
   [[ -s "$OUT_DIR/$n.log" ]] && { echo; echo "== $n"; grep -v '^Loading' "$OUT_DIR/$n.log" | tail -n 25; }
 done
 exit $fail

@@ -127,6 +127,62 @@ for p in [dl.SamplingParams(temperature=0.8), dl.SamplingParams(temperature=0.8,
     ("md", "Pressing the button (here from code) runs the live re-run and shows observed against predicted:"),
     ("code", """tuner.live_button.click()
 HTML(tuner.live_out.value)"""),
+    ("md", """## Which tree? Tree policies compared on the same steps
+
+The sliders above re-analyse the recorded tree. The picker below asks the bigger question: on
+these recorded steps, what would **another tree** have given? For each step and each policy of
+`ddtree_lab.analysis.policies` (DDTree best-first, the chain, beams, a per-depth cap, the
+cost-driven budget) the policy's tree is built from the step's recorded draft and its **exact**
+E[τ] computed under the target-only rule (`ddtree_lab.analysis.counterfactual`): from the
+recorded rows where the recording covers the tree, else from ONE target tree forward per step
+over the union of all the trees. This cell runs the model once; the picker only reads the
+results. The tokens/s panel reads `benchmarks/tree_policies.json` (the benchmark's measured
+cost model and its live runs), with plain decoding and the chain as horizontal lines.
+
+A counterfactual from one recorded trajectory is biased: the benchmark prints it beside the
+live τ of each policy (`bias`)."""),
+    ("code", """from ddtree_lab.analysis import policies, counterfactual
+from ddtree_lab.views.policies import PolicyPicker, load_policy_records
+
+bench = Path("..") / "benchmarks" / "tree_policies.json"
+meta, rows = load_policy_records(bench) if bench.exists() else (None, None)
+cm = (policies.CostModel(tuple(meta["cost_model"]["num_rows"]), {int(k): tuple(v) for k, v in meta["cost_model"]["seconds"].items()},
+                         meta["cost_model"]["draft_seconds"], meta["cost_model"]["device"]) if meta else
+      counterfactual.measure_cost_model(target, counterfactual.step_prefix_ids(run, run.steps[0]) + [int(run.steps[0].node_token_ids[0])],
+                                        run.steps[0].draft, (1, 9, 33), repeats=1))
+context = policies.PolicyContext(cost_model=cm)
+sub = dl.Run(metadata=run.metadata, steps=run.steps[:12], token_texts=run.token_texts)
+results = counterfactual.run_counterfactuals(sub, list(policies.POLICIES), [4, 8, 16, 32], target=target, context=context)
+picker = PolicyPicker(results, texts=run, rows=rows, plain_tok_s=meta and meta["plain_tok_s"])
+picker"""),
+    ("md", """### Your own policy in about twenty lines
+
+A policy is a plain function `(draft, anchor_token_id, budget, context) -> DDTreeBuildResult`.
+Here: DDTree's best-first tree, cut where a node's drafter path probability falls below a
+floor (a log-weight floor; the nodes left are still closed under "parent", since a path's
+log-weight only falls with depth). The same counterfactual scores it beside the built-in ones."""),
+    ("code", """import math
+from ddtree_lab.build import DDTreeBuildResult
+
+def floored_best_first(draft, anchor_token_id, budget, context=None, floor=math.log(0.02)):
+    \"\"\"DDTree best-first, keeping only nodes whose path log-weight is >= floor.\"\"\"
+    tree = policies.ddtree_policy(draft, anchor_token_id, budget, context)
+    n = int(tree.num_nodes[0])
+    keep = 1 + int((tree.node_logws[0, 1:n] >= floor).sum())  # tree order: log-weights never rise
+    cut = lambda t: t[:, :keep]
+    return DDTreeBuildResult(node_token_ids=cut(tree.node_token_ids), parents=cut(tree.parents),
+                             depths=cut(tree.depths), ranks=cut(tree.ranks), node_logws=cut(tree.node_logws),
+                             num_nodes=torch.tensor([keep]))
+
+mine = {"floor2%": floored_best_first}
+pick = lambda name: mine[name] if name in mine else policies.get_policy(name)
+own = [r for s in sub.steps for r in counterfactual.step_counterfactuals(
+    s, ["floor2%", "ddtree", "chain"], [8, 32], target=target, prefix_ids=counterfactual.step_prefix_ids(sub, s),
+    context=context, policy_of=pick)]
+for row in counterfactual.summarize(own):
+    print(f"{row.policy:<8} B={row.budget:<3} mean nodes {row.mean_nodes:5.1f}  exact E[τ] sampled "
+          f"{row.tau_sampled if row.tau_sampled is None else round(row.tau_sampled, 3)}")
+PolicyPicker(own, texts=run)"""),
 ]
 
 NOTEBOOKS = {"03_greedy_vs_sampling.ipynb": GREEDY_VS_SAMPLING, "04_topk_topp_tuner.ipynb": TUNER}

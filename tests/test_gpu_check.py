@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
@@ -34,7 +35,7 @@ def test_gpu_check_parses_and_its_plan_fits_the_budget(dry):
     rows = [line.split(None, 2) for line in out.splitlines()[1:] if re.match(r"^\S+\s+\d+s\s", line)]
     names = [r[0] for r in rows]
     assert {"triton-verify", "audit-triton", "session-gpu", "sglang-kernels", "tree-build-cuda", "live-step-cuda",
-            "verify-bench"} == set(names)
+            "verify-bench", "tree-cost-cuda"} == set(names)
     assert sum(int(r[1][:-1]) for r in rows) <= 480  # 8 minutes
     for _, _, cmd in rows:
         for path in re.findall(r"(?:tests|benchmarks)/\S+\.py", cmd):
@@ -59,9 +60,9 @@ def test_dry_run_checks_imports_arguments_files_and_the_summary_columns(dry):
     for name in ("triton-verify", "audit-triton", "session-gpu", "sglang-kernels"):
         m = re.search(rf"^dry-run: {name}: pytest collects (\d+) tests$", dry, re.M)
         assert m and int(m.group(1)) > 0, name
-    for name in ("tree-build-cuda", "live-step-cuda", "verify-bench"):
+    for name in ("tree-build-cuda", "live-step-cuda", "verify-bench", "tree-cost-cuda"):
         assert re.search(rf"^dry-run: {name}: benchmarks/\S+\.py parses its options$", dry, re.M), name
-    assert re.search(r"^dry-run: files: 8 files under \S+/ can be written$", dry, re.M)  # 7 logs + summary.tsv
+    assert re.search(r"^dry-run: files: 9 files under \S+/ can be written$", dry, re.M)  # 8 logs + summary.tsv
     # the summary the real run prints and writes (summary.tsv) has these columns, in this order
     assert "summary columns: check status secs last_line" in dry
     script = SCRIPT.read_text()
@@ -88,3 +89,13 @@ def test_dry_run_fails_on_an_over_budget_plan_a_bad_option_and_a_missing_python(
     assert "dry-run: live-step-cuda: benchmarks/live_step.py parses its options" in res.stdout  # the others pass
     res = _dry_run(tmp_path, PYTHON=str(tmp_path / "no-python"))
     assert res.returncode == 1 and "dry-run: FAIL imports" in res.stdout
+
+
+def test_the_tree_cost_step_does_not_pass_without_a_gpu():
+    # what gpu_check.sh's tree-cost-cuda step runs: without CUDA it exits 1 and says it did not run
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the step runs for real in scripts/gpu_check.sh")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tree_cost.py"), "--device", "cuda"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 1 and "NOT RUN" in res.stderr and "tree forward" not in res.stdout

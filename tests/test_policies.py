@@ -259,21 +259,120 @@ def test_policies_outside_the_recording_are_scored_with_the_model(target, sample
         assert by[(s.step, s.request, "ddtree", 64)].tau_sampled >= by[(s.step, s.request, "ddtree", 8)].tau_sampled - 1e-12
 
 
+@pytest.mark.slow
+def test_live_session_verifies_the_policy_tree_and_its_counterfactual_reproduces_the_run(target, drafter):
+    from ddtree_lab.session import LiveSession
+    from ddtree_lab.sampling import SamplingParams
+
+    budget = 8
+    session = LiveSession(target, drafter, budget=budget, sampling=SamplingParams(temperature=0.8, seed=3),
+                          policy="beam4")
+    run = session.run("Tell me something interesting about lighthouses.", max_new_tokens=8)
+    assert run.metadata["policy"] == "beam4" and run.steps
+    beam4 = get_policy("beam4")
+    for s in run.steps:
+        anchor = int(s.node_token_ids[0])
+        assert s.tree.equals(beam4(s.draft, anchor, budget, None)), s.step  # the tree verified is the policy's
+        assert s.extra == {"policy": "beam4", "policy_budget": budget}
+        assert s.num_nodes - 1 == int(beam4(s.draft, anchor, budget, None).num_nodes[0]) - 1
+        # the counterfactual of the policy that ran is the recorded step: covered, no forward
+        (r,) = step_counterfactuals(s, ["beam4"], [budget])
+        assert r.covered and _tree(r.tree) == _tree(s.tree)
+        assert r.tau_sampled == pytest.approx(1.0 + recorded_expected_accepted(s), abs=1e-9)
+        # re-scored by a fresh forward at the step's prefix: the recorded rows again, and the walk
+        # at the recorded coins takes the recorded path
+        fresh = rescore_trees(target, step_prefix_ids(run, s), [s.tree], s.params)
+        got = torch.tensor([0.0] + [fresh.sampled[k] for k in path_keys(s.tree)[1:]], dtype=torch.float64)
+        assert torch.allclose(got[1:], s.child_probs.double()[1:], atol=2e-3), float((got - s.child_probs)[1:].abs().max())
+        ev = walk_request(s.retrieve_next_token, s.retrieve_next_sibling, s.node_token_ids, got.tolist(),
+                          s.coins.tolist(), s.final_coin)
+        assert [e.node for e in ev if e.kind == "move"] == s.accepted_path[1:]
+        assert sum(e.kind == "move" for e in ev) == s.accept_length
+
+
+def test_a_session_refuses_a_policy_it_cannot_run():
+    from types import SimpleNamespace
+
+    from ddtree_lab.session import LiveSession
+
+    target, drafter = SimpleNamespace(device="cpu"), SimpleNamespace(block_size=16)
+    with pytest.raises(KeyError, match="unknown name 'wide'"):
+        LiveSession(target, drafter, policy="wide")
+    with pytest.raises(TypeError, match="policy must be a policy function"):
+        LiveSession(target, drafter, policy=3)
+    with pytest.raises(ValueError, match="top1_spine and min_prob"):
+        LiveSession(target, drafter, policy="chain", min_prob=0.1)
+    with pytest.raises(ValueError, match="policy_context.max_depth 3 != max_depth 4"):
+        LiveSession(target, drafter, policy="chain", max_depth=4, policy_context=PolicyContext(max_depth=3))
+    with pytest.raises(ValueError, match="without a policy"):
+        LiveSession(target, drafter, policy_context=CTX)
+
+
+def test_policy_trees_are_stacked_as_a_batch_and_checked_against_their_budget():
+    from ddtree_lab.analysis.policies import build_policy_trees, stack_trees
+
+    ids = torch.stack([PAPER.token_ids, PAPER.token_ids + 100])
+    lps = torch.stack([PAPER.logprobs, PAPER.logprobs])
+    tree = build_policy_trees(get_policy("chain"), ids, lps, torch.tensor([5, 6]), [1, 3])
+    assert tree.num_nodes.tolist() == [2, 4] and tree.node_token_ids.tolist() == [[5, 10, -1, -1], [6, 110, 120, 130]]
+    assert tree.parents[0].tolist() == [-1, 0, -1, -1] and tree.node_logws[0, 2:].isneginf().all()
+    vi = compile_retrieve(tree, torch.tensor([7, 9]))
+    parents, _ = decode_retrieve(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes)
+    assert parents[1].tolist() == [-1, 0, 1, 2]
+
+    def greedy_overshoot(draft, anchor, budget, context=None):  # one node too many at anchor 6
+        return get_policy("ddtree")(draft, anchor, budget + (anchor == 6), context)
+
+    with pytest.raises(ValueError, match="request 1: policy greedy_overshoot built 4 draft nodes for budget 3"):
+        build_policy_trees(greedy_overshoot, ids, lps, torch.tensor([5, 6]), [9, 3])
+    with pytest.raises(ValueError, match="batch of one"):
+        stack_trees([build_policy_trees(get_policy("chain"), ids, lps, torch.tensor([5, 6]), [1, 1])])
+
+
 # -- the CLI verb -------------------------------------------------------------------------------------
 
 def test_compare_policies_verb(capsys, tmp_path):
     from ddtree_lab.cli import main
 
     assert main(["compare-policies", str(SAMPLED), "--policy", "ddtree", "--budgets", "4,32",
-                 "--max-steps", "3", "--parquet", str(tmp_path)]) == 0
+                 "--max-steps", "3"]) == 0
     out = capsys.readouterr().out
-    assert "ddtree" in out and "3/3" in out and (tmp_path / "policies.parquet").exists()
+    assert "ddtree" in out and "3/3" in out
     # a tree outside the recording without --model: exit 1, the row says it was not scored
     assert main(["compare-policies", str(SAMPLED), "--policy", "chain", "--budgets", "8", "--max-steps", "2"]) == 1
     assert "not scored" in capsys.readouterr().out
     assert main(["compare-policies", str(SAMPLED), "--policy", "wide"]) == 2
     assert "--policy wide: unknown policy" in capsys.readouterr().err
     assert main(["compare-policies", str(SAMPLED), "--budgets", "4,x"]) == 2
+
+
+def test_compare_policies_parquet_has_one_row_per_step_policy_and_budget(capsys, tmp_path, sampled_run):
+    import pyarrow.parquet as pq
+
+    from ddtree_lab.cli import main
+
+    out = tmp_path / "cf.parquet"
+    # chain at 8 lies outside the recording (no model): its rows are written with null E[tau]
+    assert main(["compare-policies", str(SAMPLED), "--policy", "ddtree", "--policy", "chain", "--budgets", "4,8",
+                 "--max-steps", "3", "--parquet", str(out)]) == 1
+    assert "12 rows ->" in capsys.readouterr().out
+    table = pq.read_table(out).to_pylist()
+    assert [(r["step"], r["request"], r["policy"], r["budget"]) for r in table] == [
+        (s.step, s.request, p, b) for s in sampled_run.steps[:3] for p in ("ddtree", "chain") for b in (4, 8)]
+    assert {r["run"] for r in table} == {str(SAMPLED)}
+    by = {(s.step, s.request): s for s in sampled_run.steps[:3]}
+    for row in table:
+        s = by[(row["step"], row["request"])]
+        (want,) = step_counterfactuals(s, [row["policy"]], [row["budget"]])
+        assert (row["tau_greedy"], row["tau_sampled"], row["covered"], row["num_nodes"]) == (
+            want.tau_greedy, want.tau_sampled, want.covered, want.num_nodes)
+        assert (row["tau_sampled"] is None) == (row["reason"] is not None)
+    assert any(r["covered"] for r in table) and any(r["tau_sampled"] is None for r in table)
+    # nothing is replaced, the name says what it is, the directory must exist: refused before loading
+    for bad, why in [(out, "exists"), (tmp_path / "cf.csv", "ending in .parquet"),
+                     (tmp_path / "no" / "x.parquet", "no such directory")]:
+        assert main(["compare-policies", str(SAMPLED), "--parquet", str(bad)]) == 2
+        assert why in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -286,3 +385,33 @@ def test_measured_cost_model_drives_the_cost_policy(target, sampled_run):
     assert all(t > 0 for t in cm.seconds[1]) and cm.seconds[1][2] > cm.seconds[1][0]
     tree = cost_aware_policy(s.draft, int(s.node_token_ids[0]), 32, PolicyContext(cost_model=cm))
     assert 1 <= int(tree.num_nodes[0]) <= 33
+
+
+# -- the views (read results, never a model) ----------------------------------------------------------
+
+def test_policy_views_draw_the_results_they_are_given(sampled_run):
+    from ddtree_lab.views.policies import PolicyPicker, mean_accept_by_depth, policy_tree_dot, tokens_per_second_figure
+
+    res = [r for s in sampled_run.steps[:3] for r in step_counterfactuals(s, ["ddtree", "capped4", "beam2"], [4, 8])]
+    scored = [r for r in res if r.tau_sampled is not None]
+    assert len(scored) < len(res)  # beam2 at 8 leaves the recorded tree (no model here)
+    for r in scored:  # P(accepted >= d) sums to E[tau] - 1; the reach of the root is 1
+        assert sum(r.accept_by_depth) == pytest.approx(r.tau_sampled - 1.0, abs=1e-12) and r.reach[0] == 1.0
+    for r in res:
+        assert (r.accept_by_depth is None) == (r.reach is None) == (r.tau_sampled is None)
+    by = mean_accept_by_depth(res)  # groups with an unscored step are left out, not averaged over a subset
+    unscored = {(r.policy, r.budget) for r in res if r.tau_sampled is None}
+    assert set(by) == {(r.policy, r.budget) for r in res} - unscored and unscored
+    dot = policy_tree_dot(res[0], sampled_run)
+    assert dot.count("reach=") == res[0].num_nodes and "ddtree · B=4" in dot
+    picker = PolicyPicker(res, texts=sampled_run)
+    picker.policy.value, picker.budget.value = "capped4", 4
+    assert [r.policy for r in picker.chosen()] == ["capped4", "ddtree"]
+    assert "capped4 at B = 4: mean exact E[τ]" in picker.summary.value
+    assert picker.trees_out.value.count("<svg") == 2
+    rows = [{"temperature": 0.0, "policy": p, "budget": b, "expected_tok_s": v, "live_tau_tok_s": None}
+            for p, b, v in [("ddtree", 4, 8.0), ("ddtree", 8, 9.0), ("chain", 4, 7.0), ("chain", 8, 6.5)]]
+    fig = tokens_per_second_figure(rows, 18.0)
+    lines = {t.name: t for t in fig.data}
+    assert lines["plain decoding"].y == (18.0, 18.0) and lines["chain (best budget)"].y == (7.0, 7.0)
+    assert lines["ddtree"].y == (8.0, 9.0)

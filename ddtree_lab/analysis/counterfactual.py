@@ -224,6 +224,12 @@ class PolicyResult:
         tau_greedy, tau_sampled: exact ``E[tau]`` (None: could not be computed, see ``reason``).
         covered: the recording alone answered (no forward). reason: why a value is None.
         tree: the policy's tree.
+        accept_by_depth: ``P(accepted draft tokens >= d)`` for ``d = 1 ..`` the tree's depth,
+            exact, under the step's sampling rule (the sum of the reach probabilities of the
+            nodes at depth ``d``: the walk accepts at most one node per depth); None where
+            ``tau_sampled`` is. Their sum is ``tau_sampled - 1``.
+        reach: ``[num_nodes + 1]`` each node's exact probability that the walk reaches and
+            accepts it (root 1.0) under the step's sampling rule; None where ``tau_sampled`` is.
     """
 
     step: int
@@ -236,6 +242,17 @@ class PolicyResult:
     covered: bool
     reason: str | None
     tree: DDTreeBuildResult
+    accept_by_depth: tuple[float, ...] | None = None
+    reach: tuple[float, ...] | None = None
+
+
+def _by_depth(tree: DDTreeBuildResult, reach: torch.Tensor) -> tuple[float, ...]:
+    n = int(tree.num_nodes[0])
+    depths = tree.depths[0, :n].tolist()
+    out = [0.0] * max(depths, default=0)
+    for i in range(1, n):
+        out[depths[i] - 1] += float(reach[i])
+    return tuple(out)
 
 
 def _probs_for(keys, rec_lookup, fresh: dict | None):
@@ -299,11 +316,14 @@ def step_counterfactuals(step: Step, policies: Sequence[str], budgets: Sequence[
         ps = _probs_for(ks, rec_sampled, fresh.sampled if fresh and not greedy_run else
                         (fresh.greedy if fresh else None))
         pg = _probs_for(ks, rec_greedy, fresh.greedy if fresh else None)
+        reach = None if ps is None else reach_probabilities_of(tree, ps)
         out.append(PolicyResult(
             step.step, step.request, name, int(b), len(ks) - 1,
             None if pg is None else expected_accept_length(tree, pg),
-            None if ps is None else expected_accept_length(tree, ps),
-            (name, b) not in need, None if (pg is not None and ps is not None) else why, tree))
+            None if reach is None else float(reach[1:].sum()) + 1.0,
+            (name, b) not in need, None if (pg is not None and ps is not None) else why, tree,
+            None if reach is None else _by_depth(tree, reach),
+            None if reach is None else tuple(reach.tolist())))
     return out
 
 
@@ -358,23 +378,28 @@ def summarize(results: Sequence[PolicyResult]) -> list[SummaryRow]:
 
 @torch.no_grad()
 def measure_cost_model(target, prefix_ids: Sequence[int], draft, num_rows: Sequence[int] = (1, 5, 9, 17, 33, 65),
-                       repeats: int = 3, draft_seconds: float = 0.0) -> CostModel:
-    """Measure seconds per target tree forward against ``N`` on this machine (batch size 1).
+                       repeats: int = 3, draft_seconds: float = 0.0, batch_sizes: Sequence[int] = (1,)) -> CostModel:
+    """Measure seconds per target tree forward against ``N`` and the batch size on the
+    target's device (CPU or CUDA).
 
     Each ``N`` scores the DDTree tree of ``N - 1`` nodes built from ``draft``
     (:class:`DraftTopK`; a smaller tree where the draft holds fewer prefixes) after the prefix
-    ``prefix_ids`` (prefilled once; the tree rows are cut off the cache after every forward);
-    the value kept is the median of ``repeats`` timed forwards after one warm-up.
+    ``prefix_ids`` (its last id is the root). Batch size 1 uses :meth:`TargetModel.prefill` /
+    ``tree_forward`` / ``keep_path``; a batch of ``bs`` copies of the request uses
+    ``prefill_batch`` / ``tree_forward_batch`` / ``keep_paths`` (what a live step runs). The
+    tree rows are cut off the cache after every forward; the value kept is the median of
+    ``repeats`` timed forwards after one warm-up, each ended by ``torch.cuda.synchronize()``
+    on CUDA (so a forward's time is its kernels', not its launch).
 
     Returns:
-        :class:`CostModel` with ``seconds = {1: ...}`` and ``draft_seconds``.
+        :class:`CostModel` with ``seconds = {bs: ...}`` for every ``bs`` in ``batch_sizes``,
+        ``draft_seconds`` and ``device``.
 
     Raises:
-        ValueError: empty ``prefix_ids``, ``repeats < 1``, ``num_rows`` not increasing from >= 1.
+        ValueError: empty ``prefix_ids``, ``repeats < 1``, ``num_rows`` not increasing from >= 1,
+            a batch size < 1.
     """
     import time
-
-
 
     if not prefix_ids:
         raise ValueError("measure_cost_model needs prefix_ids (the ids before the root)")
@@ -382,20 +407,45 @@ def measure_cost_model(target, prefix_ids: Sequence[int], draft, num_rows: Seque
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if not num_rows or num_rows[0] < 1:
         raise ValueError(f"num_rows must start at >= 1, got {list(num_rows)}")
-    cache, _, _ = target.prefill(list(prefix_ids[:-1]))
+    if not batch_sizes or any(int(b) < 1 for b in batch_sizes):
+        raise ValueError(f"batch_sizes must be >= 1, got {list(batch_sizes)}")
+    device = torch.device(getattr(target, "device", "cpu"))
+
+    def clock() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
     root = int(prefix_ids[-1])
     p = len(prefix_ids) - 1
-    secs = []
-    for n in num_rows:
-        vi = compile_retrieve(ddtree_policy(draft, root, int(n) - 1, None), p)
-        times = []
-        for r in range(repeats + 1):
-            t0 = time.perf_counter()
-            target.tree_forward(cache, vi)
-            dt = time.perf_counter() - t0
-            target.keep_path(cache, p, [])  # cut the tree rows off again
-            if r:
-                times.append(dt)
-        secs.append(sorted(times)[len(times) // 2])
-    return CostModel(tuple(int(n) for n in num_rows), {1: tuple(secs)}, draft_seconds=draft_seconds,
-                     device=str(getattr(target, "device", "cpu")))
+    seconds: dict[int, tuple[float, ...]] = {}
+    for bs in (int(b) for b in batch_sizes):
+        if bs == 1:
+            cache, _, _ = target.prefill(list(prefix_ids[:-1]))
+        else:
+            state, _, _ = target.prefill_batch([list(prefix_ids[:-1])] * bs)
+        secs = []
+        for n in num_rows:
+            tree = ddtree_policy(draft, root, int(n) - 1, None)
+            times = []
+            for r in range(repeats + 1):
+                if bs == 1:
+                    vi = compile_retrieve(tree, p)
+                    t0 = clock()
+                    target.tree_forward(cache, vi)
+                    dt = clock() - t0
+                    target.keep_path(cache, p, [])  # cut the tree rows off again
+                else:
+                    batch = DDTreeBuildResult(**{f: getattr(tree, f).expand(bs, -1).clone() for f in
+                                                 ("node_token_ids", "parents", "depths", "ranks", "node_logws")},
+                                              num_nodes=tree.num_nodes.expand(bs).clone())
+                    vi = compile_retrieve(batch, torch.full((bs,), p, dtype=torch.int64))
+                    t0 = clock()
+                    target.tree_forward_batch(state, vi)
+                    dt = clock() - t0
+                    target.keep_paths(state, [[] for _ in range(bs)], vi.num_rows)
+                if r:
+                    times.append(dt)
+            secs.append(sorted(times)[len(times) // 2])
+        seconds[bs] = tuple(secs)
+    return CostModel(tuple(int(n) for n in num_rows), seconds, draft_seconds=draft_seconds, device=str(device))

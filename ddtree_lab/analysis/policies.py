@@ -56,6 +56,9 @@ __all__ = [
     "beam_policy",
     "capped_best_first_policy",
     "cost_aware_policy",
+    "policy_name",
+    "stack_trees",
+    "build_policy_trees",
 ]
 
 
@@ -347,3 +350,76 @@ def get_policy(name: str) -> Callable[..., DDTreeBuildResult]:
     if name not in POLICIES:
         raise KeyError(f"policy: unknown name {name!r} (known: {', '.join(POLICIES)})")
     return POLICIES[name]
+
+
+def policy_name(policy: Callable[..., DDTreeBuildResult]) -> str:
+    """The name a policy is recorded under: its key in :data:`POLICIES` when it is one of the
+    built-in functions, else its ``__name__`` (a user's own function)."""
+    for name, fn in POLICIES.items():
+        if fn is policy:
+            return name
+    return str(getattr(policy, "__name__", type(policy).__name__))
+
+
+def stack_trees(trees: list[DDTreeBuildResult]) -> DDTreeBuildResult:
+    """The batch of ``bs = len(trees)`` trees from batches of one, padded to the largest
+    ``N`` as :class:`DDTreeBuildResult` pads (token, parent, depth, rank ``-1``, log-weight
+    ``-inf``). Fields are taken on the CPU.
+
+    Raises:
+        ValueError: no trees, or a tree that is not a batch of one.
+    """
+    if not trees:
+        raise ValueError("stack_trees needs at least one tree")
+    for b, t in enumerate(trees):
+        if t.batch_size != 1:
+            raise ValueError(f"request {b}: a policy must return a batch of one tree, got batch size {t.batch_size}")
+    n = max(int(t.num_nodes[0]) for t in trees)
+    pad = {"node_token_ids": -1, "parents": -1, "depths": -1, "ranks": -1, "node_logws": -math.inf}
+    out = {}
+    for name, value in pad.items():
+        rows = []
+        for t in trees:
+            k = int(t.num_nodes[0])
+            row = getattr(t, name)[0, :k].detach().cpu()
+            rows.append(torch.cat([row, torch.full((n - k,), value, dtype=row.dtype)]))
+        out[name] = torch.stack(rows)
+    out["num_nodes"] = torch.tensor([int(t.num_nodes[0]) for t in trees], dtype=torch.int64)
+    return DDTreeBuildResult(**out)
+
+
+def build_policy_trees(policy: Callable[..., DDTreeBuildResult], draft_token_ids: torch.Tensor,
+                       draft_logprobs: torch.Tensor, anchor_token_ids: torch.Tensor, budgets: list[int],
+                       context: PolicyContext | None = None) -> DDTreeBuildResult:
+    """Each request's tree by ``policy``, as one batch (what :class:`ddtree_lab.LiveSession`
+    verifies when given a policy).
+
+    Args:
+        draft_token_ids: ``[bs, L-1, K]`` int64; draft_logprobs: ``[bs, L-1, K]`` float32
+            (each request's :class:`DraftTopK`, rows sorted descending).
+        anchor_token_ids: ``[bs]`` int64, the roots. budgets: one budget per request.
+        context: handed to every call (its ``batch_size`` is the batch's).
+
+    Returns:
+        :func:`stack_trees` of ``policy(DraftTopK(ids[b], lps[b]), anchor[b], budgets[b],
+        context)``, padded to the largest ``N``.
+
+    Raises:
+        ValueError: ``budgets`` of the wrong length, a policy tree with more draft nodes than
+            its budget (naming the request), as the policy and :func:`stack_trees`.
+    """
+    bs = int(draft_token_ids.shape[0])
+    if len(budgets) != bs or int(anchor_token_ids.shape[0]) != bs:
+        raise ValueError(f"build_policy_trees: {bs} drafts, {len(budgets)} budgets and "
+                         f"{int(anchor_token_ids.shape[0])} anchors (one of each per request)")
+    trees = []
+    for b in range(bs):
+        t = policy(DraftTopK(draft_token_ids[b], draft_logprobs[b]), int(anchor_token_ids[b]), int(budgets[b]), context)
+        if not isinstance(t, DDTreeBuildResult):
+            raise TypeError(f"request {b}: policy {policy_name(policy)} returned {type(t).__name__}, "
+                            "not a DDTreeBuildResult")
+        if int(t.num_nodes[0]) - 1 > int(budgets[b]):
+            raise ValueError(f"request {b}: policy {policy_name(policy)} built {int(t.num_nodes[0]) - 1} draft "
+                             f"nodes for budget {budgets[b]}")
+        trees.append(t)
+    return stack_trees(trees)

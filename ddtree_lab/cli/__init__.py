@@ -10,7 +10,7 @@
     ddtree-lab diagnose RUN [--model default|DIR] [--step S --request R]   # the bug named
     ddtree-lab sglang  hook-dir | replay RECORDING | convert RECORDING -o TRACE
     ddtree-lab export  RUN --parquet DIR                  # per-step and per-node tables for DuckDB
-    ddtree-lab compare-policies RUN [--model default] [--policy NAME ...] [--budgets 4,8,16,32,64]
+    ddtree-lab compare-policies RUN [--model default] [--policy NAME ...] [--budgets 4,8,16,32,64] [--parquet OUT.parquet]
     ddtree-lab lab                                        # JupyterLab on labs/
 
 Steps are addressed as decoding steps (``--step``, 0-based, as ``info`` lists them) of a
@@ -124,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", action="append", help="a policy name (repeat; default: all)")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS, help="comma-separated draft-node budgets")
     p.add_argument("--max-steps", type=int, help="only the first N steps")
-    p.add_argument("--parquet", metavar="DIR", help="also write DIR/policies.parquet (one row per step)")
+    p.add_argument("--parquet", metavar="OUT.parquet",
+                   help="also write one row per (run, step, policy, budget) to this new file")
     p.set_defaults(func=cmd_compare_policies)
 
     p = sub.add_parser("render", help="draw one step's tree", description=cmd_render.__doc__)

@@ -24,22 +24,48 @@ def _fmt(x) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def write_policies_parquet(results, out: Path) -> Path:
-    """One row per (step, request, policy, budget) to ``out/policies.parquet`` (pyarrow)."""
+PARQUET_COLUMNS = ("run", "step", "request", "policy", "budget", "num_nodes", "tau_greedy", "tau_sampled",
+                   "covered", "reason")
+
+
+def check_parquet_out(text: str) -> Path:
+    """The ``--parquet`` file: a ``.parquet`` name in an existing directory that does not exist
+    yet (nothing recorded is replaced). Checked before the run or the model is loaded.
+
+    Raises:
+        CLIError: another suffix, a missing directory, an existing path.
+    """
+    out = Path(text)
+    if out.suffix != ".parquet":
+        raise CLIError(f"--parquet {text}: give a file name ending in .parquet")
+    if not out.parent.is_dir():
+        raise CLIError(f"--parquet {text}: no such directory {out.parent}")
+    if out.exists():
+        raise CLIError(f"--parquet {text}: exists (not replaced; remove it or give another name)")
+    return out
+
+
+def write_policies_parquet(run_name: str, results, out: Path) -> Path:
+    """One row per (run, step, request, policy, budget) to the file ``out`` (pyarrow):
+    :data:`PARQUET_COLUMNS`: ``run`` (the RUN argument), the step and request, the policy and
+    the budget asked, ``num_nodes`` (draft nodes of its tree), the exact ``tau_greedy`` /
+    ``tau_sampled`` (float64, accepted + bonus; null where not scored), ``covered`` (the
+    recording alone answered, no forward) and ``reason`` (why a value is null)."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as exc:
-        raise CLIError("--parquet needs pyarrow (the 'parquet' extra)") from exc
-    out.mkdir(parents=True, exist_ok=True)
-    cols = {"step": [], "request": [], "policy": [], "budget": [], "num_nodes": [], "tau_greedy": [],
-            "tau_sampled": [], "covered": [], "reason": []}
+        raise CLIError("--parquet needs pyarrow (the 'scale' extra)") from exc
+    cols: dict[str, list] = {k: [] for k in PARQUET_COLUMNS}
     for r in results:
-        for k in cols:
+        cols["run"].append(run_name)
+        for k in PARQUET_COLUMNS[1:]:
             cols[k].append(getattr(r, k))
-    path = out / "policies.parquet"
-    pq.write_table(pa.table(cols), path)
-    return path
+    schema = pa.schema([("run", pa.string()), ("step", pa.int64()), ("request", pa.int64()), ("policy", pa.string()),
+                        ("budget", pa.int64()), ("num_nodes", pa.int64()), ("tau_greedy", pa.float64()),
+                        ("tau_sampled", pa.float64()), ("covered", pa.bool_()), ("reason", pa.string())])
+    pq.write_table(pa.table(cols, schema=schema), out)
+    return out
 
 
 def cmd_compare_policies(args) -> int:
@@ -57,6 +83,7 @@ def cmd_compare_policies(args) -> int:
     if unknown:
         raise CLIError(f"--policy {unknown[0]}: unknown policy (known: {', '.join(POLICIES)})")
     budgets = _budgets(args.budgets)
+    parquet = check_parquet_out(args.parquet) if args.parquet else None
     run = load_run(args.run)
     steps = [s for s in run.steps if s.draft is not None and s.draft.token_ids.numel() and s.tree is not None]
     if not steps:
@@ -88,6 +115,6 @@ def cmd_compare_policies(args) -> int:
     for row in summarize(results):
         print(f"{row.policy:<9} {row.budget:>6} {_fmt(row.tau_greedy):>13} {_fmt(row.tau_sampled):>14} "
               f"{row.mean_nodes:>6.1f} {row.steps:>4}/{row.total:<4}" + (f"  {row.reason}" if row.reason else ""))
-    if args.parquet:
-        print(f"-> {write_policies_parquet(results, Path(args.parquet))}")
+    if parquet is not None:
+        print(f"{count(len(results), 'row')} -> {write_policies_parquet(str(args.run), results, parquet)}")
     return 0 if all(r.tau_sampled is not None for r in results) else 1
