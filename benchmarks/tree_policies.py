@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -144,6 +145,7 @@ def main():
     cm = measure_cost_model(target, prefix, first.draft, NUM_ROWS, repeats=args.repeats, draft_seconds=t_draft,
                             batch_sizes=BATCH_SIZES)
     plain_tps = 1.0 / cm.forward_seconds(1)
+    load_at_cost = os.getloadavg()[0]  # the cost model is only as good as the CPU was quiet
 
     # -- live grid: measured one configuration first ------------------------------------------------
     # cheapest budgets first, both temperatures, so that a deadline leaves comparable pairs
@@ -157,6 +159,7 @@ def main():
     out("# Does a tree pay here? Tree policies x budgets: exact counterfactual E[tau], live tau, bias, cost")
     out(f"machine: {platform.processor() or platform.machine()}, 2 cores shared with other jobs, torch threads "
         f"{torch.get_num_threads()}; target {target.name} fp32 on CPU; drafter {drafter.name} (the lab's default)")
+    out(f"load average (1 min) while the cost model was measured: {load_at_cost:.1f} on {os.cpu_count()} cores")
     out(f"prompts: {len(prompts)} held-out prompts x {args.new_tokens} new tokens, one batch per run (topics and "
         f"templates never in the drafter's 620 training prompts, fixtures/drafters/dflash_prompts.json): {prompts}")
     out(f"policies {names}; budgets {BUDGETS}; temperatures {temps}; seed 1")
