@@ -33,7 +33,8 @@ decisions admit, else the best of a grid) is the maximum-likelihood one, ties br
 ``T`` whose interval midpoints lie nearest the recorded probabilities. Families are compared
 by that log-likelihood less ``(1/2) log n`` per fitted parameter (BIC, ``n`` the observations);
 the best one is named when it beats the target-only rule by :data:`MARGIN` (a likelihood ratio
-of 100), and "explains" the recording when none of its observations is a slip. The target-only
+of 100), and "explains" the recording when none of its observations is a slip; families as
+likely as it (within one nat) are reported as tied, and then none is named alone. The target-only
 rule reads the recorded rows (``child_probs``, the bonus row prefix); the families that change
 the rows recompute them from the stored top-M raw logits (level ``full``), exactly where the
 transform's support lies inside them and within proven bounds elsewhere (the bounds of
@@ -127,10 +128,12 @@ class RuleInference:
         best: the family named (beats the target-only rule by :data:`MARGIN`), or None.
         llr: the best family's log-likelihood ratio against the target-only rule (nats).
         explains: the best family predicts every observation (no slip).
-        unexplained: the target-only rule's slips that no family predicts, as
+        unexplained: the target-only rule's slips that the closest family does not predict either, as
             :class:`~ddtree_lab.problems.Problem` s (kind ``rule_unexplained``; ``field`` the
             decision field, ``value`` recorded, ``limit`` the target-only rule's value).
         not_tried: families left out and why (e.g. no top-M raw logits at level light).
+        tied: other families as likely as the best (log-likelihood within one nat, as many
+            slips): the decisions do not tell them apart, and no family is named alone.
     """
 
     request: int
@@ -141,6 +144,7 @@ class RuleInference:
     explains: bool
     unexplained: list[Problem] = field(default_factory=list)
     not_tried: list[str] = field(default_factory=list)
+    tied: list[FamilyFit] = field(default_factory=list)
 
 
 def families_for(params: SamplingParams | None) -> list[Family]:
@@ -341,7 +345,8 @@ class _StepData:
     def row(self, node: int, variant: RuleVariant, request_rows: bool = False) -> _Row | None:
         """Node ``node``'s row under ``variant`` (``request_rows``: the request's own) from the
         stored top-M logits, or None (not stored, or not decided by them)."""
-        if not self.has_logits or self.params is None or node >= len(self.ids):
+        ids, logits, lse = self.ids, self.logits, self.lse
+        if ids is None or logits is None or lse is None or self.params is None or node >= len(ids):
             return None
         from ..faults import variant_params
 
@@ -349,13 +354,13 @@ class _StepData:
         if key not in self._rows:
             p = self.params
             if variant.rows == "greedy" and not request_rows:
-                allowed = [i for i in self.ids[node].tolist() if i not in set(p.banned_token_ids)]
+                allowed = [i for i in ids[node].tolist() if i not in set(p.banned_token_ids)]
                 one = np.zeros(len(allowed))
                 one[0] = 1.0
                 got = _Row(np.asarray(allowed, dtype=np.int64), one, one.copy(), 0.0)
             else:
                 cand = p if request_rows else variant_params(p, variant)
-                got = row_interval(self.ids[node], self.logits[node], float(self.lse[node]), cand, self.vocab,
+                got = row_interval(ids[node], logits[node], float(lse[node]), cand, self.vocab,
                                    twice=variant.rows == "top-p-twice" and not request_rows)
             self._rows[key] = got
         return self._rows[key]
@@ -582,6 +587,10 @@ def _fit_threshold(family: Family, data: list[_StepData]) -> tuple[FamilyFit, li
     return max(fits, key=lambda f: f[0].loglik)
 
 
+def _greedy_limit(fit: FamilyFit | None) -> bool:
+    return fit is not None and fit.family.name == "temperature" and (fit.parameter or 1.0) <= 0.1
+
+
 def infer_rule(steps: list[Step], vocab: int, families: list[Family] | None = None) -> RuleInference:
     """Fit every rule family to one request's recorded decisions (module docstring).
 
@@ -630,12 +639,19 @@ def infer_rule(steps: list[Step], vocab: int, families: list[Family] | None = No
     top = fits[0] if fits else None
     llr = (top.score - base.loglik) if top is not None else 0.0
     best = top if top is not None and llr >= MARGIN else None
-    explained = set()
-    for obs in obs_of.values():
-        explained |= {(o.step, o.node, o.field) for o in obs if o.logp == _LOG_MATCH}
+    tied = [] if best is None else [f for f in fits if f is not best and f.slips == best.slips
+                                    and best.loglik - f.loglik < 1.0]
+    greedy = next((f for f in [best] + tied if f is not None and f.family.name == "greedy"), None)
+    if greedy is not None:  # greedy is the temperature family's T -> 0 limit: one claim, not two
+        tied = [f for f in [best] + tied if f is not None and f is not greedy and not _greedy_limit(f)]
+        best = greedy
+    closest = best if best is not None else top
+    explained = set() if closest is None else {(o.step, o.node, o.field) for o in obs_of[closest.family.name]
+                                               if o.logp == _LOG_MATCH}
     request = steps[0].request
     unexplained = [Problem("rule_unexplained", o.step, request, o.node, o.field, o.recorded, o.expected,
-                           f"{o.field}: recorded {o.recorded!r}, the target-only rule gives {o.expected!r}; no rule "
-                           "family gives the recorded value", part="output")
+                           f"{o.field}: recorded {o.recorded!r}, the target-only rule gives {o.expected!r}; the "
+                           "closest rule family does not give the recorded value either", part="output")
                    for o in base_obs if o.logp == _LOG_SLIP and (o.step, o.node, o.field) not in explained]
-    return RuleInference(request, base, fits, best, llr, best is not None and best.slips == 0, unexplained, not_tried)
+    return RuleInference(request, base, fits, best, llr, best is not None and best.slips == 0, unexplained, not_tried,
+                         tied)

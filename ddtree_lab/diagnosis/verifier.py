@@ -306,7 +306,7 @@ def check_verifier(run: Run, steps: list[Step] | None = None, catalogue: bool = 
             else:
                 evidence += f"; the catalogue: {pick[0]}"
         named = (f"rule:{inf.best.family.name}" if inf is not None and inf.best is not None and inf.explains
-                 else None)
+                 and not inf.tied else None)
         result.per_step[(s.step, s.request)] = fault or named or "unknown"
         findings.append(Finding("verifier", kind, fault, s.step, s.request, node, evidence, sure,
                                 next_command("verifier", s.step, s.request), problems=tuple(problems)))
@@ -328,6 +328,12 @@ def _name(step: Step, pick: list[str], unknown: str | None, inf: RuleInference |
     the request's rule inference."""
     problems = [] if inf is None else [p for p in inf.unexplained if p.step == step.step]
     best = None if inf is None else inf.best
+    if best is not None and inf is not None and inf.tied and inf.explains:
+        names = " or ".join(f.describe(step.params) for f in [best] + inf.tied)
+        if len(pick) == 1:
+            return pick[0], _KINDS[pick[0]][0], _KINDS[pick[0]][1], problems
+        return None, f"the verifier follows one of: {names} (rule inference cannot tell them apart here)", "medium", \
+            problems
     if best is not None and inf is not None and inf.explains:
         fault = best.family.fault
         if fault is None and len(pick) == 1:
