@@ -10,9 +10,15 @@ lab's replay of the recorded walk, recorded rows against the right rows of the r
 parameters) and on how many of them diagnose names the fault. Then the false-alarm count over
 clean runs (greedy, T = 0.8, filtered, mixed batches, other seeds and budgets, bans), the
 output-law check's power and false alarms alone on synthetic runs, and the timings of diagnose
-on a run of at least 100 step records, without and with the model.
+on a run of at least 100 step records, without and with the model. For the verifier-rule kinds
+a "catalogue off" column: ``diagnose(run, catalogue=False)`` (the rule named by rule inference
+alone), and the share of observable steps named with the catalogue on and off.
 
-    DDTREE_LAB_THREADS=1 python benchmarks/bug_zoo.py [--quick] > benchmarks/bug_zoo.out.txt
+    DDTREE_LAB_THREADS=1 python benchmarks/bug_zoo.py [--quick | --verifier-only] > benchmarks/bug_zoo.out.txt
+
+``--verifier-only`` (the reduced size) runs only the verifier-rule kinds and the clean runs, and
+writes their rows into the existing ``bug_zoo.json``, keeping the other kinds' rows of the last
+full run (the output says so).
 
 Writes ``benchmarks/bug_zoo.json`` (the matrix and figures, read by labs/08_bug_zoo.ipynb).
 """
@@ -105,11 +111,13 @@ def zoo(target, drafter, kinds) -> list[dict]:
         d = dl.diagnose(run, model=(target, drafter))
         t_diag = time.perf_counter() - t0
         named = per_step(d)
+        off = per_step(dl.diagnose(run, catalogue=False)) if kind in VERIFIER_FAULTS else None
         if kind in DRAFTER_FAULTS:  # the drafter check's mismatching steps are the observable ones
             obs = {k for r in d.results if r.check == "drafter" for k in r.per_step}
         else:
             obs = observable(run, target, drafter, kind)
         hit = sum(kind in named.get(k, ()) for k in obs)
+        hit_off = None if off is None else sum(kind in off.get(k, ()) for k in obs)
         cells = {}
         for r in d.results:
             if not r.ran:
@@ -122,11 +130,14 @@ def zoo(target, drafter, kinds) -> list[dict]:
                 cells[r.check] = "."
         rows.append({"kind": kind, "what": FAULT_KINDS[kind], **symptom(run), "observable": len(obs), "named": hit,
                      "rate": round(hit / len(obs), 3) if obs else None, "cells": cells,
+                     "named_catalogue_off": hit_off,
+                     "rate_catalogue_off": round(hit_off / len(obs), 3) if obs and hit_off is not None else None,
                      "other_names": sorted(d.faults - {kind}),
                      "first": next((f.line() for f in d.findings if f.fault == kind),
                                    d.findings[0].line() if d.findings else "(nothing)"),
                      "run_s": round(t_run, 1), "diagnose_s": round(t_diag, 1)})
-        print(f"  {kind}: observable {len(obs)}, named {hit}, diagnose {t_diag:.1f} s", flush=True)
+        print(f"  {kind}: observable {len(obs)}, named {hit}" + ("" if hit_off is None else
+              f" (catalogue off: {hit_off})") + f", diagnose {t_diag:.1f} s", flush=True)
     return rows
 
 
@@ -214,6 +225,8 @@ def timings(target, drafter) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="three kinds and six clean runs (a smoke test)")
+    ap.add_argument("--verifier-only", action="store_true",
+                    help="the reduced size: only the verifier-rule kinds and the clean runs (other rows kept)")
     ap.add_argument("--json", default=str(Path(__file__).with_name("bug_zoo.json")))
     args = ap.parse_args()
     from ddtree_lab.models.loading import load_default
@@ -221,7 +234,10 @@ def main() -> None:
     t0 = time.perf_counter()
     target, drafter = load_default()
     load_s = time.perf_counter() - t0
-    kinds = list(FAULT_KINDS)[:3] if args.quick else list(FAULT_KINDS)
+    kinds = list(FAULT_KINDS)[:3] if args.quick else list(VERIFIER_FAULTS) if args.verifier_only else list(FAULT_KINDS)
+    if args.verifier_only:
+        print("REDUCED SIZE (--verifier-only): only the verifier-rule kinds and the clean runs are run here; the other "
+              "kinds' rows of the matrix come from the last full run in bug_zoo.json", flush=True)
     clean = symptom(live(target, drafter))
     print(f"models loaded in {load_s:.1f} s; clean run: tau {clean['tau']}, acceptance by depth "
           f"{clean['acceptance_by_depth']}", flush=True)
@@ -229,6 +245,11 @@ def main() -> None:
     alarms = false_alarms(target, drafter, args.quick)
     law = law_power(args.quick)
     times = timings(target, drafter)
+    if args.verifier_only and Path(args.json).exists():
+        old = json.loads(Path(args.json).read_text())
+        fresh = {r["kind"] for r in rows}
+        rows = [r for r in old["zoo"] if r["kind"] not in fresh and r["kind"] in FAULT_KINDS] + rows
+        rows.sort(key=lambda r: list(FAULT_KINDS).index(r["kind"]))
 
     print("\n== The zoo: symptom first (what the views show), then what diagnose says ==")
     print(f"clean: tau {clean['tau']}, P(accept >= 1, 2, 3) {clean['acceptance_by_depth']}")
@@ -240,11 +261,22 @@ def main() -> None:
     print("\n== Detection matrix (N: the check names this fault; f: it flags something else or unnamed; "
           ".: ran, nothing found; -: could not run) ==")
     short = {c: c[:8] for c in CHECKS}
-    print(f"{'kind':32s} " + " ".join(f"{short[c]:>8s}" for c in CHECKS) + "  observable named  rate")
+    print(f"{'kind':32s} " + " ".join(f"{short[c]:>8s}" for c in CHECKS) + "  observable named  rate  cat-off")
     for r in rows:
         rate = "n/a" if r["rate"] is None else f"{r['rate']:.2f}"
+        off = r.get("rate_catalogue_off")
+        off_s = "" if r["kind"] not in VERIFIER_FAULTS else "n/a" if off is None else f"{off:.2f}"
         print(f"{r['kind']:32s} " + " ".join(f"{r['cells'].get(c, '?'):>8s}" for c in CHECKS) +
-              f"  {r['observable']:10d} {r['named']:5d}  {rate}")
+              f"  {r['observable']:10d} {r['named']:5d}  {rate:>4s}  {off_s:>7s}")
+    print("  (cat-off: the share of observable steps named with diagnose(run, catalogue=False), the verifier's rule "
+          "named by rule inference alone; verifier-rule kinds only)")
+    print("\n== Verifier-rule kinds: share of the observable steps named, catalogue on / off ==")
+    for r in rows:
+        if r["kind"] in VERIFIER_FAULTS:
+            on = "n/a" if r["rate"] is None else f"{r['rate']:.2f}"
+            off = r.get("rate_catalogue_off")
+            print(f"  {r['kind']:32s} {r['observable']:3d} observable: on {on} ({r['named']}), off "
+                  + ("n/a" if off is None else f"{off:.2f} ({r['named_catalogue_off']})"))
     rated = [r for r in rows if r["rate"] is not None]
     met = [r for r in rated if r["rate"] >= GOAL_RATE]
     fa = sum(a["findings"] > 0 for a in alarms)
@@ -264,6 +296,11 @@ def main() -> None:
     below = [f"{r['kind']} {r['rate']:.2f}" for r in rated if r["rate"] < GOAL_RATE]
     print(f"  named with its cause on >= 90% of the observable steps: {len(met)} of {len(rated)} kinds"
           + (f" (below: {', '.join(below)})" if below else " (every kind)"))
+    vr = [r for r in rows if r["kind"] in VERIFIER_FAULTS and r["rate"] is not None]
+    on_met = sum(r["rate"] >= GOAL_RATE for r in vr)
+    off_met = sum((r.get("rate_catalogue_off") or 0.0) >= GOAL_RATE for r in vr)
+    print(f"  verifier-rule kinds named on >= 90% of the observable steps: catalogue on {on_met} of {len(vr)}, "
+          f"catalogue off {off_met} of {len(vr)}")
     unobserved = [r["kind"] for r in rows if r["rate"] is None]
     if unobserved:
         print(f"  kinds never observable in their run: {', '.join(unobserved)}")
@@ -271,7 +308,7 @@ def main() -> None:
     print(f"  diagnose without a model on >= 100 step records: {times['no_model_s']} s (goal <= 5 s); "
           f"with the model: {times['with_model_s']} s (goal <= 120 s)")
     Path(args.json).write_text(json.dumps({"clean": clean, "zoo": rows, "false_alarms": alarms, "timings": times,
-                                           "output_law": law,
+                                           "output_law": law, "verifier_only": bool(args.verifier_only),
                                            "load_s": round(load_s, 1), "checks": list(CHECKS)}, indent=1))
 
 

@@ -32,7 +32,13 @@ The kinds (:data:`FAULT_KINDS`), each after a class of public bug reports (issue
   of each node on a top-k tree), ``verifier-threshold`` (SGLang's lossy ``threshold_acc = 0.5``
   not reported), ``verifier-bonus-row`` (the bonus drawn from the row of the final node's
   parent), ``verifier-final-coin-reuse`` (the final coin is the final node's walk coin, and
-  is recorded as such).
+  is recorded as such); and four variants outside :mod:`ddtree_lab.diagnosis.verifier`'s
+  catalogue, which only rule inference (:mod:`ddtree_lab.diagnosis.inference`) names, each a
+  :class:`RuleVariant` whose recorded rows stay the request's (the verifier computes its own):
+  ``verifier-temperature-1`` (the verifier's rows at temperature 1), ``verifier-greedy``
+  (argmax decisions on a sampled request: one-hot rows inside the verifier),
+  ``verifier-p-over-q-own-coin`` (``min(1, p/q)`` with each child's own coin) and
+  ``verifier-root-coin`` (the root's coin decides every level).
 """
 
 from __future__ import annotations
@@ -53,7 +59,8 @@ from .verify.walking import walk_batch
 
 __all__ = ["Faults", "NO_FAULTS", "FAULT_KINDS", "FORWARD_FAULTS", "COMMIT_FAULTS", "DRAFTER_FAULTS",
            "SAMPLING_FAULTS", "VERIFIER_FAULTS", "as_faults", "forward_input", "kept_rows", "sampling_params",
-           "PQRule", "verify_p_over_q", "LOSSY_THRESHOLD_ACC"]
+           "PQRule", "verify_p_over_q", "LOSSY_THRESHOLD_ACC", "RuleVariant", "ROW_VARIANTS", "variant_params",
+           "variant_rows", "verify_variant", "VARIANT_FAULTS"]
 
 FORWARD_FAULTS = {
     "mask-ancestors-hidden": "the tree mask hides every ancestor (a node sees only itself and the prefix)",
@@ -87,6 +94,11 @@ VERIFIER_FAULTS = {
     "verifier-threshold": "a lossy acceptance threshold (threshold_acc 0.5) the output does not report",
     "verifier-bonus-row": "the bonus is drawn from the final node's parent's row",
     "verifier-final-coin-reuse": "the final coin reuses the final node's walk coin",
+    "verifier-temperature-1": "the verifier decides on its own rows at temperature 1 (the recorded rows are the "
+                              "request's)",
+    "verifier-greedy": "a sampled request's decisions are taken greedily (one-hot rows inside the verifier)",
+    "verifier-p-over-q-own-coin": "min(1, p/q) with the drafter's marginals, each child judged with its own coin",
+    "verifier-root-coin": "the root's coin decides every level (a coin reused across levels)",
 }
 #: Every planted fault: name -> what it does.
 FAULT_KINDS: dict[str, str] = {**FORWARD_FAULTS, **COMMIT_FAULTS, **DRAFTER_FAULTS, **SAMPLING_FAULTS,
@@ -184,18 +196,25 @@ class PQRule:
     child's token at its depth (``exp(logw_child - logw_parent)``), bonus from the target row
     with the rejected siblings zeroed: the speculative-sampling rule of chain drafts applied to
     a top-k tree, which is biased there (issue 16). Same interface as the verify rules
-    (:mod:`ddtree_lab.verify.rules`): ``decide`` and ``bonus``."""
+    (:mod:`ddtree_lab.verify.rules`): ``decide`` and ``bonus``. ``coin="child"`` judges each
+    child with its own coin (``coins[child]``) instead of the parent's; ``q="one-hot"`` takes
+    ``q = 1`` (a drafter taken as deterministic), i.e. ``u < p``."""
 
     def __init__(self, request: int, tokens: list[int], logws: list[float], row_of, coins: list[float],
-                 final_coin: float, final_mass: float | None = None):
+                 final_coin: float, final_mass: float | None = None, coin: str = "parent", q: str = "drafter"):
+        if coin not in ("parent", "child") or q not in ("drafter", "one-hot"):
+            raise ValueError(f"PQRule: coin must be 'parent' or 'child', q 'drafter' or 'one-hot'; got {coin!r}, {q!r}")
         self.request, self.tokens, self.logws, self.row_of = request, tokens, logws, row_of
         self.coins, self.final_coin, self.final_mass = coins, final_coin, final_mass
+        self.coin, self.q = coin, q
 
     def decide(self, node, depth, children):
         u, row, mass, out = self.coins[node], self.row_of(node), 0.0, []
         for child in children:
+            if self.coin == "child":
+                u = self.coins[child]
             p = float(row[self.tokens[child]])
-            q = math.exp(float(self.logws[child]) - float(self.logws[node]))
+            q = 1.0 if self.q == "one-hot" else math.exp(float(self.logws[child]) - float(self.logws[node]))
             mass = float(np.float32(mass + p))
             ok = p > 0.0 and u < min(1.0, p / q if q > 0 else math.inf)
             out.append(Decision(self.request, depth, node, child, self.tokens[child], p, mass, u,
@@ -250,6 +269,139 @@ def _parents_of(vi) -> list[list[int]]:
 
     parents, _ = decode_retrieve(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.num_nodes)
     return parents.tolist()
+
+
+# -- rule variants: one departure from the target-only rule (the families rule inference fits) --
+
+#: What a variant does to the verifier's rows (the request's parameters otherwise). ``top-k`` and
+#: ``min-p`` applied twice are the same as once (both are idempotent), so only ``top-p-twice``.
+ROW_VARIANTS = ("request", "temperature", "greedy", "other-order", "top-k-dropped", "top-p-dropped",
+                "min-p-dropped", "top-p-twice")
+
+
+@dataclass(frozen=True)
+class RuleVariant:
+    """A verifier that departs from the target-only rule along one axis.
+
+    Attributes:
+        rows: one of :data:`ROW_VARIANTS` (the rows the verifier computes for itself from the
+            raw logits; the recorded rows stay the request's).
+        temperature: the temperature of ``rows="temperature"``.
+        accept: ``"cumulative"`` (``u < S_k``, the target-only test), ``"threshold"``
+            (SGLang's ``u <= S_k / threshold_acc``), ``"p-over-q"`` (``u < min(1, p/q)``, ``q``
+            the drafter's marginal) or ``"p-over-one-hot"`` (``q = 1``: ``u < p``).
+        threshold_acc: the threshold of ``accept="threshold"``.
+        coin: which coin judges a child: ``"parent"`` (the rule), ``"child"`` (each child its
+            own; the per-child tests only) or ``"root"`` (the root's coin at every level).
+        bonus: ``"node"`` (the rule: the final node's residual with the final coin),
+            ``"walk-coin"`` (with the final node's walk coin) or ``"parent-row"`` (the final
+            node's parent's row).
+    """
+
+    rows: str = "request"
+    temperature: float | None = None
+    accept: str = "cumulative"
+    threshold_acc: float = 1.0
+    coin: str = "parent"
+    bonus: str = "node"
+
+    def __post_init__(self):
+        if self.rows not in ROW_VARIANTS:
+            raise ValueError(f"RuleVariant.rows must be one of {ROW_VARIANTS}, got {self.rows!r}")
+        if (self.rows == "temperature") != (self.temperature is not None) or (
+                self.temperature is not None and not self.temperature > 0):
+            raise ValueError(f"RuleVariant: temperature > 0 goes with rows='temperature' only, got rows={self.rows!r}, "
+                             f"temperature={self.temperature!r}")
+        if self.accept not in ("cumulative", "threshold", "p-over-q", "p-over-one-hot"):
+            raise ValueError(f"RuleVariant.accept: unknown test {self.accept!r}")
+        if self.coin not in ("parent", "child", "root") or (self.coin == "child" and not self.accept.startswith("p-")):
+            raise ValueError(f"RuleVariant.coin {self.coin!r} with accept {self.accept!r}: 'child' goes with the "
+                             "per-child tests only")
+        if self.bonus not in ("node", "walk-coin", "parent-row"):
+            raise ValueError(f"RuleVariant.bonus: unknown draw {self.bonus!r}")
+
+
+def variant_params(p: SamplingParams, variant: RuleVariant) -> SamplingParams:
+    """The parameters of the verifier's own rows under ``variant`` (``top-p-twice``: the
+    request's; :func:`variant_rows` applies the second cut). Greedy requests stay greedy."""
+    if p.is_greedy or variant.rows in ("request", "top-p-twice"):
+        return p
+    if variant.rows == "temperature":
+        assert variant.temperature is not None  # RuleVariant checks it
+        return dataclasses.replace(p, temperature=float(variant.temperature))
+    if variant.rows == "greedy":
+        return dataclasses.replace(p, temperature=0.0)
+    if variant.rows == "other-order":
+        return dataclasses.replace(p, order="top_p_then_top_k" if p.order == "top_k_then_top_p" else "top_k_then_top_p")
+    if variant.rows == "top-k-dropped":
+        return dataclasses.replace(p, top_k=0)
+    if variant.rows == "top-p-dropped":
+        return dataclasses.replace(p, top_p=1.0)
+    return dataclasses.replace(p, min_p=None)
+
+
+def variant_rows(logits: torch.Tensor, params: Sequence[SamplingParams], variant: RuleVariant,
+                 num_nodes: torch.Tensor | None = None) -> torch.Tensor:
+    """The verifier's own rows ``[bs, N, V]`` float32 under ``variant`` from raw ``logits
+    [bs, N, V]`` (:func:`ddtree_lab.target_probs` of :func:`variant_params`; ``top-p-twice``
+    applies the request's top-p cut a second time to the renormalised rows)."""
+    from .sampling import _top_p_mask, target_probs
+
+    rows = target_probs(logits, [variant_params(p, variant) for p in params], num_nodes=num_nodes)
+    if variant.rows == "top-p-twice":
+        for b, p in enumerate(params):
+            if not p.is_greedy and p.top_p < 1.0:
+                again = rows[b] * _top_p_mask(rows[b], p.top_p)
+                rows[b] = again / again.sum(-1, keepdim=True).clamp(min=1e-30)
+    return rows
+
+
+def verify_variant(vi: DDTreeVerifyInput, logits: torch.Tensor, params: Sequence[SamplingParams],
+                   coins: torch.Tensor, final_coins: torch.Tensor, node_logws: torch.Tensor,
+                   variant: RuleVariant) -> VerifyOutput:
+    """The walk of a verifier departing from the target-only rule as ``variant`` says.
+
+    Args:
+        vi: buffers ``[bs, N]``; logits: ``[bs, N, V]`` raw target logits of the tree nodes.
+        params: the requests' :class:`SamplingParams` (one per request).
+        coins ``[bs, N]``, final_coins ``[bs]``: float32 in [0, 1).
+        node_logws: ``[bs, N]`` float32 path log-weights (the drafter's marginals for ``p/q``).
+        variant: the :class:`RuleVariant`.
+
+    Returns:
+        the :class:`VerifyOutput` (its decision log holds the verifier's own numbers: its
+        rows' probabilities, its coins), reported as lossless.
+    """
+    rows = variant_rows(logits.float(), params, variant, num_nodes=vi.num_nodes)
+    c = coins.float().clone()
+    if variant.coin == "root":
+        c[:] = c[:, :1]
+    if variant.accept.startswith("p-"):
+        tokens, logws, cl, fl = vi.node_token_ids.tolist(), node_logws.tolist(), c.tolist(), final_coins.tolist()
+        q = "one-hot" if variant.accept == "p-over-one-hot" else "drafter"
+        coin = "child" if variant.coin == "child" else "parent"
+        out = walk_batch(vi, lambda b: PQRule(b, tokens[b], logws[b], lambda i: rows[b, i], cl[b], fl[b], coin=coin,
+                                              q=q), "reference")
+    else:
+        out = verify_sampled(vi, rows, c, final_coins, threshold_acc=variant.threshold_acc)
+        out = dataclasses.replace(out, thresholds=(1.0, 1.0), lossy=False)
+    if variant.bonus == "parent-row":
+        out = _bonus_from_parent_row(vi, rows, out)
+    elif variant.bonus == "walk-coin":
+        last = torch.tensor([[i for i in row if i >= 0][-1] for row in out.accept_index.tolist()])
+        reused = coins[torch.arange(vi.batch_size), last].contiguous()
+        # the caller records the fresh final coin: only the draw used the walk coin
+        out = verify_variant(vi, logits, params, coins, reused, node_logws, dataclasses.replace(variant, bonus="node"))
+    return out
+
+
+#: The named planted faults that are rule variants (outside the verifier check's catalogue).
+VARIANT_FAULTS: dict[str, RuleVariant] = {
+    "verifier-temperature-1": RuleVariant(rows="temperature", temperature=1.0),
+    "verifier-greedy": RuleVariant(rows="greedy"),
+    "verifier-p-over-q-own-coin": RuleVariant(accept="p-over-q", coin="child"),
+    "verifier-root-coin": RuleVariant(coin="root"),
+}
 
 
 # -- the switches ---------------------------------------------------------------------------
@@ -328,9 +480,21 @@ class Faults:
         return self._one(VERIFIER_FAULTS)
 
     def verify(self, vi: DDTreeVerifyInput, probs: torch.Tensor, coins: torch.Tensor, final: torch.Tensor,
-               node_logws: torch.Tensor) -> tuple[VerifyOutput, torch.Tensor]:
-        """The planted verifier on full rows ``probs [bs, N, V]``: ``(output, final coins used)``."""
+               node_logws: torch.Tensor, logits: torch.Tensor | None = None,
+               params: Sequence[SamplingParams] | None = None) -> tuple[VerifyOutput, torch.Tensor]:
+        """The planted verifier on full rows ``probs [bs, N, V]``: ``(output, final coins used)``.
+        The variants of :data:`VARIANT_FAULTS` compute their own rows from the raw ``logits
+        [bs, N, V]`` under the requests' ``params``.
+
+        Raises:
+            ValueError: no verifier fault planted, or a variant without ``logits`` / ``params``.
+        """
         name = self.verifier
+        if name in VARIANT_FAULTS:
+            if logits is None or params is None:
+                raise ValueError(f"planted fault {name}: the verifier's own rows need the raw logits and the "
+                                 "requests' sampling parameters")
+            return verify_variant(vi, logits, params, coins, final, node_logws, VARIANT_FAULTS[name]), final
         if name == "verifier-p-over-q":
             return verify_p_over_q(vi, lambda b, i: probs[b, i], node_logws, coins, final), final
         if name == "verifier-threshold":

@@ -357,7 +357,8 @@ class LiveSession:
             probs = target_probs(logits.cpu(), params, num_nodes=vi.num_nodes)
         if self.faults.verifier:
             assert probs is not None  # computed just above for a planted verifier
-            out, final = self.faults.verify(vi, probs, coins, final, tree.node_logws)
+            out, final = self.faults.verify(vi, probs, coins, final, tree.node_logws, logits=logits.cpu(),
+                                            params=params)
         elif self.verify_backend == "reference":
             if probs is None:
                 probs = target_probs(logits.cpu(), params, num_nodes=vi.num_nodes)

@@ -7,7 +7,7 @@
     ddtree-lab replay  TRACE|BUNDLE|RECORDING [--backend reference|torch-lazy|triton]
     ddtree-lab audit   TRACE --step S [--request R] [--model default] | BUNDLE | --random N
     ddtree-lab doctor  TRACE|BUNDLE|RECORDING [--model default --step S --request R]
-    ddtree-lab diagnose RUN [--model default|DIR] [--step S --request R]   # the bug named
+    ddtree-lab diagnose RUN [--model default|DIR] [--no-catalogue] [--step S --request R]   # the bug named
     ddtree-lab sglang  hook-dir | replay RECORDING | convert RECORDING -o TRACE
     ddtree-lab export  RUN --parquet DIR                  # per-step and per-node tables for DuckDB
     ddtree-lab compare-policies RUN [--model default] [--policy NAME ...] [--budgets 4,8,16,32,64] [--parquet OUT.parquet]
@@ -192,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description=cmd_diagnose.__doc__)
     p.add_argument("run", metavar="RUN", help="a trace, bundle or converted recording (ddtree_lab.io.load)")
     p.add_argument("--model", help="'default' or a model directory: also re-run the target and drafter")
+    p.add_argument("--no-catalogue", action="store_true",
+                   help="name the verifier's rule by rule inference alone (no re-walk of the known rules)")
     _step_args(p)
     p.set_defaults(func=cmd_diagnose)
 

@@ -13,7 +13,9 @@ def cmd_diagnose(args) -> int:
     recorded data is used (the verifier that ran, coins, sampling transform, greedy verdicts,
     drafter hit rate); with --model default (or DIR) the tree forward and KV commit (first
     divergent step by bisection), the drafter's input and plain greedy decoding are checked too.
-    A check that could not run says so and never counts as passing.
+    A check that could not run says so and never counts as passing. The verifier's rule is
+    named by rule inference (rule families fitted to the decisions), confirmed by the catalogue
+    of known rules; --no-catalogue leaves inference alone.
 
     Exit status: 1 on a finding or a damaged part of the file, 0 when every check that ran
     found nothing, 2 on bad input."""
@@ -28,7 +30,8 @@ def cmd_diagnose(args) -> int:
     if not run.steps:
         raise CLIError(f"{args.run}: no readable steps" + (f" ({run.problems[0]})" if run.problems else ""))
     try:
-        result = diagnose(run, model=args.model, step=args.step, request=args.request)
+        result = diagnose(run, model=args.model, step=args.step, request=args.request,
+                          catalogue=not args.no_catalogue)
     except KeyError as exc:
         raise CLIError(f"{args.run}: {exc.args[0] if exc.args else exc}") from exc
     print(result.text().replace(" RUN ", f" {args.run} "))

@@ -13,7 +13,9 @@ Every check returns fields, never text to parse: a broken invariant is a
 
   * ``record`` (:func:`check_record`): :func:`check` on every step;
   * ``verifier`` (:mod:`.verifier`): the verifier that ran, decision by decision, against the
-    target-only rule on the recorded rows and coins, and which rule it follows instead;
+    target-only rule on the recorded rows and coins, and which rule it follows instead (rule
+    inference, :mod:`.inference`, confirmed by the catalogue of known rules unless
+    ``catalogue=False``);
   * ``coins`` (:mod:`.coins`): coins in [0, 1), the final coin never a walk coin;
   * ``output-law`` (:mod:`.law`): the recorded outputs across steps against the exact law of a
     lossless verifier, bonus token included (statistical; reads no coin, no decision log);
@@ -189,7 +191,7 @@ def load_models(model, run: Run):
 
 
 def diagnose(run: Run, model=None, step: int | None = None, request: int | None = None,
-             confirm: bool = True) -> Diagnosis:
+             confirm: bool = True, catalogue: bool = True) -> Diagnosis:
     """Name the bugs of ``run``: every check it allows (module docstring), the findings gathered.
 
     Args:
@@ -199,6 +201,9 @@ def diagnose(run: Run, model=None, step: int | None = None, request: int | None 
             re-run only those steps: no bisection).
         confirm: with a model, re-run a request under a named forward / commit fault to count
             the steps it reproduces.
+        catalogue: the verifier check re-walks its catalogue of known rules to confirm (or
+            name) the rule inference names; False: inference alone names it (and the
+            output-law check's family law likewise stands alone).
 
     Returns:
         :class:`Diagnosis`.
@@ -220,7 +225,8 @@ def diagnose(run: Run, model=None, step: int | None = None, request: int | None 
             steps = [s for s in steps if s.step == step]
             if not steps:
                 raise KeyError(f"step {step}: not in this run")
-    results = [check_record(run, steps), check_verifier(run, steps), check_coins(run, steps), check_law(run, steps),
+    results = [check_record(run, steps), check_verifier(run, steps, catalogue=catalogue), check_coins(run, steps),
+               check_law(run, steps),
                check_sampling(run, steps), check_greedy(run, steps), check_drafter_hits(run, steps)]
     if model is None:
         for name in MODEL_CHECKS:

@@ -27,6 +27,8 @@ class Finding:
         sure: one of :data:`SURE`.
         next: the command (or notebook cell) to look closer.
         steps: how many steps show it (the first is ``step``).
+        problems: the recorded fields behind it, as :class:`~ddtree_lab.problems.Problem` s
+            (e.g. the decisions no verifier rule family explains), or empty.
     """
 
     check: str
@@ -39,6 +41,7 @@ class Finding:
     sure: str
     next: str = ""
     steps: int = 1
+    problems: tuple = ()
 
     def line(self) -> str:
         at = [f"step {self.step}" if self.step is not None else None,

@@ -8,7 +8,12 @@ rows and coins, and the one reproducing every recorded decision and the bonus is
 ``min(1, p/q)`` with the drafter's marginals (``q`` from the tree's log-weights), a lossy
 ``threshold_acc`` (its feasible interval read off the recorded coins and masses), a final
 coin equal to a walk coin, or (only the bonus differs and no coin explains it) a bonus drawn
-from another row than its node's.
+from another row than its node's. That list is the **catalogue**; before it, rule inference
+(:mod:`.inference`) fits every rule family to the request's decisions and names the best with
+its parameter and its likelihood ratio against the target-only rule. The catalogue then
+confirms it (both are said), or names what inference leaves unnamed; with ``catalogue=False``
+inference alone names the rule. A departure no family explains stays "unknown", with the
+decisions no family explains as :class:`~ddtree_lab.problems.Problem` s on the finding.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from ..step import Run, Step
 from ..verify import verify_sampled
 from ..verify.walking import children_of
 from .common import CheckResult, Finding, engine_emitted, group_findings, next_command
+from .inference import RuleInference, infer_rule
 
 __all__ = ["check_verifier", "verifier_step", "engine_finding"]
 
@@ -223,9 +229,15 @@ def engine_finding(step: Step):
                    f"{extra.get('row')}, against the lab's walk (on the SGLang recording)")
 
 
-def check_verifier(run: Run, steps: list[Step] | None = None) -> CheckResult:
+def check_verifier(run: Run, steps: list[Step] | None = None, catalogue: bool = True) -> CheckResult:
     """The verifier that ran, on every step that stores its rows, coins and decisions
-    (:func:`verifier_step`); one finding per kind and request (first step, count)."""
+    (:func:`verifier_step`); one finding per kind and request (first step, count).
+
+    Where a sampled request's walk departs from the target-only rule, rule inference
+    (:func:`~ddtree_lab.diagnosis.inference.infer_rule`) fits the rule families to all its
+    steps; ``catalogue`` (default True) also re-walks the catalogue's candidate rules (module
+    docstring) to confirm or name the rule; False: inference alone names it.
+    """
     steps = run.steps if steps is None else steps
     result = CheckResult("verifier", ran=False)
     found, skipped, bounds, ok_steps, thresholds, found_engine = [], [], {}, [], {}, []
@@ -254,39 +266,50 @@ def check_verifier(run: Run, steps: list[Step] | None = None) -> CheckResult:
         a, b = bounds.get(s.request, (0.0, float("inf")))
         bounds[s.request] = (max(a, lo), min(b, hi))
         if got is not None:
+            if not catalogue and got[0]:  # a bonus-side catalogue name: left to inference
+                got = (None, "the verifier departs from the target-only rule", got[2], got[3])
             found.append((s, got))
         else:
             ok_steps.append(s)
     # one rule for the whole request: a candidate must reproduce every step of it whose walk
     # departs or agrees (a threshold is one constant, admitted by every step's decisions)
     common: dict[int, list[str]] = {}
-    for r in sorted({s.request for s, (names, _, _, _) in found if names is None}):
+    inferred: dict[int, RuleInference] = {}
+    for r in sorted({s.request for s, _ in found}):
+        mine = [s for s in ok_steps if s.request == r] + [s for s, _ in found if s.request == r]
+        sampled = [s for s in mine if s.params is not None and not s.params.is_greedy]
+        if sampled:
+            inferred[r] = infer_rule(sorted(sampled, key=lambda s: s.step), run.vocab_size or max(map(vocab_of, sampled)))
+        if not catalogue or not any(n is None for s, (n, _, _, _) in found if s.request == r):
+            continue
         a, b = bounds[r]
         # a threshold inside the feasible interval, not on its edge: at the edge u == S / t and
         # float rounding decides the verdict
         cands = [("verifier-p-over-q", 1.0)] + ([("verifier-threshold", (a + b) / 2)] if a < b < 1.0 else [])
-        mine = [s for s in ok_steps if s.request == r] + [s for s, (n, _, _, _) in found if s.request == r and n is None]
         common[r] = [name for name, t in cands if all(reproduces(s, vocab_of(s), name, t) for s in mine)]
         if "verifier-threshold" in common[r]:
             thresholds[r] = (a, b)
     findings = []
     for s, (names, unknown, node, evidence) in found:
         pick = names if names is not None else common.get(s.request, [])
+        inf = inferred.get(s.request)
+        fault, kind, sure, problems = _name(s, pick, unknown, inf, thresholds)
+        if inf is not None:
+            evidence += _inference_evidence(s, inf)
         if len(pick) == 1:
-            fault = pick[0]
-            kind, sure = _KINDS[fault]
-            if fault == "verifier-threshold":
+            if pick[0] == "verifier-threshold":
                 a, b = thresholds[s.request]
-                evidence += (f"; SGLang's rule u <= S/t with t in ({a:.3g}, {b:.3g}] (admitted by every step) "
-                             "reproduces every step of the request")
-            elif fault == "verifier-p-over-q":
-                evidence += "; the p/q rule reproduces every step of the request"
-        else:
-            fault, sure = None, "medium"
-            kind = unknown if not pick else "the verifier follows " + " or ".join(pick)
-        result.per_step[(s.step, s.request)] = fault or "unknown"
+                evidence += (f"; the catalogue: SGLang's rule u <= S/t with t in ({a:.3g}, {b:.3g}] (admitted by every "
+                             "step) reproduces every step of the request")
+            elif pick[0] == "verifier-p-over-q":
+                evidence += "; the catalogue: the p/q rule reproduces every step of the request"
+            else:
+                evidence += f"; the catalogue: {pick[0]}"
+        named = (f"rule:{inf.best.family.name}" if inf is not None and inf.best is not None and inf.explains
+                 and not inf.tied else None)
+        result.per_step[(s.step, s.request)] = fault or named or "unknown"
         findings.append(Finding("verifier", kind, fault, s.step, s.request, node, evidence, sure,
-                                next_command("verifier", s.step, s.request)))
+                                next_command("verifier", s.step, s.request), problems=tuple(problems)))
     found = findings + found_engine
     result.ran = result.checked > 0
     if not result.ran:
@@ -294,5 +317,60 @@ def check_verifier(run: Run, steps: list[Step] | None = None) -> CheckResult:
                       "level off, or a source without rows)")
     elif skipped:
         result.note = (result.note + "; " if result.note else "") + f"{len(skipped)} step(s) without rows not checked"
+    if not catalogue:
+        result.note = (result.note + "; " if result.note else "") + "catalogue off: rules named by inference alone"
     result.findings = group_findings(found)
     return result
+
+
+def _name(step: Step, pick: list[str], unknown: str | None, inf: RuleInference | None, thresholds) -> tuple:
+    """``(fault, kind, sure, problems)`` of a departing step from the catalogue's ``pick`` and
+    the request's rule inference."""
+    problems = [] if inf is None else [p for p in inf.unexplained if p.step == step.step]
+    best = None if inf is None else inf.best
+    if best is not None and inf is not None and inf.tied and inf.explains:
+        names = " or ".join(f.describe(step.params) for f in [best] + inf.tied)
+        if len(pick) == 1:
+            return pick[0], _KINDS[pick[0]][0], _KINDS[pick[0]][1], problems
+        return None, f"the verifier follows one of: {names} (rule inference cannot tell them apart here)", "medium", \
+            problems
+    if best is not None and inf is not None and inf.explains:
+        fault = best.family.fault
+        if fault is None and len(pick) == 1:
+            fault = pick[0]
+        if best.family.name == "temperature" and fault is None:
+            t = best.parameter or 0.0
+            fault = "verifier-temperature-1" if abs(t - 1.0) <= 0.05 else None
+        return fault, best.describe(step.params), "high", problems
+    if len(pick) == 1:
+        return pick[0], _KINDS[pick[0]][0], _KINDS[pick[0]][1], problems
+    if best is not None:
+        kind = (f"the verifier departs from the target-only rule; closest rule family: {best.describe(step.params)} "
+                f"({best.slips} recorded field(s) it does not predict)")
+        return None, kind, "medium", problems
+    if pick:
+        return None, "the verifier follows " + " or ".join(pick), "medium", problems
+    if inf is not None:
+        return None, "the verifier departs from the target-only rule (no rule family explains its decisions)", \
+            "medium", problems
+    return None, unknown or "the verifier departs from the target-only rule (no known rule reproduces it)", "medium", \
+        problems
+
+
+def _inference_evidence(step: Step, inf: RuleInference) -> str:
+    """The inference's figures for a finding: the family, its likelihood ratio, what is unexplained."""
+    if inf.best is not None:
+        out = (f"; rule inference: {inf.best.describe(step.params)}, log-likelihood ratio {inf.llr:.1f} against the "
+               f"target-only rule over the request's {inf.best.observations} recorded fields ({inf.best.slips} not "
+               f"predicted, {inf.best.undecided} undecided)")
+    else:
+        runner = inf.fits[0] if inf.fits else None
+        out = ("; rule inference: no rule family beats the target-only rule by a likelihood ratio of 100"
+               + (f" (closest: {runner.family.name}, ratio e^{runner.score - inf.baseline.loglik:.1f})" if runner else ""))
+    mine = [p for p in inf.unexplained if p.step == step.step]
+    if mine:
+        out += "; unexplained: " + "; ".join(f"node {p.node} {p.field} recorded {p.value!r}, the rule gives {p.limit!r}"
+                                            for p in mine[:3]) + (f" (+{len(mine) - 3} more)" if len(mine) > 3 else "")
+    if inf.not_tried:
+        out += "; not tried: " + "; ".join(inf.not_tried)
+    return out

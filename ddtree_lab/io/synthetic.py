@@ -92,7 +92,10 @@ def synthetic_steps(shape: SyntheticShape, seed: int, step: int, prefix_lens: li
         vib = dataclasses.replace(vi.request(b), node_token_ids=ctok[None])
         fin = final[b : b + 1]
         if planted.verifier:
-            o, fin = planted.verify(vib, rows, coins[b : b + 1, :vib.num_rows], fin, lw[None])
+            # raw logits whose softmax at the request's temperature is the made-up rows
+            raw = torch.where(rows > 0, rows.log(), torch.full_like(rows, -1e4)) * shape.temperature
+            o, fin = planted.verify(vib, rows, coins[b : b + 1, :vib.num_rows], fin, lw[None], logits=raw,
+                                    params=[params])
         else:
             o = verify_sampled(vib, rows, coins[b : b + 1, :vib.num_rows], fin)
         s = record_step(

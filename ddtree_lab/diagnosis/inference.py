@@ -1,0 +1,657 @@
+"""Rule inference: which verifier rule explains a request's recorded decisions (families fitted by likelihood).
+
+Where a recorded walk departs from the target-only rule, the verifier check asks which rule
+ran instead. Each **family** is a parametrised departure from the target-only rule along one
+axis (:class:`ddtree_lab.faults.RuleVariant`):
+
+* ``temperature``: the walk on rows at another temperature ``T`` (the request's filters kept);
+* ``greedy``: argmax decisions (one-hot rows inside the verifier) on a sampled request;
+* ``p-over-q`` / ``p-over-q-own-coin`` / ``p-over-one-hot-q`` / ``p-over-one-hot-q-own-coin``:
+  per-child acceptance ``u < min(1, p/q)`` with the drafter's marginal ``q`` (from the tree's
+  log-weights) or a one-hot ``q = 1``, judged with the parent's coin or each child's own;
+* ``threshold``: SGLang's lossy rule ``u <= S_k / t`` (:mod:`ddtree_lab.verify.rules`), ``t``
+  estimated;
+* ``other-order``: temperature then top-p then top-k instead of top-k then top-p (or back);
+* ``top-k-dropped`` / ``top-p-dropped`` / ``min-p-dropped`` / ``top-p-twice``: a filter not
+  applied, or top-p applied a second time to the renormalised row (top-k and min-p are
+  idempotent: applied twice is once);
+* ``root-coin``: the root's coin decides every level (a coin reused across levels);
+* ``bonus-walk-coin`` / ``bonus-parent-row``: the decisions follow the rule, the bonus is drawn
+  with the final node's walk coin, or from its parent's row.
+
+**The score.** Given the recorded coins, every family is deterministic: it gives, for each
+recorded field of each decision -- the coin it would use, the target probability and running
+mass ``S_k`` it would log, its verdict -- and for the bonus token and residual mass, one
+predicted value. Conditioning on the recorded walk so far (the recorded parent and earlier
+siblings), each field is an observation with probability ``1 - ε`` when the recorded value is
+the predicted one (numbers within the sampling check's float32 tolerance), ``ε`` when not
+(a slip: :data:`SLIP`), and ``1/2`` when the family cannot decide it (a probability known
+only within an interval, from the top-M raw logits a step stores, that straddles the coin).
+The log-likelihood of a family is the sum over a request's steps; its parameter (``T`` on a
+log grid over ``[0.05, 4]`` then golden-section refined; ``t`` the middle of the interval the
+decisions admit, else the best of a grid) is the maximum-likelihood one, ties broken toward the
+``T`` whose interval midpoints lie nearest the recorded probabilities. Families are compared
+by that log-likelihood less ``(1/2) log n`` per fitted parameter (BIC, ``n`` the observations);
+the best one is named when it beats the target-only rule by :data:`MARGIN` (a likelihood ratio
+of 100), and "explains" the recording when none of its observations is a slip; families as
+likely as it (within one nat) are reported as tied, and then none is named alone. The target-only
+rule reads the recorded rows (``child_probs``, the bonus row prefix); the families that change
+the rows recompute them from the stored top-M raw logits (level ``full``), exactly where the
+transform's support lies inside them and within proven bounds elsewhere (the bounds of
+:func:`ddtree_lab.diagnosis.sampling.prob_interval`, computed for a whole row at once).
+
+On a clean recording the target-only rule has no slip, so no family can beat it: inference
+never names a rule on a run whose decisions follow the target-only rule.
+
+Sources: the target-only rule and its lossless law (SpecInfer, Miao et al. 2024, Sec. 4;
+DDTree); ``min(1, p/q)`` (Leviathan et al. 2023; Chen et al. 2023); SGLang's lossy thresholds
+(``sgl-kernel`` ``speculative_sampling.cuh``); the slip likelihood of deterministic choice
+models (e.g. Luce-style trembling-hand models); the Bayesian information criterion (Schwarz 1978).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..faults import RuleVariant
+from ..problems import Problem
+from ..sampling import SamplingParams
+from ..step import Step
+from .sampling import ATOL, CUT_MARGIN, RTOL
+
+__all__ = ["Family", "FamilyFit", "RuleInference", "families_for", "infer_rule", "row_interval", "SLIP", "MARGIN",
+           "TEMPERATURE_RANGE"]
+
+#: Probability of a slip (a recorded field the family does not predict) in the likelihood.
+SLIP = 1e-3
+#: A family is named when its log-likelihood beats the target-only rule's by this (ratio 100).
+MARGIN = math.log(100.0)
+#: The temperatures searched (log grid, then golden-section refinement).
+TEMPERATURE_RANGE = (0.05, 4.0)
+_GRID = 32
+_LOG_MATCH, _LOG_SLIP, _LOG_HALF = math.log1p(-SLIP), math.log(SLIP), math.log(0.5)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One rule family: ``name`` (stable id), ``label`` (words), the :class:`RuleVariant` it
+    plants, ``fitted`` (the parameter estimated: ``"temperature"``, ``"threshold_acc"`` or
+    None) and ``fault`` (the planted fault of :data:`ddtree_lab.faults.FAULT_KINDS` it is, or None)."""
+
+    name: str
+    label: str
+    variant: RuleVariant
+    fitted: str | None = None
+    fault: str | None = None
+
+
+@dataclass(frozen=True)
+class FamilyFit:
+    """A family at its maximum-likelihood parameter over a request's steps: ``loglik``,
+    ``observations`` (fields scored), ``slips`` (fields it does not predict), ``undecided``
+    (fields it cannot decide), ``parameter`` (None for parameter-free families)."""
+
+    family: Family
+    parameter: float | None
+    loglik: float
+    observations: int
+    slips: int
+    undecided: int
+
+    @property
+    def score(self) -> float:
+        """The log-likelihood less ``(1/2) log n`` per fitted parameter (BIC)."""
+        return self.loglik - (0.5 * math.log(max(self.observations, 1)) if self.family.fitted else 0.0)
+
+    def describe(self, params: SamplingParams | None) -> str:
+        """The family in words with its parameter ("the verifier used T ≈ 1.00, the request asked 0.8")."""
+        if self.family.fitted == "temperature" and self.parameter is not None:
+            asked = f", the request asked {params.temperature:g}" if params is not None else ""
+            return f"the verifier used T ≈ {self.parameter:.2f}{asked}"
+        if self.family.fitted == "threshold_acc" and self.parameter is not None:
+            return f"{self.family.label} (threshold_acc ≈ {self.parameter:.3g})"
+        return self.family.label
+
+
+@dataclass
+class RuleInference:
+    """What :func:`infer_rule` found for one request.
+
+    Attributes:
+        request: the request.
+        baseline: the target-only rule's :class:`FamilyFit`.
+        fits: every family tried, best first (by :attr:`FamilyFit.score`).
+        best: the family named (beats the target-only rule by :data:`MARGIN`), or None.
+        llr: the best family's log-likelihood ratio against the target-only rule (nats).
+        explains: the best family predicts every observation (no slip).
+        unexplained: the target-only rule's slips that the closest family does not predict either, as
+            :class:`~ddtree_lab.problems.Problem` s (kind ``rule_unexplained``; ``field`` the
+            decision field, ``value`` recorded, ``limit`` the target-only rule's value).
+        not_tried: families left out and why (e.g. no top-M raw logits at level light).
+        tied: other families as likely as the best (log-likelihood within one nat, as many
+            slips): the decisions do not tell them apart, and no family is named alone.
+    """
+
+    request: int
+    baseline: FamilyFit
+    fits: list[FamilyFit]
+    best: FamilyFit | None
+    llr: float
+    explains: bool
+    unexplained: list[Problem] = field(default_factory=list)
+    not_tried: list[str] = field(default_factory=list)
+    tied: list[FamilyFit] = field(default_factory=list)
+
+
+def families_for(params: SamplingParams | None) -> list[Family]:
+    """The families tried for a request with ``params`` (module docstring): the filter
+    families only when the request uses that filter, the others always."""
+    v = RuleVariant
+    out = [Family("temperature", "the walk at another temperature", v(rows="temperature", temperature=1.0),
+                  "temperature"),
+           Family("greedy", "argmax decisions on a sampled request (one-hot rows inside the verifier)",
+                  v(rows="greedy"), fault="verifier-greedy"),
+           Family("p-over-q", "per-child acceptance min(1, p/q) with the drafter's marginals q, the parent's coin",
+                  v(accept="p-over-q"), fault="verifier-p-over-q"),
+           Family("p-over-q-own-coin", "per-child acceptance min(1, p/q) with the drafter's marginals q, each child "
+                  "judged with its own coin", v(accept="p-over-q", coin="child"), fault="verifier-p-over-q-own-coin"),
+           Family("p-over-one-hot-q", "per-child acceptance min(1, p/q) with a one-hot q (u < p), the parent's coin",
+                  v(accept="p-over-one-hot")),
+           Family("p-over-one-hot-q-own-coin", "per-child acceptance min(1, p/q) with a one-hot q (u < p), each child "
+                  "judged with its own coin", v(accept="p-over-one-hot", coin="child")),
+           Family("threshold", "SGLang's lossy acceptance u <= S/t, reported as exact", v(accept="threshold"),
+                  "threshold_acc", fault="verifier-threshold"),
+           Family("root-coin", "the root's coin decides every level (a coin reused across levels)", v(coin="root"),
+                  fault="verifier-root-coin"),
+           Family("bonus-walk-coin", "the decisions follow the rule; the bonus is drawn with the final node's walk "
+                  "coin, not the final coin", v(bonus="walk-coin"), fault="verifier-final-coin-reuse"),
+           Family("bonus-parent-row", "the decisions follow the rule; the bonus is drawn from the final node's "
+                  "parent's row", v(bonus="parent-row"), fault="verifier-bonus-row")]
+    if params is None or params.is_greedy:
+        return out
+    if params.top_k > 0 and params.top_p < 1.0:
+        out.append(Family("other-order", "the verifier's rows apply the other filtering order (top-k and top-p "
+                          "swapped)", v(rows="other-order")))
+    if params.top_k > 0:
+        out.append(Family("top-k-dropped", "the verifier's rows drop the request's top-k", v(rows="top-k-dropped")))
+    if params.top_p < 1.0:
+        out.append(Family("top-p-dropped", "the verifier's rows drop the request's top-p", v(rows="top-p-dropped")))
+        out.append(Family("top-p-twice", "the verifier's rows apply the request's top-p twice", v(rows="top-p-twice")))
+    if params.min_p:
+        out.append(Family("min-p-dropped", "the verifier's rows drop the request's min-p", v(rows="min-p-dropped")))
+    return out
+
+
+_TARGET_ONLY = Family("target-only", "the target-only rule", RuleVariant())
+
+# -- rows from the stored top-M raw logits -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One row under a transform, over the stored ids: ``lo`` / ``hi`` bounds ``[M]``, the
+    bound ``other`` on any token outside the stored ids (0 when the transform keeps none)."""
+
+    ids: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    other: float
+
+    @property
+    def exact(self) -> bool:
+        return self.other == 0.0 and bool(np.all(self.hi - self.lo <= 1e-12 + 1e-9 * self.hi))
+
+    def prob(self, token: int) -> tuple[float, float]:
+        k = np.nonzero(self.ids == token)[0]
+        if k.size:
+            return float(self.lo[k[0]]), float(self.hi[k[0]])
+        return 0.0, self.other
+
+
+def _top_p_cut(e: np.ndarray, keep: np.ndarray, z_lo: float, z_hi: float, top_p: float) -> np.ndarray | None:
+    """The top-p keep mask over the stored entries under normalisers in ``[z_lo, z_hi]``, or
+    None when the cut is not decided inside them (as the sampling check decides it)."""
+    masks = []
+    for z in (z_lo, z_hi):
+        probs = np.where(keep, e / z, 0.0)
+        order = np.sort(probs)[::-1]
+        cum = np.cumsum(order)
+        reach = np.nonzero(cum >= top_p)[0]
+        if reach.size == 0:
+            return None
+        k = int(reach[0])
+        if abs(cum[k] - top_p) < CUT_MARGIN or (k > 0 and abs(cum[k - 1] - top_p) < CUT_MARGIN):
+            return None
+        masks.append(keep & (probs >= order[k]))
+    return masks[0] if bool(np.array_equal(masks[0], masks[1])) else None
+
+
+def row_interval(ids, logits, lse: float, cand: SamplingParams | str, vocab: int, twice: bool = False) -> _Row | None:
+    """Bounds on a whole row's probabilities under ``cand`` from its stored top-M raw logits.
+
+    Args:
+        ids, logits: ``[M]`` the row's top-M raw logits (descending; ties by ascending id),
+            tensors or arrays.
+        lse: the row's float64 log-sum-exp over the whole vocabulary.
+        cand: :class:`SamplingParams`, or ``"greedy"`` (one-hot at the argmax of the tokens
+            not banned: pass the request's parameters through ``twice=False``).
+        vocab: V.
+        twice: apply ``cand``'s top-p a second time to the renormalised row (exact rows only).
+
+    Returns:
+        the row's bounds (the same as :func:`ddtree_lab.diagnosis.sampling.prob_interval`
+        token by token), or None when a top-k tie or a top-p cut is not decided by the stored
+        entries.
+    """
+    ids_a = np.asarray(ids.tolist() if hasattr(ids, "tolist") else ids, dtype=np.int64)
+    m = ids_a.size
+    if isinstance(cand, str):
+        one = np.zeros(m)
+        one[0] = 1.0
+        return _Row(ids_a, one, one.copy(), 0.0)
+    lf = np.asarray(logits.tolist() if hasattr(logits, "tolist") else logits, dtype=np.float32)
+    t = float(cand.temperature)
+    l = lf.astype(np.float64)
+    s = (lf / np.float32(t)).astype(np.float64)
+    e = np.exp(s - s[0])
+    s1 = max(math.exp(lse - l[0]) - float(np.exp(l - l[0]).sum()), 0.0)
+    gap = float(l[-1] - l[0])
+    if t == 1.0:
+        tail = (s1, s1)
+    elif t < 1.0:
+        tail = (0.0, s1 * math.exp(gap * (1.0 / t - 1.0)))
+    else:
+        tail = (s1, max(vocab - m, 0) * math.exp(gap / t))
+    banned = set(cand.banned_token_ids)
+    allowed = np.array([i not in banned for i in ids_a.tolist()], dtype=bool)
+    if banned:
+        e = np.where(allowed, e, 0.0)
+        if len(banned & set(ids_a.tolist())) < len(banned):
+            tail = (0.0, tail[1])
+    tail_full, keep = tail, allowed
+    has_k = 0 < cand.top_k < vocab
+    if has_k:
+        kept = np.nonzero(allowed)[0]
+        if cand.top_k <= kept.size:
+            kth = s[kept[cand.top_k - 1]]
+            if float(s[-1]) == float(kth) and vocab > m:
+                return None
+            keep, tail = allowed & (s >= kth), (0.0, 0.0)
+        else:
+            tail = (0.0, tail[1])
+    if cand.top_p < 1.0:
+        if cand.order == "top_k_then_top_p" or not has_k:
+            base = float(e[keep].sum())
+            mask = _top_p_cut(e, keep, base + tail[0], base + tail[1], cand.top_p)
+        else:
+            full = float(e.sum())
+            mask = _top_p_cut(e, allowed, full + tail_full[0], full + tail_full[1], cand.top_p)
+            mask = None if mask is None else mask & keep
+        if mask is None:
+            return None
+        keep, tail = mask, (0.0, 0.0)
+    if cand.min_p:
+        top = float(e[keep].max()) if keep.any() else 0.0
+        keep = keep & (e >= cand.min_p * top)
+        tail = (0.0, 0.0) if float(e[-1]) < cand.min_p * top else (0.0, tail[1])
+    ek = np.where(keep, e, 0.0)
+    base = float(ek.sum())
+    lo, hi = ek / (base + tail[1]), ek / (base + tail[0])
+    row = _Row(ids_a, lo, hi, tail[1] / (base + tail[0]) if tail[1] > 0 else 0.0)
+    if twice and cand.top_p < 1.0:
+        if not row.exact:
+            return None
+        mask = _top_p_cut(lo, lo > 0, 1.0, 1.0, cand.top_p)
+        if mask is None:
+            return None
+        p = np.where(mask, lo, 0.0)
+        p = p / p.sum()
+        row = _Row(ids_a, p, p.copy(), 0.0)
+    return row
+
+
+# -- one step's observations under one family ----------------------------------------------------
+
+
+def _near(recorded: float, lo: float, hi: float) -> bool:
+    return lo - ATOL - RTOL * abs(lo) <= recorded <= hi + ATOL + RTOL * abs(hi)
+
+
+class _StepData:
+    """What a step records for the score, read once (tensors to lists)."""
+
+    def __init__(self, step: Step, vocab: int):
+        self.step = step
+        self.vocab = vocab
+        self.decisions = list(step.decisions)
+        coins = step.coins
+        assert coins is not None and step.child_probs is not None  # infer_rule checks them
+        self.coins = coins.tolist()
+        self.cp = step.child_probs.double().tolist()
+        tokens, parents, logws = step.node_token_ids, step.parents, step.node_logws
+        self.tokens = tokens.tolist() if tokens is not None else []
+        self.parents = parents.tolist() if parents is not None else []
+        self.logws = logws.tolist() if logws is not None else None
+        self.params = step.params
+        ids, logits, lse = step.row_logit_ids, step.row_logits, step.row_logsumexp
+        self.has_logits = ids is not None and logits is not None and lse is not None
+        self.ids, self.logits, self.lse = ids, logits, lse
+        self._rows: dict = {}
+
+    def row(self, node: int, variant: RuleVariant, request_rows: bool = False) -> _Row | None:
+        """Node ``node``'s row under ``variant`` (``request_rows``: the request's own) from the
+        stored top-M logits, or None (not stored, or not decided by them)."""
+        ids, logits, lse = self.ids, self.logits, self.lse
+        if ids is None or logits is None or lse is None or self.params is None or node >= len(ids):
+            return None
+        from ..faults import variant_params
+
+        key = (node, None if request_rows else (variant.rows, variant.temperature))
+        if key not in self._rows:
+            p = self.params
+            if variant.rows == "greedy" and not request_rows:
+                allowed = [i for i in ids[node].tolist() if i not in set(p.banned_token_ids)]
+                one = np.zeros(len(allowed))
+                one[0] = 1.0
+                got = _Row(np.asarray(allowed, dtype=np.int64), one, one.copy(), 0.0)
+            else:
+                cand = p if request_rows else variant_params(p, variant)
+                got = row_interval(ids[node], logits[node], float(lse[node]), cand, self.vocab,
+                                   twice=variant.rows == "top-p-twice" and not request_rows)
+            self._rows[key] = got
+        return self._rows[key]
+
+
+@dataclass
+class _Obs:
+    step: int
+    node: int
+    field: str
+    recorded: float | None
+    expected: float | None
+    logp: float
+
+
+def _observe(recorded, lo, hi, exact_match=None) -> float:
+    if recorded is None or lo is None or hi is None:
+        return _LOG_SLIP if recorded is None and lo is not None else _LOG_HALF
+    ok = exact_match if exact_match is not None else _near(float(recorded), lo, hi)
+    return _LOG_MATCH if ok else _LOG_SLIP
+
+
+def _score(sd: _StepData, variant: RuleVariant) -> list[_Obs]:
+    """Every observation of one step under ``variant`` (module docstring)."""
+    s, obs = sd.step, []
+    recorded_rows = variant.rows == "request"
+    parent, s_lo, s_hi, s32 = None, 0.0, 0.0, 0.0
+    for d in sd.decisions:
+        if d.parent != parent:
+            parent, s_lo, s_hi, s32 = d.parent, 0.0, 0.0, 0.0
+        node = d.node
+        u = sd.coins[d.parent] if variant.coin == "parent" else sd.coins[node] if variant.coin == "child" else \
+            sd.coins[0]
+        obs.append(_Obs(s.step, node, "coin", d.coin, u, _observe(d.coin, u, u, d.coin is not None
+                                                                  and abs(d.coin - u) <= 1e-7)))
+        if recorded_rows:
+            p_lo = p_hi = sd.cp[node]
+            if math.isnan(p_lo):
+                p_lo = p_hi = float("nan")
+        else:
+            row = sd.row(d.parent, variant)
+            p_lo, p_hi = row.prob(sd.tokens[node]) if row is not None else (float("nan"), float("nan"))
+        known = not math.isnan(p_lo)
+        exp_p = p_lo if known and p_hi - p_lo <= 1e-12 else None
+        obs.append(_Obs(s.step, node, "target_prob", d.target_prob, exp_p,
+                        _observe(d.target_prob, p_lo, p_hi) if known else _LOG_HALF))
+        if known:
+            if recorded_rows:
+                s32 = float(np.float32(s32 + p_lo))
+                s_lo = s_hi = s32
+            else:
+                s_lo, s_hi = s_lo + p_lo, min(s_hi + p_hi, 1.0)
+        else:
+            s_lo, s_hi = float("nan"), float("nan")
+        mass_known = not math.isnan(s_lo)
+        edge = d.cumulative_mass == 1.0 and d.verdict == "accept" and mass_known and s_hi >= 1.0 - 1e-4
+        obs.append(_Obs(s.step, node, "cumulative_mass", d.cumulative_mass, s_lo if mass_known else None,
+                        (_LOG_MATCH if edge else _observe(d.cumulative_mass, s_lo, s_hi)) if mass_known else _LOG_HALF))
+        verdict = _verdict(variant, u, p_lo, p_hi, s_lo, s_hi, sd, d) if known and mass_known else None
+        if verdict is None:
+            lp = _LOG_HALF
+        else:
+            lp = _LOG_MATCH if verdict == d.verdict or (edge and d.verdict == "accept") else _LOG_SLIP
+        obs.append(_Obs(s.step, node, "verdict", 1.0 if d.verdict == "accept" else 0.0,
+                        None if verdict is None else float(verdict == "accept"), lp))
+    obs.extend(_bonus_obs(sd, variant))
+    return obs
+
+
+def _verdict(variant: RuleVariant, u: float, p_lo: float, p_hi: float, s_lo: float, s_hi: float, sd: _StepData, d):
+    """The family's verdict on a child, or None when its bounds straddle the coin."""
+    if variant.accept == "cumulative":
+        if p_hi <= 0.0:
+            return "reject"
+        if u < s_lo and p_lo > 0.0:
+            return "accept"
+        return "reject" if u >= s_hi else None
+    if variant.accept == "threshold":
+        t = max(np.float32(variant.threshold_acc), np.float32(1e-9))
+        if np.float32(u) <= np.float32(s_lo) / t:
+            return "accept"
+        return "reject" if np.float32(u) > np.float32(s_hi) / t else None
+    if variant.accept == "p-over-one-hot":
+        q = 1.0
+    else:
+        if sd.logws is None:
+            return None
+        q = math.exp(float(sd.logws[d.node]) - float(sd.logws[d.parent]))
+    if p_hi <= 0.0:
+        return "reject"
+    if p_lo > 0.0 and u < min(1.0, p_lo / q if q > 0 else math.inf):
+        return "accept"
+    return "reject" if u >= min(1.0, p_hi / q if q > 0 else math.inf) else None
+
+
+def _bonus_obs(sd: _StepData, variant: RuleVariant) -> list[_Obs]:
+    """The bonus token and residual mass under ``variant``, given the recorded walk."""
+    s, b = sd.step, sd.step.bonus
+    if b is None or b.token < 0 or s.final_coin is None:
+        return []
+    node, t = b.node, b.token
+    rejected_nodes = [d.node for d in sd.decisions if d.parent == node and d.verdict == "reject"]
+    rejected = {sd.tokens[c] for c in rejected_nodes}
+    coin = float(sd.coins[node]) if variant.bonus == "walk-coin" else float(s.final_coin)
+    recorded_mass = s.final_mass
+    parent = sd.parents[node] if 0 < node < len(sd.parents) else -1
+    if variant.bonus == "parent-row" and parent >= 0:
+        row = sd.row(parent, variant, request_rows=True)
+        if row is not None and row.exact and not float(row.lo[~np.isin(row.ids, list(rejected))].sum()) > 0.0:
+            parent = -1  # nothing left in the parent's row: the node's own draw stands
+    if variant.rows == "request" and (variant.bonus != "parent-row" or parent < 0):
+        prefix = s.final_row_prefix
+        if prefix is None or prefix.shape[0] != t + 1:
+            return [_Obs(s.step, node, "bonus_token", float(t), None, _LOG_HALF)]
+        r = prefix.double().clone()
+        for tok in rejected:
+            if tok <= t:
+                r[tok] = 0.0
+        mass = 1.0 - sum(sd.cp[c] for c in rejected_nodes)
+        cum = r.cumsum(0)
+        lo, hi = (float(cum[t - 1]) if t else 0.0), float(cum[t])
+        slack = 2e-6
+        ok = float(r[t]) > 0.0 and lo - slack <= coin * mass < hi + slack
+        return [_Obs(s.step, node, "bonus_token", float(t), None, _LOG_MATCH if ok else _LOG_SLIP),
+                _Obs(s.step, node, "final_mass", recorded_mass, mass,
+                     _observe(recorded_mass, mass - 1e-5, mass + 1e-5))]
+    if variant.bonus == "parent-row":
+        row = sd.row(parent, variant, request_rows=True)
+    else:
+        row = sd.row(node, variant)
+    if row is None or not row.exact:
+        return [_Obs(s.step, node, "bonus_token", float(t), None, _LOG_HALF)]
+    order = np.argsort(row.ids, kind="stable")
+    ids, p = row.ids[order], row.lo[order].copy()
+    p[np.isin(ids, list(rejected))] = 0.0
+    mass = float(p.sum())
+    if mass <= 0.0:
+        return [_Obs(s.step, node, "bonus_token", float(t), None, _LOG_SLIP)]
+    cum = np.cumsum(p)
+    k = int(np.searchsorted(cum, coin * mass, side="right"))
+    k = min(k, len(p) - 1)
+    if p[k] <= 0.0:
+        k = int(np.nonzero(p > 0)[0][-1])
+    got = int(ids[k])
+    return [_Obs(s.step, node, "bonus_token", float(t), float(got), _LOG_MATCH if got == t else _LOG_SLIP),
+            _Obs(s.step, node, "final_mass", recorded_mass, mass, _observe(recorded_mass, mass - 1e-4, mass + 1e-4))]
+
+
+# -- fitting -------------------------------------------------------------------------------------
+
+
+def _fit_at(family: Family, data: list[_StepData], parameter: float | None) -> tuple[FamilyFit, list[_Obs]]:
+    variant = family.variant
+    if family.fitted == "temperature":
+        variant = dataclasses.replace(variant, temperature=float(parameter))  # type: ignore[arg-type]
+    elif family.fitted == "threshold_acc":
+        variant = dataclasses.replace(variant, threshold_acc=float(parameter))  # type: ignore[arg-type]
+    obs = [o for sd in data for o in _score(sd, variant)]
+    ll = sum(o.logp for o in obs)
+    return FamilyFit(family, parameter, ll, len(obs), sum(o.logp == _LOG_SLIP for o in obs),
+                     sum(o.logp == _LOG_HALF for o in obs)), obs
+
+
+def _closeness(obs: list[_Obs]) -> float:
+    """Tie-break: how far the recorded probabilities lie from the family's (log ratio, capped)."""
+    out = 0.0
+    for o in obs:
+        if o.field == "target_prob" and o.expected is not None and o.recorded and o.expected > 0:
+            out += min(abs(math.log(float(o.recorded) / o.expected)), 5.0)
+    return out
+
+
+def _fit_temperature(family: Family, data: list[_StepData]) -> tuple[FamilyFit, list[_Obs]]:
+    lo, hi = TEMPERATURE_RANGE
+    grid = np.geomspace(lo, hi, _GRID)
+
+    def objective(t: float):
+        fit, obs = _fit_at(family, data, float(t))
+        return fit.loglik - 1e-3 * _closeness(obs), fit, obs
+
+    scored = [objective(t) for t in grid]
+    i = max(range(len(grid)), key=lambda k: scored[k][0])
+    a, b = math.log(grid[max(i - 1, 0)]), math.log(grid[min(i + 1, len(grid) - 1)])
+    best = scored[i]
+    g = (math.sqrt(5) - 1) / 2
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = objective(math.exp(c)), objective(math.exp(d))
+    for _ in range(14):  # golden-section on log T inside the best grid cell's neighbours
+        if fc[0] >= fd[0]:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = objective(math.exp(c))
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = objective(math.exp(d))
+    for cand in (fc, fd):
+        if cand[0] > best[0]:
+            best = cand
+    return best[1], best[2]
+
+
+def _threshold_interval(data: list[_StepData]) -> tuple[float, float]:
+    """The ``t`` that SGLang's ``u <= S / t`` admits on every recorded decision."""
+    lo, hi = 0.0, float("inf")
+    for sd in data:
+        for d in sd.decisions:
+            if d.coin is None or d.coin <= 0:
+                continue
+            r = d.cumulative_mass / d.coin
+            if d.verdict == "accept":
+                hi = min(hi, r)
+            else:
+                lo = max(lo, r)
+    return lo, hi
+
+
+def _fit_threshold(family: Family, data: list[_StepData]) -> tuple[FamilyFit, list[_Obs]]:
+    a, b = _threshold_interval(data)
+    cands = [float(x) for x in np.geomspace(0.05, 4.0, 32)]
+    if a < b:
+        cands.append((a + b) / 2 if math.isfinite(b) else 2 * a)
+    fits = [_fit_at(family, data, t) for t in cands]
+    return max(fits, key=lambda f: f[0].loglik)
+
+
+def _greedy_limit(fit: FamilyFit | None) -> bool:
+    return fit is not None and fit.family.name == "temperature" and (fit.parameter or 1.0) <= 0.1
+
+
+def infer_rule(steps: list[Step], vocab: int, families: list[Family] | None = None) -> RuleInference:
+    """Fit every rule family to one request's recorded decisions (module docstring).
+
+    Args:
+        steps: the request's steps that store coins, child probabilities and decisions (the
+            ones that agree with the target-only rule too: a rule must explain them as well).
+        vocab: V (the tail bound of the stored top-M logits).
+        families: the families to try (default :func:`families_for` of the request's parameters).
+
+    Returns:
+        :class:`RuleInference` (``best`` None: no family beats the target-only rule).
+
+    Raises:
+        ValueError: no step, steps of more than one request, or a step without coins or rows
+            (the step named).
+    """
+    if not steps:
+        raise ValueError("infer_rule: no step")
+    requests = {s.request for s in steps}
+    if len(requests) != 1:
+        raise ValueError(f"infer_rule: steps of several requests {sorted(requests)}: fit one request at a time")
+    for s in steps:
+        if s.coins is None or s.child_probs is None or s.output is None:
+            raise ValueError(f"step {s.step}, request {s.request}: no coins, verify rows or output recorded")
+    data = [_StepData(s, vocab) for s in steps]
+    params = steps[0].params
+    fams = families_for(params) if families is None else families
+    not_tried = []
+    if not any(sd.has_logits for sd in data):
+        rows_need = [f for f in fams if f.variant.rows != "request" or f.variant.bonus == "parent-row"]
+        if rows_need:
+            not_tried.append(f"{', '.join(f.name for f in rows_need)}: no step stores its top-M raw logits (level full)")
+        fams = [f for f in fams if f not in rows_need]
+    base, base_obs = _fit_at(_TARGET_ONLY, data, None)
+    fits, obs_of = [], {}
+    for fam in fams:
+        if fam.fitted == "temperature":
+            fit, obs = _fit_temperature(fam, data)
+        elif fam.fitted == "threshold_acc":
+            fit, obs = _fit_threshold(fam, data)
+        else:
+            fit, obs = _fit_at(fam, data, None)
+        fits.append(fit)
+        obs_of[fam.name] = obs
+    fits.sort(key=lambda f: -f.score)
+    top = fits[0] if fits else None
+    llr = (top.score - base.loglik) if top is not None else 0.0
+    best = top if top is not None and llr >= MARGIN else None
+    tied = [] if best is None else [f for f in fits if f is not best and f.slips == best.slips
+                                    and best.loglik - f.loglik < 1.0]
+    greedy = next((f for f in [best] + tied if f is not None and f.family.name == "greedy"), None)
+    if greedy is not None:  # greedy is the temperature family's T -> 0 limit: one claim, not two
+        tied = [f for f in [best] + tied if f is not None and f is not greedy and not _greedy_limit(f)]
+        best = greedy
+    closest = best if best is not None else top
+    explained = set() if closest is None else {(o.step, o.node, o.field) for o in obs_of[closest.family.name]
+                                               if o.logp == _LOG_MATCH}
+    request = steps[0].request
+    unexplained = [Problem("rule_unexplained", o.step, request, o.node, o.field, o.recorded, o.expected,
+                           f"{o.field}: recorded {o.recorded!r}, the target-only rule gives {o.expected!r}; the "
+                           "closest rule family does not give the recorded value either", part="output")
+                   for o in base_obs if o.logp == _LOG_SLIP and (o.step, o.node, o.field) not in explained]
+    return RuleInference(request, base, fits, best, llr, best is not None and best.slips == 0, unexplained, not_tried,
+                         tied)
