@@ -34,6 +34,21 @@ def load_run(path: str):
     return run
 
 
+def state_temperature_option(run, args, path: str) -> None:
+    """``--temperature T`` of ``info`` / ``diagnose``: the mode of a run that does not record it
+    (:func:`ddtree_lab.io.decoding_mode.state_temperature`); refused for a run that records its
+    parameters or a file temperature that differs."""
+    t = getattr(args, "temperature", None)
+    if t is None:
+        return
+    from ..io.decoding_mode import state_temperature
+
+    try:
+        state_temperature(run, t)
+    except ValueError as exc:
+        raise CLIError(f"{path}: {exc}") from exc
+
+
 def check_bundle_dir(path: str) -> None:
     """A directory given as a bundle must hold bundle.safetensors."""
     if not (Path(path) / "bundle.safetensors").is_file():
