@@ -48,6 +48,12 @@ def _step_args(p, required: bool = False) -> None:
     p.add_argument("--request", type=int, help="request index (needed when several requests have the step)")
 
 
+def _stated_temperature_arg(p) -> None:
+    p.add_argument("--temperature", type=float, default=None, metavar="T",
+                   help="the temperature of a run that does not record it (DDTree reference traces): 0 = greedy, "
+                        "> 0 = sampled; refused where the file records one that differs")
+
+
 def _sampling_args(p, defaults: bool) -> None:
     p.add_argument("--temperature", type=float, default=0.0 if defaults else None, help="0 means greedy")
     p.add_argument("--top-k", type=int, default=0 if defaults else None, help="<= 0 means off")
@@ -106,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="requests, prompts, tau and steps of a trace", description=cmd_info.__doc__)
     p.add_argument("trace")
+    _stated_temperature_arg(p)
     p.set_defaults(func=cmd_info)
 
     from .export import cmd_export
@@ -195,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-catalogue", action="store_true",
                    help="name the verifier's rule by rule inference alone (no re-walk of the known rules)")
     _step_args(p)
+    _stated_temperature_arg(p)
     p.set_defaults(func=cmd_diagnose)
 
     p = sub.add_parser("sglang", help="SGLang recordings: hook-dir, replay, convert", description=cmd_sglang.__doc__)

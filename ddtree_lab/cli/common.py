@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -33,6 +32,21 @@ def load_run(path: str):
     for problem in run.problems:
         print(f"warning: {problem}", file=sys.stderr)
     return run
+
+
+def state_temperature_option(run, args, path: str) -> None:
+    """``--temperature T`` of ``info`` / ``diagnose``: the mode of a run that does not record it
+    (:func:`ddtree_lab.io.decoding_mode.state_temperature`); refused for a run that records its
+    parameters or a file temperature that differs."""
+    t = getattr(args, "temperature", None)
+    if t is None:
+        return
+    from ..io.decoding_mode import state_temperature
+
+    try:
+        state_temperature(run, t)
+    except ValueError as exc:
+        raise CLIError(f"{path}: {exc}") from exc
 
 
 def check_bundle_dir(path: str) -> None:
@@ -112,44 +126,21 @@ def recording_step(rec, args, path: str) -> int | None:
     return step
 
 
+#: How the verbs that treat kinds apart (replay, doctor, audit) group the registered sources.
+_KINDS = {"bundle": "bundle", "sglang recording": "recording", "sglang recording (append-only)": "recording"}
+
+
 def kind_of(path: str) -> str:
-    """``"trace"``, ``"bundle"`` (a directory) or ``"recording"`` (an SGLang recording)."""
-    p = Path(path)
-    if p.is_dir():
-        return "bundle"
-    if p.suffix in (".json", ".jsonl") and p.exists():  # one of the JSON sources: ask the loader's sniffing
-        from ..io import source_of
+    """``"bundle"``, ``"recording"`` (an SGLang recording, either file) or ``"trace"`` (every
+    other source), from the registry of sources (:func:`ddtree_lab.io.source_of`). A path no
+    source claims is a ``"trace"`` (a directory: a ``"bundle"``), so that opening it names the
+    problem."""
+    from ..io import source_of
 
-        try:
-            return "recording" if source_of(p) == "sglang recording" else "trace"
-        except (OSError, ValueError):
-            return "trace"  # io.load names the problem
-    if not p.exists() and Path(str(p) + ".json").exists():
-        return "recording"
-    if p.suffix == ".ddrec" or (not p.exists() and Path(str(p) + ".ddrec").exists()):
-        return "recording"  # the SGLang recorder's append-only file
-    if p.exists():
-        try:
-            from safetensors import safe_open
-
-            with safe_open(str(p), framework="pt") as f:
-                meta = f.metadata() or {}
-            beside = p.with_suffix(".json")
-        except Exception:  # not safetensors: load_trace names the problem
-            return "trace"
-        if "ddtree_lab" not in meta and beside.exists():
-            from ..sglang.recording import FORMAT
-
-            try:
-                doc = json.loads(beside.read_text())
-            except ValueError:
-                doc = None
-            if isinstance(doc, dict) and doc.get("format") == FORMAT:
-                return "recording"
-            raise CLIError(f"{path}: safetensors without ddtree_lab metadata and {beside.name} is not an SGLang "
-                           "recording: not a trace, bundle or recording (drafter weights?)")
-        return "trace"
-    raise CLIError(f"{path}: no such file")
+    try:
+        return _KINDS.get(source_of(path), "trace")
+    except (OSError, ValueError):
+        return "bundle" if Path(path).is_dir() else "trace"
 
 
 def bundle_module():

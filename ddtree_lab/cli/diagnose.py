@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import EXIT_PROBLEM, CLIError, load_run
+from .common import EXIT_PROBLEM, CLIError, load_run, state_temperature_option
 
 
 def cmd_diagnose(args) -> int:
@@ -15,7 +15,9 @@ def cmd_diagnose(args) -> int:
     divergent step by bisection), the drafter's input and plain greedy decoding are checked too.
     A check that could not run says so and never counts as passing. The verifier's rule is
     named by rule inference (rule families fitted to the decisions), confirmed by the catalogue
-    of known rules; --no-catalogue leaves inference alone.
+    of known rules; --no-catalogue leaves inference alone. A run that does not record its
+    sampling parameters (DDTree reference traces) is greedy or sampled as its file says
+    (``args.temperature``, a request's ``temperature``) or as ``--temperature T`` states.
 
     Exit status: 1 on a finding or a damaged part of the file, 0 when every check that ran
     found nothing, 2 on bad input."""
@@ -24,6 +26,7 @@ def cmd_diagnose(args) -> int:
     if args.model is not None and args.model != "default" and not Path(args.model).is_dir():
         raise CLIError(f"--model {args.model}: not 'default' and not a model directory")
     run = load_run(args.run)
+    state_temperature_option(run, args, args.run)  # before a model loads
     if not run.steps and run.source == "engine summary":
         raise CLIError(f"{args.run}: an engine's acceptance summary: it records no steps to diagnose; "
                        f"`ddtree-lab info {args.run}` shows its acceptance figures")

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from .common import (EXIT_PROBLEM, CLIError, bundle_module, check_out_file, check_suffix, count, find_step, kind_of,
-                     load_run, lossy_note, recording_step, select_steps, sglang_module, write_output)
+                     load_run, lossy_note, recording_step, select_steps, sglang_module, state_temperature_option,
+                     write_output)
 
 
 
@@ -16,6 +17,7 @@ def cmd_info(args) -> int:
     from ..io.append_trace import AppendRun  # the run with an index (info_lines)
 
     run = load_run(args.trace)
+    state_temperature_option(run, args, args.trace)
     if isinstance(run, AppendRun) and (run.metadata.get("lazy") or any(r[7] for r in run.records)):
         # a large append-only recording (from its index, no step decoded), or one with steps that did not return
         print("\n".join(run.info_lines()))
@@ -41,7 +43,11 @@ def cmd_info(args) -> int:
     if extras:
         print("run: " + ", ".join(f"{k} {v}" for k, v in extras.items()))
     if run.steps and all(s.rows is None for s in run.steps) or not run.steps:
+        from ..io.decoding_mode import mode_text, records_parameters
         from ..views.run_summary import run_summary_text
+
+        if run.steps and not records_parameters(run):
+            print(mode_text(run))
 
         print(run_summary_text(run).rstrip())
         return 0

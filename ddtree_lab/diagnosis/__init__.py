@@ -28,7 +28,12 @@ Every check returns fields, never text to parse: a broken invariant is a
   * ``tree-forward`` (:mod:`.forward`): the first divergent step by bisection, then the mask /
     positions fault or the KV-commit fault that reproduces its rows;
   * ``drafter`` (:mod:`.drafter`): each draft against the drafter re-run on fresh features;
-  * ``greedy-decoding`` (:mod:`.greedy`): greedy requests against plain greedy decoding.
+  * ``greedy-decoding`` (:mod:`.greedy`): greedy requests against plain greedy decoding (a run
+    the lab did not record, e.g. DDTree reference traces: the requests whose file records, or
+    whose user states, temperature 0).
+
+  On a run whose steps record no sampling parameters, the mode checks say why from the
+  temperature the file records or the user stated (:mod:`.mode`); an unknown mode is said once.
 
   A check that could not run says why (:class:`CheckResult`) and never counts as passing.
 """
@@ -48,6 +53,7 @@ from .forward import check_tree_forward
 from .greedy import check_greedy, check_greedy_decoding
 from .invariants import check
 from .law import check_law
+from .mode import MODE_UNKNOWN, explain_mode
 from .sampling import check_sampling
 from .verifier import check_verifier
 
@@ -79,7 +85,12 @@ class Diagnosis:
     def text(self) -> str:
         """One line per finding, then one per check (ran and what it compared, or why not)."""
         lines = [f.line() for f in self.findings]
-        lines += [r.line() for r in self.results]
+        unknown = [r.check for r in self.results if not r.ran and r.why == MODE_UNKNOWN]
+        for r in self.results:
+            if r.check not in unknown:
+                lines.append(r.line())
+            elif r.check == unknown[0]:  # the unknown mode said once, for every check it stops
+                lines.append(f"could not run {', '.join(unknown)}: {MODE_UNKNOWN}")
         lines += [f"unreadable: {p}" for p in self.problems]
         n = len(self.findings)
         lines.append(f"{n} finding{'s' if n != 1 else ''}; {sum(r.ran for r in self.results)} of "
@@ -241,6 +252,7 @@ def diagnose(run: Run, model=None, step: int | None = None, request: int | None 
         results.append(check_greedy_decoding(run, target) if step is None else
                        CheckResult("greedy-decoding", ran=False, why="compares whole requests (no --step)"))
     _fold_consequences(results)
+    explain_mode(results, run, steps)
     return Diagnosis(results, time.perf_counter() - t0, list(run.problems))
 
 

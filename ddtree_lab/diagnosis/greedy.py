@@ -78,6 +78,13 @@ def check_greedy(run: Run, steps: list[Step] | None = None) -> CheckResult:
 def check_greedy_decoding(run: Run, target, max_tokens: int = 256) -> CheckResult:
     """Every greedy request's generated tokens against plain greedy decoding of its prompt.
 
+    A request is greedy when its recorded parameters say temperature 0 or, in a run whose steps
+    record none (DDTree reference traces), when its file records, or the user stated,
+    temperature 0 (:mod:`ddtree_lab.io.decoding_mode`); a request whose mode is unknown is not
+    compared, and said so. The finding names the request, the first differing token (its index
+    among the generated tokens and its position in the sequence, prompt included), the recorded
+    token id and the target's argmax there, both decoded.
+
     Args:
         run: a run whose metadata holds each request's prompt and generated token ids.
         target: the :class:`ddtree_lab.models.TargetModel` it was recorded with.
@@ -88,18 +95,35 @@ def check_greedy_decoding(run: Run, target, max_tokens: int = 256) -> CheckResul
     result = CheckResult("greedy-decoding", ran=False)
     reqs = run.metadata.get("requests") or []
     notes = []
-    for r in reqs:
+    vocab = int(target.vocab_size)
+
+    def text(token: int) -> str:
+        return run.token_texts.get(int(token)) or target.token_text(token)
+
+    for i, r in enumerate(reqs):
+        req = int(r.get("request", i))
         params = r.get("params") or {}
-        if float(params.get("temperature", 1.0)) != 0.0 or not r.get("generated_token_ids"):
+        temperature = params.get("temperature") if r.get("params") else r.get("temperature")
+        if not r.get("generated_token_ids"):
+            continue
+        if temperature is None:
+            notes.append(f"request {req}: greedy or sampled is unknown (not compared; state it: --temperature T)")
+            continue
+        if float(temperature) != 0.0:
             continue
         if params.get("banned_token_ids"):
-            notes.append(f"request {r['request']}: bans tokens; plain greedy decoding applies no bans, not compared")
+            notes.append(f"request {req}: bans tokens; plain greedy decoding applies no bans, not compared")
             continue
         if not r.get("prompt_token_ids"):
-            notes.append(f"request {r['request']}: the run has no prompt token ids (not compared)")
+            notes.append(f"request {req}: the run has no prompt token ids (not compared)")
             continue
         got = list(r["generated_token_ids"])[:max_tokens]
         prompt = list(r["prompt_token_ids"])
+        outside = next((t for t in prompt + got if not 0 <= int(t) < vocab), None)
+        if outside is not None:
+            notes.append(f"request {req}: token id {outside} is outside the target's vocabulary ({vocab} ids): not a "
+                         "run of this target (not compared)")
+            continue
         want = target.greedy_decode(prompt, len(got), stop_at_eos=False)
         result.checked += 1
         k = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), None)
@@ -109,13 +133,14 @@ def check_greedy_decoding(run: Run, target, max_tokens: int = 256) -> CheckResul
         top = torch.topk(logits[-1].float(), 2).values
         margin = float(top[0] - top[1])
         if margin < TIE_MARGIN:
-            notes.append(f"request {r['request']}: token {k} differs at a float tie (margin {margin:.2g})")
+            notes.append(f"request {req}: token {k} differs at a float tie (margin {margin:.2g})")
             continue
-        step = _step_of(run, int(r["request"]), len(prompt) + k)
+        step = _step_of(run, req, len(prompt) + k)
         found = Finding("greedy-decoding", "greedy DDTree differs from plain greedy decoding", None, step,
-                        int(r["request"]), None,
-                        f"generated token {k} is {got[k]} ({run.text(got[k])!r}), plain greedy gives {want[k]} "
-                        f"({run.text(want[k])!r}; margin {margin:.3g})", "high", next_command("greedy", step, int(r["request"])))
+                        req, None,
+                        f"generated token {k} (position {len(prompt) + k}, prompt included) is {got[k]} "
+                        f"({text(got[k])!r}), the target's argmax there is {want[k]} ({text(want[k])!r}; "
+                        f"margin {margin:.3g})", "high", next_command("greedy", step, req))
         result.findings.append(found)
     result.ran = result.checked > 0
     result.note = "; ".join(notes)

@@ -512,12 +512,20 @@ def read_acceptance_summaries(path: str | Path, engine: str | None = None) -> Ac
 
 
 def looks_like_summary(path: str | Path) -> bool:
-    """Whether ``path`` looks like an engine acceptance summary (a ``.prom`` file, or JSON /
-    JSONL whose first record is a vLLM response / output / metric or an SGLang response or
-    ``meta_info``); a quick look for telling sources apart, not a validation."""
+    """Whether ``path`` looks like an engine acceptance summary (a ``.prom`` file, a ``.txt``
+    holding ``vllm:spec_decode_`` counters (``/metrics`` text), or JSON / JSONL whose first
+    record is a vLLM response / output / metric or an SGLang response or ``meta_info``); a quick
+    look for telling sources apart, not a validation. Source ``"engine summary"`` of
+    :func:`ddtree_lab.io.load`."""
     path = Path(path)
     if path.suffix.lower() == ".prom":
         return path.is_file()
+    if path.suffix.lower() == ".txt":
+        try:
+            if path.is_file() and _VLLM_PREFIX in path.read_text():
+                return True
+        except (OSError, UnicodeDecodeError):
+            return False
     rec = first_json_record(path)
     if isinstance(rec, dict) and isinstance(rec.get("name"), str):
         return rec["name"].startswith(_VLLM_PREFIX)

@@ -36,12 +36,12 @@ from ..sampling import SamplingParams
 from ..step import Run, Step
 from ..store.container import TraceFormatError
 from .lab_trace import check_step_tensors, step_from_json, step_json, step_tensors
-from ..store.segments import SegmentEntry, SegmentWriter, read_segment, scan
+from ..store.segments import SegmentEntry, SegmentWriter, first_doc, read_segment, scan
 
 if TYPE_CHECKING:
     from ..verify.types import VerifyOutput
 
-__all__ = ["FORMAT", "VERSION", "SOURCE", "TraceWriter", "load_append_trace", "AppendRun", "replay_inputs",
+__all__ = ["FORMAT", "VERSION", "SOURCE", "TraceWriter", "load_append_trace", "looks_like_append_trace", "AppendRun", "replay_inputs",
            "INPUT_FIELDS"]
 
 FORMAT = "ddtree-lab-trace-segments"
@@ -258,6 +258,14 @@ def _decode(path: Path, entry: SegmentEntry, vocab: int | None) -> list[Step]:
             raise TraceFormatError(f"{where}: bad field ({exc!r})") from exc
         out.append(step)
     return out
+
+
+def looks_like_append_trace(path: str | Path) -> bool:
+    """Whether ``path`` is a lab trace written step by step: a segment file whose first segment
+    is complete and of :data:`FORMAT` (reads that segment's header only). Source
+    :data:`SOURCE` of :func:`ddtree_lab.io.load`."""
+    doc = first_doc(path)
+    return doc is not None and doc.get("format") == FORMAT
 
 
 EAGER_BYTES = 64 << 20  # files up to this size are decoded (and every checksum checked) when opened

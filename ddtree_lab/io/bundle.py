@@ -46,13 +46,13 @@ import torch
 
 from ..replaying import Difference, compare_outputs, replay_differences
 from ..step import Run, Step, TargetRows
-from ..store.container import read_container, write_container
+from ..store.container import container_format, read_container, write_container
 from ..verify import VerifyOutput
 from .lab_trace import TraceFormatError, check_step_tensors, step_from_json, step_json, step_tensors
 from ..texts import join_texts
 
 __all__ = ["Bundle", "BundleReplay", "make_bundle", "save_bundle", "load_bundle", "replay_bundle", "bundle_step",
-           "bundle_run", "FORMAT", "VERSION", "CHUNK", "FILES", "reduce_bonus_row", "children_tokens",
+           "bundle_run", "looks_like_bundle", "load_bundle_run", "FORMAT", "VERSION", "CHUNK", "FILES", "reduce_bonus_row", "children_tokens",
            "residual_cumsum", "dense_prefix", "float32_pieces"]
 
 
@@ -238,6 +238,26 @@ def bundle_run(bundle: Bundle) -> Run:
     """A bundle as a :class:`~ddtree_lab.step.Run` of its one step (:func:`ddtree_lab.io.load`)."""
     meta = {**bundle.metadata, "bundle_source": bundle.metadata.get("source"), "source": "bundle"}
     return Run(metadata=meta, steps=[bundle_step(bundle)], token_texts=dict(bundle.token_texts))
+
+
+def looks_like_bundle(path: str | Path) -> bool:
+    """Whether ``path`` is a bundle: a directory holding ``bundle.safetensors``, or a file whose
+    ``"ddtree_lab"`` document has the bundle :data:`FORMAT` (reads the header only). Source
+    ``"bundle"`` of :func:`ddtree_lab.io.load`."""
+    path = Path(path)
+    if path.is_dir():
+        return (path / "bundle.safetensors").is_file()
+    return container_format(path) == FORMAT
+
+
+def load_bundle_run(path: str | Path) -> Run:
+    """:func:`bundle_run` of the bundle at ``path`` (its directory or its ``bundle.safetensors``).
+
+    Raises:
+        as :func:`load_bundle`.
+    """
+    path = Path(path)
+    return bundle_run(load_bundle(path.parent if path.is_file() else path))
 
 
 @dataclass

@@ -51,6 +51,7 @@ import torch
 from ..build import DDTreeBuildResult
 from ..step import Run, Step
 from ..verify import VerifyOutput
+from .decoding_mode import FROM_ARGS, FROM_RECORD, NOT_RECORDED, temperature_value
 from .json_records import first_json_record, read_json_document
 
 __all__ = ["STAGE_NAMES", "REFERENCE_CANNOT", "ReferenceTraceError", "ReferenceRound", "ReferenceRequest",
@@ -563,25 +564,54 @@ def reference_run(traces: ReferenceTraces):
     """A :class:`~ddtree_lab.step.Run` of every round of every request (:func:`reference_round_step`).
 
     ``metadata``: ``source``, ``path``, ``container``, the file's run fields (``block_size``,
-    ``args``), ``requests`` (per request: ``request_id``, ``stage_times`` (seconds over the
-    request), ``acceptance_lengths``, ``num_input_tokens``, ``generated_token_ids`` (None
-    without ``output_ids``), ``missing``), ``missing`` and ``cannot`` (:data:`REFERENCE_CANNOT`).
-    ``problems``: the damaged rounds and requests (read with ``strict=False``).
+    ``args``), ``requests`` (per request: ``request`` (index), ``request_id``, ``stage_times``
+    (seconds over the request), ``acceptance_lengths``, ``num_input_tokens``,
+    ``prompt_token_ids`` and ``generated_token_ids`` (None without ``output_ids`` and
+    ``num_input_tokens``), ``temperature`` and ``temperature_from``
+    (:mod:`ddtree_lab.io.decoding_mode`: the request's own ``temperature`` field, else the
+    benchmark layout's ``args.temperature``, else None: not recorded), ``missing``), ``missing``
+    and ``cannot`` (:data:`REFERENCE_CANNOT`). ``problems``: the damaged rounds and requests
+    (read with ``strict=False``), and a temperature field that is not a number >= 0.
     """
     steps, requests = [], []
+    problems = [str(p) for p in traces.problems]
+    args = traces.metadata.get("args")
+    run_t, run_from = None, NOT_RECORDED
+    if isinstance(args, dict) and args.get("temperature") is not None:
+        run_t = temperature_value(args["temperature"])
+        if run_t is None:
+            problems.append(f"{traces.path}: args.temperature is {args['temperature']!r}, not a temperature (a number "
+                            ">= 0): greedy or sampled is not known")
+        else:
+            run_from = FROM_ARGS
     for req in traces.requests:
         rid = _request_id(req)
         steps.extend(reference_round_step(req, rnd, rid) for rnd in req.rounds)
-        generated = None if req.output_ids is None or req.num_input_tokens is None else \
-            req.output_ids[req.num_input_tokens:]
-        requests.append({**req.meta, "request_id": rid, "stage_times": req.stage_times,
+        ids, n_in = req.output_ids, req.num_input_tokens
+        generated = None if ids is None or n_in is None else ids[n_in:]
+        prompt = None if ids is None or n_in is None else ids[:n_in]
+        t, where = run_t, run_from
+        if req.meta.get("temperature") is not None:
+            own = temperature_value(req.meta["temperature"])
+            if own is None:
+                problems.append(f"request {req.request}: field 'temperature' is {req.meta['temperature']!r}, not a "
+                                "temperature (a number >= 0): greedy or sampled is not known")
+                t, where = None, NOT_RECORDED
+            else:
+                if run_t is not None and own != run_t:
+                    problems.append(f"request {req.request}: field 'temperature' is {own:g} but args.temperature is "
+                                    f"{run_t:g}: the request's own field is taken")
+                t, where = own, FROM_RECORD
+        requests.append({**req.meta, "request": req.request, "request_id": rid, "stage_times": req.stage_times,
                          "acceptance_lengths": req.acceptance_lengths, "num_input_tokens": req.num_input_tokens,
-                         "generated_token_ids": generated, "time_to_first_token": req.time_to_first_token,
+                         "prompt_token_ids": prompt, "generated_token_ids": generated,
+                         "temperature": t, "temperature_from": where if t is not None else NOT_RECORDED,
+                         "time_to_first_token": req.time_to_first_token,
                          "time_per_output_token": req.time_per_output_token, "missing": list(req.missing)})
     meta = {**traces.metadata, "source": "ddtree reference", "path": traces.path, "container": traces.container,
             "requests": requests, "cannot": dict(REFERENCE_CANNOT),
             "missing": ["target rows", "sampling parameters", "coins", "draft top-k", "verify buffers"]}
-    return Run(metadata=meta, steps=steps, token_texts={}, problems=[str(p) for p in traces.problems])
+    return Run(metadata=meta, steps=steps, token_texts={}, problems=problems)
 
 
 def load_reference_run(path: str | Path, strict: bool = False):

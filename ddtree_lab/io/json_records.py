@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["read_json_document", "first_json_record"]
+__all__ = ["read_json_document", "first_json_record", "json_format"]
 
 
 def read_json_document(path: str | Path):
@@ -56,3 +56,15 @@ def first_json_record(path: str | Path):
     if isinstance(doc, list):
         return doc[0] if doc else None
     return doc
+
+
+def json_format(path: str | Path) -> str | None:
+    """The ``"format"`` of a JSON document whose top level is an object (the lab's and the SGLang
+    recorder's JSON files name their format there), or None: not JSON, not an object, or no
+    format."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    fmt = doc.get("format") if isinstance(doc, dict) else None
+    return fmt if isinstance(fmt, str) else None

@@ -65,9 +65,9 @@ import torch
 from ..sampling import SamplingParams
 from ..step import LEVELS, Run, Step, normalize_timings
 from ..verify import BonusDraw, Decision, VerifyOutput, is_lossy
-from ..store.container import TraceFormatError, read_container, write_container
+from ..store.container import TraceFormatError, container_format, read_container, write_container
 
-__all__ = ["save_trace", "read_trace_file", "check_step_tensors", "step_from_json", "step_tensors", "step_json",
+__all__ = ["save_trace", "read_trace_file", "looks_like_trace_file", "check_step_tensors", "step_from_json", "step_tensors", "step_json",
            "TraceFormatError", "FORMAT", "VERSION", "TENSOR_FIELDS"]
 
 FORMAT = "ddtree-lab-trace"
@@ -236,6 +236,17 @@ def check_step_tensors(where: str, js: dict, t: dict[str, torch.Tensor], vocab: 
             raise bad(name, f"node index outside [{lo}, {n})")
     if "coins" in t and t["coins"].numel() and not bool(((t["coins"] >= 0) & (t["coins"] < 1)).all()):
         raise bad("coins", "a coin outside [0, 1)")
+
+
+def looks_like_trace_file(path: str | Path) -> bool:
+    """Whether ``path`` is a one-document lab trace: a safetensors file whose ``"ddtree_lab"``
+    document is not a bundle's (reads the header only; a damaged document counts, so that
+    :func:`read_trace_file` names the problem). Source ``"lab trace"`` of
+    :func:`ddtree_lab.io.load`."""
+    from .bundle import FORMAT as BUNDLE_FORMAT  # bundle.py imports this module
+
+    fmt = container_format(path)
+    return fmt is not None and fmt != BUNDLE_FORMAT
 
 
 def read_trace_file(path: str | Path, keep_going: bool = False) -> Run:

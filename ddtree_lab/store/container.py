@@ -18,7 +18,8 @@ import torch
 
 from .checksums import tensor_sha256
 
-__all__ = ["TraceFormatError", "tensor_sha256", "write_container", "read_container"]
+__all__ = ["TraceFormatError", "tensor_sha256", "write_container", "read_container", "safetensors_metadata",
+           "container_format"]
 
 _DTYPE_NAMES = {torch.int64: "int64", torch.float32: "float32", torch.float64: "float64"}
 
@@ -31,6 +32,33 @@ class TraceFormatError(ValueError):
 def _field_of(key: str) -> str:
     step, _, name = key.partition(".")
     return f"step {step}: field {name!r}" if name and step.isdigit() else f"field {key!r}"
+
+
+def safetensors_metadata(path: str | Path) -> dict[str, str] | None:
+    """The metadata of a safetensors file (its header only: no tensor is read), ``{}`` when it
+    has none, or None when ``path`` is not a readable safetensors file."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return f.metadata() or {}
+    except Exception:  # not a safetensors file (safetensors raises its own error types)
+        return None
+
+
+def container_format(path: str | Path) -> str | None:
+    """The ``format`` of the file's ``"ddtree_lab"`` document (:func:`write_container`; header
+    only), ``""`` when that document is damaged or names no format (the reader names the
+    problem), None when ``path`` is not a safetensors file with a ``"ddtree_lab"`` document."""
+    meta = safetensors_metadata(path)
+    if meta is None or "ddtree_lab" not in meta:
+        return None
+    try:
+        doc = json.loads(meta["ddtree_lab"])
+    except ValueError:
+        return ""
+    fmt = doc.get("format") if isinstance(doc, dict) else None
+    return fmt if isinstance(fmt, str) else ""
 
 
 def write_container(path: str | Path, doc: dict, tensors: dict[str, torch.Tensor]) -> Path:
