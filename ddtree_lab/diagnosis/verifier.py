@@ -296,7 +296,7 @@ def check_verifier(run: Run, steps: list[Step] | None = None, catalogue: bool = 
         fault, kind, sure, problems = _name(s, pick, unknown, inf, thresholds)
         if inf is not None:
             evidence += _inference_evidence(s, inf)
-        if len(pick) == 1:
+        if len(pick) == 1 and (fault is None or fault == pick[0]):
             if pick[0] == "verifier-threshold":
                 a, b = thresholds[s.request]
                 evidence += (f"; the catalogue: SGLang's rule u <= S/t with t in ({a:.3g}, {b:.3g}] (admitted by every "
@@ -336,11 +336,13 @@ def _name(step: Step, pick: list[str], unknown: str | None, inf: RuleInference |
             problems
     if best is not None and inf is not None and inf.explains:
         fault = best.family.fault
-        if fault is None and len(pick) == 1:
-            fault = pick[0]
         if best.family.name == "temperature" and fault is None:
             t = best.parameter or 0.0
             fault = "verifier-temperature-1" if abs(t - 1.0) <= 0.05 else None
+        elif fault is None and len(pick) == 1:
+            # a family with no catalogue name of its own; a catalogue pick is not asked to override a
+            # family that explains every field (the bonus judged on the family's rows, not the request's)
+            fault = pick[0]
         return fault, best.describe(step.params), "high", problems
     if len(pick) == 1:
         return pick[0], _KINDS[pick[0]][0], _KINDS[pick[0]][1], problems
