@@ -49,7 +49,7 @@ import torch
 
 from .end_to_end import LogitsDraft, RuleCase, SelectorDraft
 
-__all__ = ["RULES", "RULE_FAULTS", "Rule", "rule_sources", "sglang_rules_unavailable_reason", "run_rule"]
+__all__ = ["RULES", "RULE_FAULTS", "Rule", "rule_sources", "sglang_rules_unavailable_reason", "run_rule", "standard_case"]
 
 #: SGLang's top-k "off" value (``sampling_params.TOP_K_ALL``).
 TOP_K_ALL = 1 << 30
@@ -91,18 +91,25 @@ RULE_FAULTS = {
     "draft-logits-q": "the verify handed the draft logits while the draft was their argmax",
 }
 
-_ENTRY: dict | None = None
+_ENTRY: dict = {}
 
 
-def _entry_points() -> dict:
-    """SGLang's functions the rules call (loaded once)."""
-    global _ENTRY
-    if _ENTRY is not None:
-        return _ENTRY
+def _entry_points(group: str) -> dict:
+    """SGLang's functions the rules of ``group`` call (``"dspark"``: the block-wise rejection and
+    the Markov draft step, plain imports; ``"dflash2"``: the selector and ``accept_sampling``, run
+    from their installed files), loaded once."""
+    if group in _ENTRY:
+        return _ENTRY[group]
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from sglang.kernels.ops.speculative.dspark import blockwise_rejection, markov_sample
+    if group == "dspark":
+        from sglang.kernels.ops.speculative.dspark import blockwise_rejection, markov_sample
 
+        _ENTRY[group] = {"MarkovSampleStep": markov_sample.MarkovSampleStep,
+                         "blockwise_rejection_torch": blockwise_rejection.blockwise_rejection_torch,
+                         "BlockwiseRejection": blockwise_rejection.BlockwiseRejection,
+                         "make_rejection_noise": blockwise_rejection.make_rejection_noise, "sources": []}
+        return _ENTRY[group]
     from .source import load_module_source
 
     models = load_module_source("sglang.srt.models.dflash")
@@ -112,21 +119,20 @@ def _entry_points() -> dict:
     accept = load_module_source("sglang.kernels.ops.speculative.dspark.dspark_accept", provide={
         "build_speculative_verify_target_probs": utils["build_speculative_verify_target_probs"],
         "_get_or_create_chain_verify_buffers": utils["_get_or_create_chain_verify_buffers"]})
-    _ENTRY = {
-        "CandidateSelector": models["CandidateSelector"],
-        "accept_sampling": accept["accept_sampling"],
-        "MarkovSampleStep": markov_sample.MarkovSampleStep,
-        "blockwise_rejection_torch": blockwise_rejection.blockwise_rejection_torch,
-        "make_rejection_noise": blockwise_rejection.make_rejection_noise,
-        "sources": [models, sampler, utils, accept],
-    }
-    return _ENTRY
+    _ENTRY[group] = {"CandidateSelector": models["CandidateSelector"], "accept_sampling": accept["accept_sampling"],
+                     "AcceptSampling": accept["AcceptSampling"],
+                     "sources": [models, sampler, utils, accept]}
+    return _ENTRY[group]
 
 
-def sglang_rules_unavailable_reason() -> str | None:
-    """Why the SGLang rules cannot run here (sglang missing, an entry point gone), or None."""
+def _group(rule: str) -> str:
+    return "dflash2" if rule.startswith("dflash2") else "dspark"
+
+
+def sglang_rules_unavailable_reason(rule: str = "dflash2-dspark") -> str | None:
+    """Why SGLang rule ``rule`` cannot run here (sglang missing, an entry point gone), or None."""
     try:
-        _entry_points()
+        _entry_points(_group(rule))
     except Exception as err:
         return f"{type(err).__name__}: {err}"
     return None
@@ -136,7 +142,7 @@ def rule_sources() -> list[str]:
     """One line per installed file run by :mod:`ddtree_lab.engines.source`: its path, SHA-256,
     the imports cut and the changes."""
     out = []
-    for s in _entry_points()["sources"]:
+    for s in _entry_points("dflash2")["sources"]:
         cut = sorted({line.split(" import ")[0].removeprefix("from ") for _, line, _ in s.skipped if "import" in line})
         out.append(f"{s.module} ({s.path.name}, sha256 {s.sha256[:12]}): {len(s.skipped)} statements skipped "
                    f"(imports of {', '.join(cut) or 'nothing'}); {'; '.join(s.changes) or 'no changes'}")
@@ -158,7 +164,8 @@ def _sglang_params(case: RuleCase, copies: int):
 def _target_logits(case: RuleCase, candidates: torch.Tensor) -> torch.Tensor:
     """``[bs * (gamma + 1), V]``: row ``i`` of request ``r`` after its drafted prefix."""
     g = case.gamma
-    rows = case.target_logits[torch.arange(g + 1)[None, :], candidates[:, : g + 1]]
+    rows = case.target_logits.to(candidates.device)[torch.arange(g + 1, device=candidates.device)[None, :],
+                                                    candidates[:, : g + 1]]
     return rows.reshape(-1, case.vocab_size).float().contiguous()
 
 
@@ -184,8 +191,8 @@ def _no_overflow_checks():
         builder.options = old
 
 
-def _run_dflash2(case: RuleCase, copies: int, seed: int, block: bool, fault: str | None) -> list:
-    ep = _entry_points()
+def _run_dflash2(case: RuleCase, copies: int, seed: int, block: bool, fault: str | None, device: str = "cpu") -> list:
+    ep = _entry_points("dflash2")
     d = case.draft
     if not isinstance(d, SelectorDraft):
         raise ValueError(f"{case.name}: the DFlash 2 rules need a SelectorDraft")
@@ -196,11 +203,12 @@ def _run_dflash2(case: RuleCase, copies: int, seed: int, block: bool, fault: str
     bs, g, k, v = temps.shape[0], case.gamma, d.candidate_ids.shape[1], case.vocab_size
     selector = ep["CandidateSelector"](hidden_size=1, vocab_size=v, state_rank=1, top_k=k)
     torch.manual_seed(seed)
-    cand = d.candidate_ids[None].expand(bs, -1, -1).contiguous()
-    scores = d.scores[None].expand(bs, -1, -1, -1).float().contiguous()
+    temps, top_ks, top_ps = temps.to(device), top_ks.to(device), top_ps.to(device)
+    cand = d.candidate_ids[None].expand(bs, -1, -1).contiguous().to(device)
+    scores = d.scores[None].expand(bs, -1, -1, -1).float().contiguous().to(device)
     temperatures = temps.clamp_min(1e-5)  # as _propose_selector_block
     greedy_mask = top_ks <= 1  # resolve_greedy_mask
-    uniforms = torch.rand(bs, g, dtype=torch.float32)
+    uniforms = torch.rand(bs, g, dtype=torch.float32, device=device)
     tokens, q_rows = selector.sample_path(candidate_ids=cand, scores=scores, uniforms=uniforms,
                                           temperatures=temperatures, greedy_mask=greedy_mask)
     if fault == "q-temperature-1":
@@ -208,23 +216,26 @@ def _run_dflash2(case: RuleCase, copies: int, seed: int, block: bool, fault: str
                                          temperatures=torch.ones_like(temperatures), greedy_mask=greedy_mask)
     elif fault == "q-other-slot":
         q_rows = torch.cat([q_rows[:, 1:], q_rows[:, -1:]], 1)
-    candidates = torch.cat([torch.full((bs, 1), case.root_token, dtype=torch.int64), tokens.long()], 1)
-    draft_probs = torch.zeros(bs, g, v, dtype=torch.float32).scatter_(-1, cand, q_rows.float())
+    candidates = torch.cat([torch.full((bs, 1), case.root_token, dtype=torch.int64, device=device), tokens.long()], 1)
+    draft_probs = torch.zeros(bs, g, v, dtype=torch.float32, device=device).scatter_(-1, cand, q_rows.float())
     info = SimpleNamespace(temperatures=temps[:, None], top_ks=top_ks, top_ps=top_ps,
                            need_top_k_sampling=bool((top_ks != TOP_K_ALL).any()),
                            need_top_p_sampling=bool((top_ps < 1.0).any()), is_all_greedy=False)
+    accept = ep["AcceptSampling"].execute if device != "cpu" else ep["accept_sampling"]  # CUDA: its Triton variant
     with _no_overflow_checks():
-        accept_len, bonus, _ = ep["accept_sampling"](
+        accept_len, bonus, _ = accept(
             candidates=candidates, target_logits=_target_logits(case, candidates), draft_probs=draft_probs,
             sampling_info=info, draft_input=SimpleNamespace(max_top_k=None, uniform_top_k_value=None), gamma=g,
             verify_num_draft_tokens=g + 1, cutoff_verify_lens=None,
             block_verification=block and fault != "token-wise-verify")
+    candidates, accept_len, bonus = candidates.cpu(), accept_len.cpu(), bonus.cpu()
     out = [tuple(candidates[r, 1:1 + int(accept_len[r])].tolist()) + (int(bonus[r]),) for r in range(bs)]
     return _split(out, case, copies)
 
 
-def _run_blockwise(case: RuleCase, copies: int, seed: int, onehot: bool, fault: str | None) -> list:
-    ep = _entry_points()
+def _run_blockwise(case: RuleCase, copies: int, seed: int, onehot: bool, fault: str | None,
+                   device: str = "cpu") -> list:
+    ep = _entry_points("dspark")
     d = case.draft
     if not isinstance(d, LogitsDraft) or d.greedy != onehot:
         raise ValueError(f"{case.name}: this rule needs a LogitsDraft with greedy={onehot}")
@@ -236,24 +247,28 @@ def _run_blockwise(case: RuleCase, copies: int, seed: int, onehot: bool, fault: 
                          "(_blockwise_rejection_applies)")
     temps, _, _ = _sglang_params(case, copies)
     bs, g, v = temps.shape[0], case.gamma, case.vocab_size
-    temperatures = temps.clamp_min(1e-5).contiguous()
+    cuda = device != "cpu"
+    temperatures = temps.clamp_min(1e-5).contiguous().to(device)
     step_temps = torch.zeros_like(temperatures) if onehot else temperatures
     key = (seed * 0x9E3779B1 + 0x2D2A9C317E44B1F3) & 0x7FFFFFFFFFFFFFFF
-    offset = torch.zeros(1, dtype=torch.int64)
-    logits_out = None if onehot else torch.empty(bs, g, v, dtype=torch.float32)
-    prev = torch.full((bs,), case.root_token, dtype=torch.int64)
+    offset = torch.zeros(1, dtype=torch.int64, device=device)
+    logits_out = None if onehot else torch.empty(bs, g, v, dtype=torch.float32, device=device)
+    prev = torch.full((bs,), case.root_token, dtype=torch.int64, device=device)
+    base_all, bias_all = d.base_logits.to(device), d.bias.to(device)
+    step_fn = ep["MarkovSampleStep"].triton if cuda else ep["MarkovSampleStep"].torch
     drafts = []
     for s in range(g):
-        base = d.base_logits[s][None].expand(bs, -1).float().contiguous()
-        bias = d.bias[s][prev].float().contiguous()
-        prev = ep["MarkovSampleStep"].torch(
+        base = base_all[s][None].expand(bs, -1).float().contiguous()
+        bias = bias_all[s][prev].float().contiguous()
+        prev = step_fn(
             base_logits=base, bias=bias, temperatures=step_temps, key=key, offset=offset, step=s,
             step_dtype=torch.float32, logits_out=None if logits_out is None else logits_out[:, s],
             has_sampled_rows=False if onehot else None).long()
         drafts.append(prev)
     if not onehot:
         offset.add_(1)
-    candidates = torch.cat([torch.full((bs, 1), case.root_token, dtype=torch.int64), torch.stack(drafts, 1)], 1)
+    candidates = torch.cat([torch.full((bs, 1), case.root_token, dtype=torch.int64, device=device),
+                            torch.stack(drafts, 1)], 1)
     draft_logits = logits_out
     draft_temps = temperatures
     if fault == "draft-temperature-1":
@@ -261,17 +276,23 @@ def _run_blockwise(case: RuleCase, copies: int, seed: int, onehot: bool, fault: 
     elif fault == "one-hot-q":
         draft_logits = None
     elif fault == "draft-logits-q":
-        draft_logits = torch.stack([d.base_logits[s][None] + d.bias[s][candidates[:, s]] for s in range(g)], 1)
-    correct, bonus, _ = ep["blockwise_rejection_torch"](
+        draft_logits = torch.stack([base_all[s][None] + bias_all[s][candidates[:, s]] for s in range(g)], 1).contiguous()
+    verify = ep["BlockwiseRejection"].execute if cuda else ep["blockwise_rejection_torch"]  # CUDA: its Triton kernels
+    correct, bonus, _ = verify(
         candidates=candidates, target_logits=_target_logits(case, candidates), draft_logits=draft_logits,
-        target_temperatures=temperatures, draft_temperatures=draft_temps, noise=ep["make_rejection_noise"](seed, "cpu"))
+        target_temperatures=temperatures, draft_temperatures=draft_temps, noise=ep["make_rejection_noise"](seed, device))
+    candidates, correct, bonus = candidates.cpu(), correct.cpu(), bonus.cpu()
     out = [tuple(candidates[r, 1:1 + int(correct[r])].tolist()) + (int(bonus[r]),) for r in range(bs)]
     return _split(out, case, copies)
 
 
-def run_rule(rule: str, fault: str | None = None):
+def run_rule(rule: str, fault: str | None = None, device: str = "cpu"):
     """The ``run(case, copies, trial_seed)`` callable :func:`ddtree_lab.engines.end_to_end.audit_rule`
     takes, for SGLang rule ``rule`` with an optional planted ``fault`` (:data:`RULE_FAULTS`).
+
+    ``device="cuda"`` runs the same rule on CUDA tensors, where SGLang dispatches to its CUDA
+    paths (``selector_walk_triton``, ``accept_sampling_triton``, ``MarkovSampleStep.triton``,
+    ``blockwise_rejection_triton``): tests/test_sglang_gpu.py, never run on a CPU.
 
     Raises:
         ValueError: an unknown rule, or a fault the rule does not take.
@@ -281,11 +302,37 @@ def run_rule(rule: str, fault: str | None = None):
         raise ValueError(f"unknown SGLang rule {rule!r}; known: {', '.join(RULES)}")
     if fault is not None and fault not in RULES[rule].faults:
         raise ValueError(f"rule {rule} takes the faults {', '.join(RULES[rule].faults)}, not {fault!r}")
-    why = sglang_rules_unavailable_reason()
+    why = sglang_rules_unavailable_reason(rule)
     if why is not None:
         raise RuntimeError(f"SGLang's rules cannot run here: {why}")
     if rule.startswith("dflash2"):
         block = rule == "dflash2-dspark-block"
-        return lambda case, copies, seed: _run_dflash2(case, copies, seed, block, fault)
+        return lambda case, copies, seed: _run_dflash2(case, copies, seed, block, fault, device)
     onehot = rule == "blockwise-rejection-onehot"
-    return lambda case, copies, seed: _run_blockwise(case, copies, seed, onehot, fault)
+    return lambda case, copies, seed: _run_blockwise(case, copies, seed, onehot, fault, device)
+
+
+def standard_case(rule: str, seed: int = 0, fault: str | None = None) -> RuleCase:
+    """The case ``ddtree-lab audit --engine sglang:RULE`` and benchmarks/engine_audit.py audit
+    ``rule`` on (with ``fault``: the case that fault is planted in, a temperature the fault
+    changes something at): mixed greedy / sampled batches with top-k / top-p for DFlash 2, a
+    mixed-temperature batch for the block-wise rejection, ``gamma = 3`` draft tokens over 6 tokens.
+
+    Raises:
+        ValueError: an unknown rule.
+    """
+    from ..sampling import SamplingParams as SP
+    from .end_to_end import random_logits_case, random_selector_case
+
+    if rule not in RULES:
+        raise ValueError(f"unknown SGLang rule {rule!r}; known: {', '.join(RULES)}")
+    if rule == "dflash2-dspark":
+        reqs = [SP(temperature=0.5)] if fault else [SP(temperature=0.7, top_k=4, top_p=0.9), SP(temperature=0.0)]
+        return random_selector_case(seed, reqs)
+    if rule == "dflash2-dspark-block":
+        reqs = [SP(temperature=1.0 if fault == "token-wise-verify" else 0.5)] if fault else \
+            [SP(temperature=0.7), SP(temperature=0.0)]
+        return random_selector_case(seed, reqs)
+    if rule == "blockwise-rejection":
+        return random_logits_case(seed, [SP(temperature=0.7), SP(temperature=1.3)])
+    return random_logits_case(seed, [SP(temperature=0.8)], greedy_draft=True)
