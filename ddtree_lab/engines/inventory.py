@@ -295,3 +295,21 @@ def inventory_table(inv: dict, verdicts: dict | None = None) -> str:
                 row += " " + ("; ".join(f"{k}: {verdicts[k]['verdict']}" for k in rules) or "-") + " |"
             lines.append(row)
     return "\n".join(lines)
+
+
+def write_doc_blocks(path: Path, inv: dict) -> str:
+    """Replace the generated blocks ``<!-- inventory ENGINE begin --> ... end -->`` of ``path``
+    (docs/ENGINES.md) with :func:`inventory_table` of each engine in ``inv``; returns the new text.
+
+    Raises:
+        ValueError: the file lacks a block for one of the engines.
+    """
+    text = path.read_text()
+    for engine in inv:
+        pattern = re.compile(rf"<!-- inventory {engine} begin -->\n.*?<!-- inventory {engine} end -->", re.S)
+        if not pattern.search(text):
+            raise ValueError(f"{path} has no block <!-- inventory {engine} begin --> ... <!-- inventory {engine} end -->")
+        block = f"<!-- inventory {engine} begin -->\n{inventory_table({engine: inv[engine]})}\n<!-- inventory {engine} end -->"
+        text = pattern.sub(lambda _m: block, text, count=1)
+    path.write_text(text)
+    return text
