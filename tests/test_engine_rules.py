@@ -90,7 +90,7 @@ DSPARK = pytest.mark.skipif(_sglang_reason("blockwise-rejection") is not None,
                             reason=f"SGLang's DSpark kernels cannot be imported here: {_sglang_reason('blockwise-rejection')}")
 
 
-def _audit(rule, case, fault=None, draws=3000, seed=0):
+def _audit(rule, case, fault=None, draws=2000, seed=0):
     from ddtree_lab.engines import sglang_rules
 
     report = e2e.audit_rule(rule, sglang_rules.run_rule(rule, fault), case, sglang_rules.RULES[rule].law,
@@ -231,3 +231,36 @@ def test_cuda_only_entry_points_are_listed_not_audited_and_named_in_the_gpu_chec
         function = e.name.split(":")[1].split(".")[0]
         assert function in gpu_doc, f"{e.name} is not in tests/GPU_ONLY.md"
     assert "test_engine_rules_gpu" in script or "tests/test_sglang_gpu.py" in script
+
+
+# -- the CLI --------------------------------------------------------------------------------------
+
+
+@DSPARK
+def test_cli_audits_an_sglang_rule_and_exits_1_on_its_planted_fault(capsys):
+    from ddtree_lab.cli import main
+
+    assert main(["audit", "--engine", "sglang:blockwise-rejection-onehot", "--draws", "800"]) == 0
+    out = capsys.readouterr().out
+    assert "sglang:blockwise-rejection-onehot on logits case (seed 0, greedy draft): judged against the token-wise law" in out
+    assert "consistent with lossless" in out
+    assert main(["audit", "--engine", "sglang:blockwise-rejection-onehot", "--engine-fault", "draft-logits-q",
+                 "--draws", "800"]) == 1
+    assert "LOSSY" in capsys.readouterr().out
+    assert main(["audit", "--engine", "sglang:blockwise-rejection", "--engine-fault", "q-other-slot"]) == 2
+    assert "rule blockwise-rejection takes draft-temperature-1, one-hot-q" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(inv.package_dir("sglang") is None, reason="sglang is not installed")
+def test_cli_engine_list_prints_the_inventory_with_the_last_verdicts(capsys):
+    from ddtree_lab.cli import main
+
+    assert main(["audit", "--engine", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "`kernels/ops/speculative/dspark/blockwise_rejection.py:blockwise_rejection_torch`" in out
+    assert "| last verdict |" in out
+    verdicts = inv.last_verdicts()
+    if verdicts:
+        assert f"sglang:blockwise-rejection: {verdicts['sglang:blockwise-rejection']['verdict']}" in out
+    else:
+        assert "no verdicts yet" in out

@@ -73,7 +73,7 @@ ENTRY_POINTS = [
           "as accept_sampling (bonus gathered by a Triton kernel)", f"{_NOT_HERE}: CUDA only (scripts/gpu_check.sh)"),
     Entry("sglang", "kernels/ops/speculative/reject_sampling.py:chain_speculative_sampling_triton", "verify", _CPU_T,
           "target probs, draft probs (real or one-hot), coins, thresholds, block_verification",
-          "sglang (chain kernel, draft tokens given); through accept_sampling in sglang:dflash2-dspark[-block]"),
+          "sglang:chain (draft tokens given); through accept_sampling in sglang:dflash2-dspark, sglang:dflash2-dspark-block"),
     Entry("sglang", "kernels/ops/speculative/dspark/markov_sample.py:MarkovSampleStep.torch", "draft", "CPU (torch)",
           "step base logits + bias, temperatures (0: argmax), Philox key/offset -> tokens, step logits kept",
           "sglang:blockwise-rejection, sglang:blockwise-rejection-onehot"),
@@ -93,10 +93,10 @@ ENTRY_POINTS = [
           "tree buffers, target argmax (greedy only)", "sglang (greedy kernel)"),
     Entry("vllm", "v1/sample/rejection_sampler.py:RejectionSampler.forward", "verify", "CPU (Triton interpreter) and CUDA",
           "target logits, draft probs or None, sampling metadata (temperature, top-k, top-p), per-request generators",
-          "vllm (chain, target-only and real draft probs)"),
+          "vllm:rejection-sampler (chain, target-only and real draft probs)"),
     Entry("vllm", "v1/sample/rejection_sampler.py:rejection_sample", "verify", "CPU (Triton interpreter) and CUDA",
           "the kernels RejectionSampler.forward launches (greedy, random, recovered tokens)",
-          "vllm (through RejectionSampler.forward)"),
+          "vllm:rejection-sampler (through RejectionSampler.forward)"),
     Entry("vllm", "v1/worker/gpu/spec_decode/dflash2/speculator.py:CandidateSampler.sample", "draft", "Triton kernels",
           "DFlash 2 / LiLiCorr candidate walk (_selector_walk_kernel), realized scores cached as sparse draft logits",
           f"{_NOT_HERE}: not attempted in this change (the new model runner's DFlash 2 walk)"),
@@ -290,8 +290,8 @@ def inventory_table(inv: dict, verdicts: dict | None = None) -> str:
         for e, line in info["entries"]:
             row = f"| {engine} | `{e.name}` (line {line}) | {e.role} | {e.runs} | {e.takes} | {e.audit} |"
             if verdicts is not None:
-                rules = [k for k in verdicts if k.split(":", 1)[1] in e.audit.replace(",", " ").split()
-                         or k in e.audit]
+                named = set(re.findall(r"\b(?:sglang|vllm):[a-z0-9-]+", e.audit))
+                rules = [k for k in verdicts if k in named]
                 row += " " + ("; ".join(f"{k}: {verdicts[k]['verdict']}" for k in rules) or "-") + " |"
             lines.append(row)
     return "\n".join(lines)
