@@ -105,13 +105,11 @@ def main() -> None:
     print(f"engine audit: alpha {ALPHA:g}, {args.seeds} seeds per rule; {platform.machine()}, "
           f"{os.cpu_count()} CPUs, torch {torch.__version__}, torch threads {torch.get_num_threads()}")
     t0 = time.perf_counter()
-    results = {}
     old = json.loads(OUT.read_text()).get("rules", {}) if OUT.exists() else {}
     for name in names:
         engine, rule = name.split(":")
         res = chain_rule("sglang" if rule == "chain" else "vllm", args) if rule in ("chain", "rejection-sampler") \
             else sglang_rule(rule, args)
-        results[name] = res
         faults = ", ".join(f"{f} p = {p:.3g}" for f, p in res.get("faults", {}).items())
         if "p_value" in res:
             print(f"{name:34s} {res['verdict']}; p = {res['p_value']:.3g} ({res['draws']} draws, {res['law']} law); "
@@ -119,10 +117,10 @@ def main() -> None:
                   f"({res['sweep_draws']} draws each, smallest p {res['sweep_min_p']:.3g}); {res['seconds']} s", flush=True)
         else:
             print(f"{name:34s} {res['verdict']}", flush=True)
+        old[name] = res  # written after each rule: a cut run keeps what it measured
+        OUT.write_text(json.dumps({"alpha": ALPHA, "rules": old}, indent=1) + "\n")
     total = time.perf_counter() - t0
     print(f"total {total:.0f} s")
-    old.update(results)
-    OUT.write_text(json.dumps({"alpha": ALPHA, "total_seconds": round(total, 1), "rules": old}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
