@@ -87,7 +87,7 @@ def chain_rule(engine: str, args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=20, help="seeds of the false-alarm sweep per rule")
     ap.add_argument("--draws", type=int, default=3000, help="draws per request, torch rules")
     ap.add_argument("--draws-interpreted", type=int, default=400, help="draws per request, DFlash 2 rules")
