@@ -11,6 +11,10 @@
 # $OUT_DIR/summary.tsv (columns: check status secs last_line). Exit status: 0 when every check
 # passed or was skipped for a stated reason, 1 otherwise. Checks that need a model download or
 # a server (the SGLang end-to-end recorder) stay manual: see tests/GPU_ONLY.md.
+# sglang-kernels includes SGLang's CUDA-only sampled-verify rules end to end (issue 24:
+# selector_walk_triton, accept_sampling_triton, MarkovSampleStep.triton,
+# blockwise_rejection_triton; `-k cuda_kernels`): docs/ENGINES.md lists them "not audited here"
+# until this has run on a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
@@ -20,7 +24,7 @@ if [[ -z "$PY" ]]; then
   if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 OUT_DIR=${OUT_DIR:-gpu_check_out}
-BUDGET=${GPU_CHECK_BUDGET_S:-470}
+BUDGET=${GPU_CHECK_BUDGET_S:-480}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 # name | limit in seconds | command
@@ -28,7 +32,7 @@ CHECKS=(
   "triton-verify|90|$PY -m pytest -q -x tests/test_verify_triton.py"
   "audit-triton|35|$PY -m pytest -q -x tests/test_audit.py -k triton"
   "session-gpu|65|$PY -m pytest -q -x -s tests/test_session_gpu.py"
-  "sglang-kernels|50|$PY -m pytest -q -x tests/test_sglang_gpu.py"
+  "sglang-kernels|60|$PY -m pytest -q -x tests/test_sglang_gpu.py"
   "tree-build-cuda|40|$PY benchmarks/tree_build.py --device cuda --repeat 3 --skip-builders"
   "live-step-cuda|80|$PY benchmarks/live_step.py --device cuda --skip-threads"
   "verify-bench|85|$PY benchmarks/verify.py"

@@ -15,6 +15,7 @@ from .report import AuditReport as AuditReport
 from .report import Cell as Cell
 from .report import FitResult as FitResult
 from .report import audit as audit
+from .report import fit_counts as fit_counts
 from .report import resolve_verifier as resolve_verifier
 from .report import run_verifier as run_verifier
 from .verifiers import Verifier as Verifier

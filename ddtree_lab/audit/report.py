@@ -49,7 +49,7 @@ from .faults import PLANTED_FAULTS, planted_fault
 from .law import exact_law
 from .verifiers import Verifier, backend_verifier, plain_sample, reference_verifier, repeat_case
 
-__all__ = ["AuditReport", "Cell", "FitResult", "audit", "run_verifier", "resolve_verifier"]
+__all__ = ["AuditReport", "Cell", "FitResult", "fit_counts", "audit", "run_verifier", "resolve_verifier"]
 
 
 # -- cases ------------------------------------------------------------------------------------
@@ -102,7 +102,10 @@ class FitResult:
         return sorted(self.cells, key=lambda c: c.residual)[:k]
 
 
-def _fit(what: str, law: dict, counts: Counter, label: Callable, min_expected: float = 5.0) -> FitResult:
+def fit_counts(what: str, law: dict, counts: Counter, label: Callable, min_expected: float = 5.0) -> FitResult:
+    """G-test of observed ``counts`` (outcome -> count) against an exact ``law`` (outcome ->
+    probability): cells with an expected count below ``min_expected`` pooled, any observed
+    outcome of probability 0 failing at once (p = 0). ``label(outcome)`` names a cell."""
     from scipy.stats import power_divergence
 
     total = sum(counts.values())
@@ -325,13 +328,13 @@ def audit(case: AuditCase, verifier: Verifier | str = "reference", draws: int = 
             return " ".join(case.label(t) for t in k) or "(none)"
         return f"{case.label(k[0])} depth {k[1]}"
 
-    fit = _fit("outcome (" + ("emitted sequence" if law.kind == "sequence" else "first token, accepted depth") + ")",
+    fit = fit_counts("outcome (" + ("emitted sequence" if law.kind == "sequence" else "first token, accepted depth") + ")",
                law.probs, counts, lbl)
     first_counts = Counter((k[0] if k else -1) for k in outcomes) if law.kind == "sequence" else \
         Counter(k[0] for k in outcomes)
     depth_counts = Counter((len(k) - 1) for k in outcomes) if law.kind == "sequence" else Counter(k[1] for k in outcomes)
-    first = _fit("first emitted token", law.first_token(), first_counts, case.label)
-    depth = _fit("accepted depth", law.depth(), depth_counts, lambda d: f"depth {d}")
+    first = fit_counts("first emitted token", law.first_token(), first_counts, case.label)
+    depth = fit_counts("accepted depth", law.depth(), depth_counts, lambda d: f"depth {d}")
     sres = vs = None
     if sampler is not None:
         if sampler == "lab":
@@ -344,7 +347,7 @@ def audit(case: AuditCase, verifier: Verifier | str = "reference", draws: int = 
         coins = torch.rand(draws, generator=g, dtype=torch.float32)
         toks = sfn(case.logits[0], case.params, coins).tolist()
         scounts = Counter(int(t) for t in toks)
-        sres = _fit("plain sampler (first token)", law.first_token(), scounts, case.label)
+        sres = fit_counts("plain sampler (first token)", law.first_token(), scounts, case.label)
         vs = _two_sample(first_counts, scounts, case.label)
     return AuditReport(case.name, name, law.kind, draws, seed, alpha, fit, first, depth, sres, vs,
                        _findings(case, threshold_single, threshold_acc))

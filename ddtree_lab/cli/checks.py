@@ -15,6 +15,14 @@ def cmd_audit(args) -> int:
     """The losslessness audit: a verifier's law on a step against the exact law."""
     from .. import audit as au
 
+    if args.engine == "list":
+        return engine_list(args)
+    if args.engine in ("sglang:chain", "vllm:rejection-sampler"):
+        args.engine = args.engine.split(":")[0]
+    if args.engine is not None and args.engine.startswith("sglang:"):
+        return engine_rule(args)
+    if args.draws is None:
+        args.draws = 4000
     if args.draws < MIN_DRAWS:
         raise CLIError(f"--draws {args.draws}: need at least {MIN_DRAWS} coin sets (with fewer the test "
                        "cannot reject anything, so every verifier would look lossless)")
@@ -103,6 +111,55 @@ def cmd_audit(args) -> int:
     if engine is not None:
         engine.close()
     return worst
+
+
+def engine_list(args) -> int:
+    """``audit --engine list``: the inventory of both engines' entry points
+    (:mod:`ddtree_lab.engines.inventory`) with each rule's last verdict (benchmarks/engine_audit.json)."""
+    from ..engines import inventory as inv
+
+    if args.source is not None or args.random is not None or args.engine_fault is not None:
+        raise CLIError("--engine list prints the inventory: leave out the TRACE/BUNDLE, --random and --engine-fault")
+    try:
+        found = inv.inventory()
+    except inv.InventoryError as exc:
+        print(str(exc))
+        return EXIT_PROBLEM
+    verdicts = inv.last_verdicts()
+    print(inv.inventory_table(found, verdicts))
+    if not verdicts:
+        print(f"(no verdicts yet: run benchmarks/engine_audit.py, which writes {inv.VERDICTS_FILE.name})")
+    return 0
+
+
+def engine_rule(args) -> int:
+    """``audit --engine sglang:RULE``: one SGLang rule end to end on its standard case (seed ``--seed``)."""
+    from ..engines import end_to_end as e2e
+    from ..engines import sglang_rules as sr
+
+    rule = args.engine.split(":", 1)[1]
+    if args.source is not None or args.random is not None or args.step is not None:
+        raise CLIError(f"--engine {args.engine} audits the rule on its own case: leave out the TRACE/BUNDLE, "
+                       "--random and --step")
+    if args.engine_fault is not None and args.engine_fault not in sr.RULES[rule].faults:
+        raise CLIError(f"--engine-fault {args.engine_fault}: rule {rule} takes {', '.join(sr.RULES[rule].faults)}")
+    if any(getattr(args, k, None) is not None for k in ("temperature", "top_k", "top_p", "min_p")):
+        raise CLIError(f"--engine {args.engine}: the rule's case fixes its requests' parameters (docs/ENGINES.md)")
+    draws = args.draws if args.draws is not None else (400 if rule.startswith("dflash2") else 3000)
+    if draws < MIN_DRAWS:
+        raise CLIError(f"--draws {draws}: need at least {MIN_DRAWS} draws per request")
+    if not 0 < args.alpha < 1:
+        raise CLIError(f"--alpha {args.alpha}: the significance level must be in (0, 1)")
+    try:
+        run = sr.run_rule(rule, args.engine_fault)
+        report = e2e.audit_rule(args.engine + (f" + {args.engine_fault}" if args.engine_fault else ""), run,
+                                sr.standard_case(rule, args.seed, args.engine_fault), sr.RULES[rule].law,
+                                draws=draws, seed=args.seed, alpha=args.alpha)
+    except (ValueError, RuntimeError) as exc:
+        raise CLIError(f"--engine {args.engine}: {exc}") from exc
+    print(report.text(args.top))
+    print(f"  ({report.seconds:.1f} s in the engine)")
+    return EXIT_PROBLEM if report.rejected else 0
 
 
 def open_engine_of(args):
