@@ -142,10 +142,10 @@ class VerifyStepper:
 
     @property
     def _greedy(self) -> bool:
-        """The step on show verifies greedily."""
+        """The step on show has no coin to change: it verifies greedily, or it records no
+        sampling parameters or no coins (the DDTree reference's dumps)."""
         params = self.trace.params
-        assert params is not None  # _select's step_view raised for a step without parameters
-        return params.is_greedy
+        return params is None or params.is_greedy or self.trace.coins is None
 
     @property
     def view(self) -> StepView:
@@ -305,9 +305,10 @@ class VerifyStepper:
         v = self.view
         cur = v.cursor
         assert cur is not None  # StepView.at always sets the cursor
+        about = ("(accept p: the exact probability the walk accepts the child once here; path p: from the root)"
+                 if v.rows_known else "(no target rows recorded: depth, rank and node log-weight only)")
         parts = [f"<p><b>node {cur.current}</b> {html.escape(token_label(v.nodes[cur.current].text))}: its children "
-                 "in sibling order (accept p: the exact probability the walk accepts the child once here; "
-                 "path p: from the root)</p>", children_html(v)]
+                 f"in sibling order {about}</p>", children_html(v)]
         if not v.greedy:
             parts.append(mass_bar_svg(v, coin=self.coin))
         if cur.bonus_done:
@@ -318,7 +319,10 @@ class VerifyStepper:
         """The what-if answer shown beside the coin slider (class ``ddtree-whatif``)."""
         style = 'class="ddtree-whatif" style="font-family:monospace;font-size:12px;max-width:640px'
         if self._greedy:
-            return f'<div {style};color:#616161">greedy step: no coins to change (the walk follows the argmax)</div>'
+            why = ("greedy step: no coins to change (the walk follows the argmax)"
+                   if self.trace.params is not None and self.trace.params.is_greedy else
+                   f"no coins recorded ({self.trace.source}): nothing to re-walk")
+            return f'<div {style};color:#616161">{html.escape(why)}</div>'
         if self.is_leaf:
             return (f'<div {style};color:#616161">node {self.current_node} is a leaf: no coin decides among children '
                     "(the bonus is drawn with the final coin)</div>")
@@ -447,7 +451,7 @@ class VerifyStepper:
             # the what-if coin is the current node's (it decides among its children), never the final coin
             b["coin"].disabled = b["reset"].disabled = not choices
             b["coin"].description = f"what-if u #{self.current_node}"
-            b["coin"].tooltip = ("greedy step: no coins" if greedy else
+            b["coin"].tooltip = ("no coins (greedy, or not recorded)" if greedy else
                                  f"node #{self.current_node} is a leaf: no coin decides anything (the bonus uses "
                                  "the final coin)" if not choices else
                                  f"coin of node #{self.current_node}: it decides among its children; the stops are "
