@@ -124,9 +124,13 @@ def children_html(view: StepView, limit: int = 12) -> str:
     in sibling order: target p, their segment of the cumulative mass, the exact probability
     that the walk accepts each once here (``accept p``) and from the root (``path p``), and
     the status so far. Greedy: the argmax comparison instead of segments. Rows past the first
-    ``limit`` that are not judged yet are summed up in one line."""
+    ``limit`` that are not judged yet are summed up in one line. A step without target rows:
+    depth, rank and node log-weight instead of probabilities, under the note naming what is
+    not recorded."""
     cur = view.cursor
     node = 0 if cur is None else cur.current
+    if not view.rows_known:
+        return _children_no_rows(view, node, limit)
     status_of = view.status
     seg = {c: (lo, hi) for c, lo, hi in ([] if view.greedy else segments(view, node))}
     if view.greedy:
@@ -163,7 +167,7 @@ def children_html(view: StepView, limit: int = 12) -> str:
 
 
 def _children_no_rows(view: StepView, node: int, limit: int) -> str:
-    kids = [c for c in view.nodes[node].children]
+    kids = list(view.nodes[node].children)
     if not kids:
         return f"<p>node {node} is a leaf: no children.</p>"
     rows, styles = [], []

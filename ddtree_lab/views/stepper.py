@@ -171,9 +171,10 @@ class VerifyStepper:
         middle of each child's segment ``[S_k-1, S_k)`` (label ``#child``; zero-width segments,
         p = 0, have none), the middle of the residual ``[S_n, 1)`` (``reject all``) and the
         recorded coin (``recorded``). The labels are short so the slider's readout shows them
-        whole; the answer beside the slider gives ``u``. Empty for greedy steps and at a leaf."""
+        whole; the answer beside the slider gives ``u``. Empty for greedy steps, steps without
+        recorded coins and at a leaf."""
         v = self.view
-        if v.greedy or self.is_leaf:
+        if self._greedy or self.is_leaf:
             return []
         out = []
         segs = segments(v, self.current_node)
