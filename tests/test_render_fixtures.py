@@ -146,6 +146,10 @@ def test_stepper_on_a_reference_run_shows_the_tree_and_the_note():
     st = VerifyStepper(run)
     assert st.num_events == 0 and st.coin_choices() == [] and st.what_if() is None
     assert "no decision log recorded" in st.verdict
+    cur = st.view.cursor
+    assert cur is not None and cur.path == st.trace.accepted_path and cur.current == st.trace.accepted_path[-1]
+    assert cur.bonus_done and all(st.picture_view.status(i) == "accepted" for i in cur.path[1:])
+    assert "bonus [label=" in to_dot(st.picture_view)  # the recorded bonus is drawn, not held back by a cursor
     svg = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", st.picture_svg()))
     assert ROWS_NOTE in svg
     assert "ddtree-missing" in st.details_html() and "no coins recorded" in st.what_if_html()

@@ -138,7 +138,9 @@ class Cursor:
     the node of the last event (the one to highlight), ``-1`` for the bonus, ``None`` at the
     start. ``status``: node index -> status as of this cursor (nodes not judged yet are
     ``pending``; the root ``root``). ``bonus_done``: the bonus has been drawn. ``verdict``:
-    one sentence saying what the last event did. ``event``: the last event's kind.
+    one sentence saying what the last event did. ``event``: the last event's kind. A view
+    without walk events (no decision log) has one cursor, ``k = 0``, standing at the end of the
+    recorded accepted path with the final statuses (and ``bonus_done`` when a bonus is recorded).
     """
 
     k: int
@@ -546,6 +548,10 @@ def _bonus_view(step: Step, b: BonusDraw, lookup, greedy: bool, p_known: bool) -
 
 
 def _cursor(view: StepView, k: int) -> Cursor:
+    if not view.events:  # no decision log: nothing to step through, the recorded outcome stands
+        path = list(view.accepted_path)
+        return Cursor(0, 0, path[-1], path, [], None, {i: n.status for i, n in view.nodes.items()},
+                      view.bonus is not None, _verdict(view, None, path[-1], 0), None)
     status = {i: ("root" if i == 0 else "pending") for i in view.nodes if i >= 0}
     current, path, focus, bonus_done, last = 0, [0], None, False, None
     for e in view.events[:k]:
