@@ -139,7 +139,7 @@ def to_dot(view: StepView, what_if: list[int] | None = None) -> str:
         style = dict(STATUS_STYLE[status])
         if status not in ("collapsed", "pending"):
             style.setdefault("style", "rounded,filled")
-        if cur is not None and i == cur.current and not cur.bonus_done:
+        if cur is not None and i == cur.current and not cur.bonus_done and view.events:  # no events: no walk
             style.update(CURRENT_STYLE)
         if i in on_path and i != path_start:
             style.update(WHAT_IF_STYLE)

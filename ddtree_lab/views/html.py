@@ -125,8 +125,8 @@ def children_html(view: StepView, limit: int = 12) -> str:
     that the walk accepts each once here (``accept p``) and from the root (``path p``), and
     the status so far. Greedy: the argmax comparison instead of segments. Rows past the first
     ``limit`` that are not judged yet are summed up in one line. A step without target rows:
-    depth, rank and node log-weight instead of probabilities, under the note naming what is
-    not recorded."""
+    depth, rank and node log-weight instead of probabilities (:func:`missing_note_html` says
+    why)."""
     cur = view.cursor
     node = 0 if cur is None else cur.current
     if not view.rows_known:
@@ -184,8 +184,7 @@ def _children_no_rows(view: StepView, node: int, limit: int) -> str:
     if len(kids) > limit:
         rows.append(["…", f"{len(kids) - limit} more children", "-", "-", "-", "-"])
         styles.append("")
-    return missing_note_html(view) + _table(["node", "token", "depth", "rank", "logw", "status"], rows, styles,
-                                            "ddtree-children")
+    return _table(["node", "token", "depth", "rank", "logw", "status"], rows, styles, "ddtree-children")
 
 
 def mass_bar_svg(view: StepView, width: int = 640, coin: float | None = None) -> str:

@@ -34,7 +34,7 @@ from typing import Callable
 
 from ..step import Run, Step
 from .dot import render_svg, to_dot
-from .html import bonus_html, children_html, decisions_table_html, mass_bar_svg, segments
+from .html import bonus_html, children_html, decisions_table_html, mass_bar_svg, missing_note_html, segments
 from .labels import token_label
 from .model import Cursor, StepView, step_view
 
@@ -308,8 +308,9 @@ class VerifyStepper:
         assert cur is not None  # StepView.at always sets the cursor
         about = ("(accept p: the exact probability the walk accepts the child once here; path p: from the root)"
                  if v.rows_known else "(no target rows recorded: depth, rank and node log-weight only)")
-        parts = [f"<p><b>node {cur.current}</b> {html.escape(token_label(v.nodes[cur.current].text))}: its children "
-                 f"in sibling order {about}</p>", children_html(v)]
+        here = html.escape(token_label(v.nodes[cur.current].text))
+        parts = [missing_note_html(v), f"<p><b>node {cur.current}</b> {here}: its children in sibling order {about}</p>",
+                 children_html(v)]
         if not v.greedy:
             parts.append(mass_bar_svg(v, coin=self.coin))
         if cur.bonus_done:
