@@ -72,9 +72,10 @@ def import_reference(path: Path):
     _stand_in("loguru", logger=logging.getLogger("ddtree"))
     _stand_in("datasets", load_dataset=_unused, Features=object, Sequence=object, Value=object)
     sys.path.insert(0, str(path))
-    import dflash as ref_dflash  # the reference's modules, from the checkout
-    import ddtree as ref_ddtree
-    from model import DFlashDraftModel
+    # the reference's modules, from the checkout (not installed, so unknown to a type checker)
+    import dflash as ref_dflash  # pyright: ignore[reportMissingImports]
+    import ddtree as ref_ddtree  # pyright: ignore[reportMissingImports]
+    from model import DFlashDraftModel  # pyright: ignore[reportMissingImports]
 
     if not torch.cuda.is_available():
         ref_dflash.cuda_time = ref_ddtree.cuda_time = time.perf_counter
@@ -86,12 +87,13 @@ def import_reference(path: Path):
         excess = self.get_seq_length() - max_length
         return crop(self, -excess) if excess > 0 else None
 
-    DynamicCache.crop = keep_first
+    setattr(DynamicCache, "crop", keep_first)
     return ref_ddtree, DFlashDraftModel
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description="Run the DDTree authors' ddtree_generate with the lab's target and "
+                                             "DFlash drafter; write its tree traces as JSONL.")
     ap.add_argument("--ddtree", type=Path, required=True, help="a checkout of GitHub liranringel/ddtree")
     ap.add_argument("--prompts", type=int, default=6, help="the first N held-out prompts of dflash_prompts.json")
     ap.add_argument("--max-new-tokens", type=int, default=32)

@@ -11,6 +11,7 @@ at ``max_new_tokens - 1`` committed tokens.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -103,11 +104,14 @@ def test_info_and_serving_view_state_the_rule():
 @pytest.fixture(scope="module")
 def live(target):
     from ddtree_lab import LiveSession
-    from ddtree_lab.models.loading import load_drafter
+    from ddtree_lab.models import DFlashDrafter, Drafter
+    from ddtree_lab.models.dflash import default_dflash_path
 
     ref = load(DUMP)
     prompts, m, budget = _settings(ref)
-    session = LiveSession(target, load_drafter(target, "dflash"), budget=budget)
+    # cast: DFlashDrafter's target_layer_ids is a tuple, the Drafter protocol's attribute a Sequence
+    drafter = cast(Drafter, DFlashDrafter.load(target, default_dflash_path()))
+    session = LiveSession(target, drafter, budget=budget)
     return ref, session.run(prompts, max_new_tokens=m), m
 
 
