@@ -17,7 +17,10 @@ run all cells, then check the view's widgets react as they should, and save scre
   request (18.1).
 
 And without Jupyter: ``ddtree-lab audit --plot`` writes a page that draws with every network
-request blocked (18.12), where a CDN page stays blank.
+request blocked (18.12), where a CDN page stays blank; and each of the DDTree reference's dumps
+under fixtures/ddtree_reference/ is drawn by ``ddtree-lab render`` and by the stepper's HTML on a
+page where every tree node and the note naming what the dump does not record are visible
+(issue 26).
 
 Without Chromium or playwright the test fails when ``CI`` is set and is skipped otherwise
 (with the reason). A notebook not written yet is skipped with its name.
@@ -533,3 +536,51 @@ def test_byte_tokens_and_shared_texts_draw_apart_in_the_browser(browser, tmp_pat
     assert f"'<0xE3><0x81>' id {other}" in svg_text
     bare = svg_text.replace(f"'�' id {accepted}", "").replace(f"'�' id {rejected}", "")
     assert "'�'" not in bare
+
+
+REFERENCE_DUMPS = sorted((ROOT / "fixtures" / "ddtree_reference").glob("*.*"))
+
+
+@pytest.mark.parametrize("dump", REFERENCE_DUMPS, ids=lambda p: p.name)
+def test_reference_dump_step_drawn_in_browser(dump, browser, tmp_path):
+    """Issue 26: a DDTree reference dump's step (no target rows, coins or decision log) in the
+    HTML view: the picture ``render`` writes and the stepper's picture, verdict and details on one
+    page. Every tree node and the bonus are drawn and visible, the accepted path is green, and
+    the note saying what is missing is visible both in the picture and as the page's note."""
+    from ddtree_lab.cli import main
+    from ddtree_lab.io import load
+    from ddtree_lab.views import VerifyStepper
+
+    run = load(dump)
+    step = run.steps[0]
+    svg_path = tmp_path / "step.svg"
+    assert main(["render", str(dump), "--step", str(step.step), "--request", str(step.request), "-o", str(svg_path)]) == 0
+    stepper = VerifyStepper(run, request=step.request)
+    page_html = tmp_path / "step.html"
+    page_html.write_text(f"<html><body><div class='rendered'>{svg_path.read_text(encoding='utf-8')}</div>"
+                         f"{stepper.verdict_html()}<div class='stepper'>{stepper.picture_svg()}</div>"
+                         f"{stepper.details_html()}</body></html>", encoding="utf-8")
+    page = browser.new_page(viewport={"width": 1800, "height": 1400})
+    try:
+        page.goto(page_html.as_uri())
+        drawn = page.locator(".rendered svg g.node")
+        bonus = ["bonus"] if step.bonus_token >= 0 else []  # a fork's dump without output_ids has no bonus token
+        assert drawn.count() == step.num_nodes + len(bonus)  # every tree node and the bonus
+        for k in range(drawn.count()):
+            box = drawn.nth(k).bounding_box()
+            assert box is not None and box["width"] > 0 and box["height"] > 0, k
+        titles = [drawn.nth(k).locator("title").text_content() for k in range(drawn.count())]
+        assert sorted(titles) == sorted([f"n{i}" for i in range(step.num_nodes)] + bonus)
+        accepted = page.locator('.rendered svg g.node path[stroke="#1b7f3b"], .rendered svg g.node polygon[stroke="#1b7f3b"]')
+        assert accepted.count() == step.accept_length, accepted.count()
+        picture_text = " ".join(t or "" for t in page.locator(".rendered svg text").all_text_contents())
+        assert "no target rows recorded" in picture_text and "NOTE:" in picture_text
+        note = page.locator(".ddtree-missing").first
+        assert note.is_visible() and "no target rows recorded" in note.inner_text()
+        assert "no decision log recorded" in page.locator(".ddtree-verdict").inner_text()
+        assert page.locator(".stepper svg g.node").count() >= step.accept_length + 1 + len(bonus)  # root, path, bonus
+        stepper_path = page.locator('.stepper svg g.node path[stroke="#1b7f3b"], .stepper svg g.node polygon[stroke="#1b7f3b"]')
+        assert stepper_path.count() == step.accept_length  # the stepper shows the recorded path, not "pending"
+        screenshot(page, f"reference_{dump.stem}_{dump.suffix.lstrip('.')}")
+    finally:
+        page.close()

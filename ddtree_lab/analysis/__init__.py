@@ -2,6 +2,7 @@
 re-analysis under other parameters (:mod:`.tuner`). Pure functions of Steps."""
 
 from .stats import LooksGreedy as LooksGreedy
+from .stats import OFFERED_DEFINITION as OFFERED_DEFINITION
 from .stats import acceptance_by_depth as acceptance_by_depth
 from .stats import accepted_sibling_ranks as accepted_sibling_ranks
 from .stats import drafter_estimate as drafter_estimate

@@ -43,7 +43,7 @@ import torch
 from ..sampling import SamplingParams
 
 __all__ = [
-    "reach_probabilities", "expected_accept_length", "tau", "setting_label", "step_seconds", "drafter_estimate", "step_table", "acceptance_by_depth",
+    "OFFERED_DEFINITION", "reach_probabilities", "expected_accept_length", "tau", "setting_label", "step_seconds", "drafter_estimate", "step_table", "acceptance_by_depth",
     "sibling_ranks", "accepted_sibling_ranks", "throughput", "sibling_conditioned_quality", "LooksGreedy",
     "looks_greedy",
 ]
@@ -121,6 +121,11 @@ def sibling_ranks(parents: torch.Tensor) -> torch.Tensor:
         out[i] = seen.get(p, 0)
         seen[p] = int(out[i]) + 1
     return out
+
+
+#: what "offered" counts in acceptance by depth, printed wherever the column or axis is shown.
+OFFERED_DEFINITION = ("offered at depth d = steps whose walk reached depth d-1 at a node with a child in the tree "
+                      "(a depth-d draft token was there to accept); rate = accepted / offered")
 
 
 def acceptance_by_depth(steps: Sequence) -> dict[str, list]:

@@ -112,6 +112,9 @@ def cmd_render(args) -> int:
     if fmt == "png" and not args.out:
         raise CLIError("--format png needs -o FILE")
     run = load_run(args.trace)
+    if not run.steps:  # e.g. an engine summary of histograms: no step order, nothing to draw
+        raise CLIError(f"{args.trace}: this {run.source} holds no per-step records (no tree, no step to draw); "
+                       "`ddtree-lab info` summarises it")
     step = find_step(run, args.step, args.request, args.trace)
     view = step_view(step, run, args.collapse)
     if fmt == "svg":

@@ -14,7 +14,11 @@ groups them by *setting*, the request's sampling parameters as text
 * :func:`sibling_quality_figure` -- the drafter's top-1 hit rate after a rank-0 or a lower
   sibling;
 * :func:`trees_html` -- one step's trees side by side; :func:`looks_greedy_html` -- the
-  looks-greedy flag; :func:`summary_html` -- one row per setting.
+  looks-greedy flag; :func:`summary_html` -- one row per setting;
+* :func:`reference_vs_lab` / :func:`reference_vs_lab_text` -- the DDTree reference's rounds
+  beside a lab run's steps on the same prompts: rounds both ran, how many are identical, mean τ
+  over the common rounds and over all, the rounds one loop ran past the other and why
+  (:data:`STOPPING_RULE`: the two loops count ``max_new_tokens`` differently).
 
 Figures are ``plotly.graph_objects.Figure`` objects (no pandas needed).
 """
@@ -30,10 +34,19 @@ from ..step import Run
 
 __all__ = ["settings_of", "tau_figure", "tau_distribution_figure", "calibration_figure", "acceptance_figure",
            "sibling_rank_figure", "throughput_figure", "sibling_quality_figure", "trees_html", "looks_greedy_html",
-           "summary_rows", "summary_html", "OBSERVED", "EXPECTED", "DRAFTER"]
+           "summary_rows", "summary_html", "OBSERVED", "EXPECTED", "DRAFTER", "STOPPING_RULE", "reference_vs_lab",
+           "reference_vs_lab_text"]
 
 #: hover boxes show whole trace names (plotly cuts them at 15 characters by default).
 HOVER = {"namelength": -1, "align": "left"}
+#: how the reference's loop and the lab's count ``max_new_tokens`` (ddtree.py ``ddtree_generate``:
+#: ``while start < max_length``, ``start`` the committed length; ``LiveSession._commit``: stop once
+#: ``len(generated) >= max_new_tokens``, ``generated`` holding the first token and every bonus).
+STOPPING_RULE = ("stopping rule: the DDTree reference runs rounds while its committed tokens (Σ τ over its rounds; "
+                 "the last round's pending bonus not counted) are fewer than max_new_tokens; the lab's "
+                 "LiveSession stops once 1 + Σ τ >= max_new_tokens (it counts the pending bonus). On the same "
+                 "prompts the reference therefore runs one more round whenever the lab's rounds end at exactly "
+                 "max_new_tokens - 1 committed tokens, so compare mean τ over the rounds both loops ran")
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
 
 
@@ -121,10 +134,11 @@ def calibration_figure(run_or_steps):
 
 
 def acceptance_figure(run_or_steps):
-    """Acceptance rate at each depth (accepted / offered; *offered* at depth d: the steps whose
-    walk reached depth d − 1 at a node with children) per setting. The depth axis ends at the
-    deepest depth any step was offered (trees may be deeper: a depth the walk never reached has
-    no rate, and the title says how deep the trees went)."""
+    """Acceptance rate at each depth (accepted / offered) per setting; the definition of offered
+    (:data:`ddtree_lab.analysis.OFFERED_DEFINITION`: the steps whose walk reached depth d − 1 at
+    a node with children) is printed under the axis. The depth axis ends at the deepest depth any
+    step was offered (trees may be deeper: a depth the walk never reached has no rate, and the
+    title says how deep the trees went)."""
     import plotly.graph_objects as go
 
     steps = _steps(run_or_steps)
@@ -138,14 +152,15 @@ def acceptance_figure(run_or_steps):
         keep = [i for i, o in enumerate(a["offered"]) if o]
         fig.add_trace(go.Scatter(x=depth, y=[a["rate"][i] for i in keep], mode="lines+markers", name=label,
                                  customdata=[(a["accepted"][i], a["offered"][i]) for i in keep],
-                                 hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]}<extra></extra>",
+                                 hovertemplate="depth %{x}: %{customdata[0]} accepted of %{customdata[1]} offered<extra></extra>",
                                  line={"color": _color(k)}))
     deeper = (f"; the trees reach depth {deepest_tree}, the walk never stood where depth {deepest_offered + 1} was "
               "offered" if deepest_tree > deepest_offered else "")
-    fig.update_layout(hoverlabel=HOVER, title=f"acceptance by depth (accepted / offered{deeper})",
-                      xaxis_title="depth (offered: the walk reached the depth above at a node with children)",
+    fig.add_annotation(text=analysis.OFFERED_DEFINITION, xref="paper", yref="paper", x=0, y=-0.3, showarrow=False,
+                       font={"size": 11}, align="left", xanchor="left")
+    fig.update_layout(hoverlabel=HOVER, title=f"acceptance by depth (accepted / offered{deeper})", xaxis_title="depth",
                       xaxis={"range": [0.5, max(deepest_offered, 1) + 0.5], "dtick": 1},
-                      yaxis_title="acceptance rate", yaxis_range=[0, 1.05], height=300, margin={"t": 40, "b": 40})
+                      yaxis_title="acceptance rate", yaxis_range=[0, 1.05], height=330, margin={"t": 40, "b": 80})
     return fig
 
 
@@ -219,10 +234,11 @@ def sibling_quality_figure(run_or_steps):
 def trees_html(run: Run, step: int, collapse_unvisited: bool = True) -> str:
     """The trees of decoding step ``step`` of every request, one under another at their own
     size (text as in every other tree picture), each in a box that scrolls sideways when the
-    tree is wider than the page.
+    tree is wider than the page. Steps without target rows are drawn with their note
+    (:func:`ddtree_lab.views.step_view`).
 
     Raises:
-        ValueError: no request has that step.
+        ValueError: no request has that step, or one of its steps stores no tree.
     """
     from .dot import step_svg
 
@@ -231,11 +247,9 @@ def trees_html(run: Run, step: int, collapse_unvisited: bool = True) -> str:
         raise ValueError(f"no request has decoding step {step} (steps {min(s.step for s in run.steps)}.."
                          f"{max(s.step for s in run.steps)})")
     cells = []
-    for s in chosen:
-        if s.params is None:
-            raise ValueError(f"step {s.step}, request {s.request} ({s.source}): no sampling parameters recorded "
-                             "to label its tree with")
-        label = html.escape(f"request {s.request_id} · {analysis.setting_label(s.params)} · τ = {analysis.tau(s)}")
+    for s in chosen:  # a step without parameters (the reference's dumps) is drawn too, labelled so
+        setting = analysis.setting_label(s.params) if s.params is not None else "sampling parameters not recorded"
+        label = html.escape(f"request {s.request_id} · {setting} · τ = {analysis.tau(s)}")
         svg = step_svg(s, run, collapse_unvisited=collapse_unvisited)
         svg = svg.replace("<svg ", '<svg style="max-width:none" ', 1)  # never shrunk to fit: it scrolls
         cells.append(f'<div style="overflow-x:scroll;border:1px solid #ddd;padding:4px;margin-bottom:8px">'
@@ -290,3 +304,95 @@ def summary_html(run_or_steps) -> str:
     head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0]) if rows else ""
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
     return f'<table class="ddtree-compare-summary"><tr>{head}</tr>{body}</table>'
+
+
+def _same_round(ref, lab) -> bool:
+    """A reference round and a lab step agree: the same tree (tokens, the root where the
+    reference records it, parents, depths), the same accepted path, the same bonus token where
+    the reference records it (its output ends at max_new_tokens, cutting the last bonus)."""
+    if ref.tree is None or lab.tree is None or ref.output is None or lab.output is None:
+        return False
+    rt, lt = ref.node_token_ids.tolist(), lab.node_token_ids.tolist()
+    if rt[0] >= 0 and rt[0] != lt[0] or rt[1:] != lt[1:]:
+        return False
+    if ref.parents.tolist() != lab.parents.tolist() or ref.depths.tolist() != lab.depths.tolist():
+        return False
+    return ref.accepted_path == lab.accepted_path and (ref.bonus_token < 0 or ref.bonus_token == lab.bonus_token)
+
+
+def reference_vs_lab(reference, lab, max_new_tokens: int | None = None) -> dict:
+    """The DDTree reference's rounds beside a lab run's steps on the same prompts.
+
+    Request ``i`` of each side is paired (request index order); rounds are paired in order.
+
+    Args:
+        reference: a reference run (``ddtree_lab.io.load`` of its dump).
+        lab: a lab :class:`~ddtree_lab.step.Run` of the same prompts (greedy: its trees and paths
+            can then match round for round).
+        max_new_tokens: the limit both loops ran with; given, each request's extra rounds are
+            checked against :data:`STOPPING_RULE` (``explained``).
+
+    Returns:
+        ``{"requests": [{"request", "request_id", "reference_rounds", "lab_rounds", "common",
+        "identical" (common rounds that agree, :func:`_same_round`), "first_difference" (round
+        index or None), "tau_common": (reference, lab) mean τ over the common rounds,
+        "tau_all": (reference, lab) mean τ over all rounds, "committed": (reference, lab) Σ τ,
+        "extra": reference rounds minus lab rounds, "explained": bool or None}], "identical":
+        every common round of every request agrees, "max_new_tokens", "rule": STOPPING_RULE}``.
+        ``explained``: the reference ran one more round exactly when the lab's rounds committed
+        ``max_new_tokens - 1`` tokens and it did not stop on a stop token, else as many.
+
+    Raises:
+        ValueError: ``reference`` is not a reference run, the two have different request counts,
+            or a request has no round on one side.
+    """
+    kind = str(getattr(reference, "metadata", {}).get("source") or type(reference).__name__)
+    if kind != "ddtree reference":
+        raise ValueError(f"reference must be a DDTree reference run (ddtree_lab.io.load of its dump), got a {kind} run")
+    ref_reqs = sorted({s.request for s in reference.steps})
+    lab_reqs = sorted({s.request for s in lab.steps if s.output is not None})
+    if len(ref_reqs) != len(lab_reqs):
+        raise ValueError(f"the reference run has {len(ref_reqs)} requests, the lab run {len(lab_reqs)}: "
+                         "they are not the same prompts")
+    finish = {int(r.get("request", i)): r.get("finish_reason") for i, r in enumerate(lab.metadata.get("requests") or [])}
+    out, all_same = [], True
+    for rq, lq in zip(ref_reqs, lab_reqs):
+        ref = reference.for_request(rq)
+        mine = [s for s in lab.for_request(lq) if s.output is not None]
+        if not ref or not mine:
+            raise ValueError(f"request {rq}: no round on the {'reference' if not ref else 'lab'} side")
+        common = min(len(ref), len(mine))
+        same = [_same_round(a, b) for a, b in zip(ref, mine)]
+        rt = [int(s.output.tau()[0]) for s in ref if s.output is not None]
+        lt = [int(s.output.tau()[0]) for s in mine if s.output is not None]
+        explained = None
+        if max_new_tokens is not None:  # the rule: the reference runs one round more iff the lab ended at M - 1
+            eos = finish.get(lq) == "eos"  # both loops stop on a stop token in the same round
+            want = 1 if sum(lt) == max_new_tokens - 1 and not eos else 0
+            explained = len(ref) - len(mine) == want
+        all_same = all_same and all(same)
+        out.append({"request": rq, "request_id": ref[0].request_id, "reference_rounds": len(ref),
+                    "lab_rounds": len(mine), "common": common, "identical": sum(same),
+                    "first_difference": next((k for k, ok in enumerate(same) if not ok), None),
+                    "tau_common": (sum(rt[:common]) / common, sum(lt[:common]) / common),
+                    "tau_all": (sum(rt) / len(rt), sum(lt) / len(lt)), "committed": (sum(rt), sum(lt)),
+                    "extra": len(ref) - len(mine), "explained": explained})
+    return {"requests": out, "identical": all_same, "max_new_tokens": max_new_tokens, "rule": STOPPING_RULE}
+
+
+def reference_vs_lab_text(data: dict) -> str:
+    """:func:`reference_vs_lab`'s result as lines: per request the mean τ over the rounds both
+    loops ran and over all rounds, the identical rounds, the extra rounds and why."""
+    lines = [data["rule"] + "."]
+    for q in data["requests"]:
+        (rc, lc), (ra, la) = q["tau_common"], q["tau_all"]
+        extra = q["extra"]
+        why = ("the same number of rounds" if extra == 0 else
+               f"the reference ran {extra} more round{'s' if extra > 1 else ''} because it stops on committed tokens"
+               if extra > 0 else f"the lab ran {-extra} more round{'s' if extra < -1 else ''}")
+        check = "" if q["explained"] is None else \
+            ("; as the stopping rule predicts" if q["explained"] else "; NOT what the stopping rule predicts")
+        lines.append(f"request {q['request_id']}: mean τ over the {q['common']} rounds both loops ran: {rc:.3f} "
+                     f"(reference) vs {lc:.3f} (lab), {q['identical']} of {q['common']} rounds identical; over all "
+                     f"rounds {ra:.3f} ({q['reference_rounds']}) vs {la:.3f} ({q['lab_rounds']}); {why}{check}")
+    return "\n".join(lines)

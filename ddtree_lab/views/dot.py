@@ -13,7 +13,9 @@ border and the node of the last event is filled yellow.
 
 from __future__ import annotations
 
+import math
 import re
+import textwrap
 
 from .labels import LOSSY_COLOR, mass_label, token_label
 from .labels import number_label
@@ -44,6 +46,11 @@ WHAT_IF_COLOR = "#6a1b9a"
 WHAT_IF_STYLE = {"color": WHAT_IF_COLOR, "penwidth": "3"}
 FOCUS_STYLE = {"fillcolor": "#fff59d"}
 LEGEND = "#: node index · p: target p · q: drafter q · r: rank among the drafter's top-k"
+#: the legend of a view without target rows (no p; depth and node log-weight instead).
+LEGEND_NO_ROWS = ("#: node index · d: depth · r: rank among the drafter's top-k (sibling rank) · "
+                  "logw: node log-weight · red: a child of an accepted-path node, not accepted")
+#: the width (characters) the note naming what a step does not record wraps at.
+NOTE_WIDTH = 120
 
 
 def _esc(text: str) -> str:
@@ -57,13 +64,17 @@ def _dot_id(i: int) -> str:
     return f"n{i}" if i >= 0 else f"c{-i}"
 
 
-def _label_lines(node: NodeView, status: str, label: str) -> list[str]:
+def _label_lines(node: NodeView, status: str, label: str, rows_known: bool = True) -> list[str]:
     if status == "collapsed":
         best = "" if node.target_p is None else f"max p={node.target_p:.2g}"
         return [node.text, best] if best else [node.text]
     head = f"#{node.index} {label}"
     if status == "root":
         return [head, "root"]
+    if not rows_known:  # no target p to show: depth, rank and log-weight (when recorded)
+        logw = "" if math.isnan(node.logw) else f" logw={node.logw:.3g}"
+        q = f" {node.drafter_q_text(2)}" if node.drafter_q_text(2) else ""
+        return [head, f"d{node.depth}" + (f" r{node.rank}" if node.rank >= 0 else "") + logw + q]
     second = " ".join(x for x in (node.target_p_text(2), node.drafter_q_text(2), f"r{node.rank}" if node.rank >= 0 else "")
                       if x)
     return [head, second]
@@ -75,7 +86,8 @@ def _tooltip(node: NodeView) -> str:
     if node.index == 0:
         return f"node 0 (root / anchor) {token_label(node.text)}"
     parts = [f"node {node.index}", f"token {node.token} {token_label(node.text)}", f"depth {node.depth}",
-             f"rank {node.rank}", f"logw {_fmt(node.logw)}", f"target {node.target_p_text(4)}"]
+             f"rank {node.rank if node.rank >= 0 else '?'}", f"logw {'?' if math.isnan(node.logw) else _fmt(node.logw)}",
+             f"target {node.target_p_text(4)}"]
     if node.drafter_q is not None:
         parts.append(f"drafter {node.drafter_q_text(4)}")
     if node.accept_p is not None:
@@ -106,16 +118,19 @@ def to_dot(view: StepView, what_if: list[int] | None = None) -> str:
     it with ``keep=path``); a path node not in the view raises ``ValueError``."""
     cur = view.cursor
     red = f', fontcolor="{LOSSY_COLOR}"' if view.lossy else ""
-    legend = LEGEND + (" · purple: the what-if walk" if what_if else "")
+    legend = (LEGEND if view.rows_known else LEGEND_NO_ROWS) + (" · purple: the what-if walk" if what_if else "")
     on_path = set(what_if or ())
     missing = sorted(on_path - set(view.nodes))
     if missing:
         raise ValueError(f"what-if path nodes {missing} are hidden in the view (lower it with keep=path)")
     path_edges = set(zip(what_if or (), (what_if or ())[1:]))
     path_start = what_if[0] if what_if else None
+    # what the step does not record: its own lines under the legend, in every picture of the step
+    note = "".join("\\n" + _esc(line) for line in textwrap.wrap("NOTE: " + view.missing_note, NOTE_WIDTH)) \
+        if view.missing_note else ""
     out = ["digraph step {",
            '  graph [rankdir=LR, ordering=out, nodesep=0.04, ranksep=0.22, fontname="Helvetica",',
-           f'         label="{_esc(view.title)}\\n{_esc(legend)}", labelloc=t, labeljust=l, fontsize=11{red}];',
+           f'         label="{_esc(view.title)}\\n{_esc(legend)}{note}", labelloc=t, labeljust=l, fontsize=11{red}];',
            '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10, margin="0.04,0.02", '
            'height=0.3];',
            "  edge [arrowsize=0.5];"]
@@ -124,14 +139,14 @@ def to_dot(view: StepView, what_if: list[int] | None = None) -> str:
         style = dict(STATUS_STYLE[status])
         if status not in ("collapsed", "pending"):
             style.setdefault("style", "rounded,filled")
-        if cur is not None and i == cur.current and not cur.bonus_done:
+        if cur is not None and i == cur.current and not cur.bonus_done and view.events:  # no events: no walk
             style.update(CURRENT_STYLE)
         if i in on_path and i != path_start:
             style.update(WHAT_IF_STYLE)
         if cur is not None and i == cur.focus and i != 0:
             style.update(FOCUS_STYLE)
-        token = view.label(node.token)
-        label = "\\n".join(_esc(line) for line in _label_lines(node, status, token))
+        token = view.label(node.token) if node.token >= 0 else node.text
+        label = "\\n".join(_esc(line) for line in _label_lines(node, status, token, view.rows_known))
         out.append(f'  {_dot_id(i)} [label="{label}", tooltip="{_esc(_tooltip(node))}", {_attrs(style)}];')
     for i, node in view.nodes.items():
         for c in node.children:
@@ -147,13 +162,16 @@ def to_dot(view: StepView, what_if: list[int] | None = None) -> str:
             style.update(FOCUS_STYLE)
         if b.token < 0:
             lines = ["no bonus", "support exhausted"]
+        elif b.kind == "recorded":
+            lines = [f"bonus {view.label(b.token)}", "as recorded (p not known)"]
         elif view.greedy:
             lines = [f"bonus {view.label(b.token)}", f"argmax {_p(b)}"]
         else:
             res = "" if b.residual_p is None else f" residual p={b.residual_p:.2g}"
             lines = [f"bonus {view.label(b.token)}", f"{_p(b)}{res}"]
         label = "\\n".join(_esc(line) for line in lines)
-        tip = f"bonus at node {b.node} ({b.kind})"
+        tip = (f"bonus at node {b.node}: the token the run emitted (its draw is not recorded)" if b.kind == "recorded"
+               else f"bonus at node {b.node} ({b.kind})")
         out.append(f'  bonus [label="{label}", tooltip="{_esc(tip)}", {_attrs(style)}];')
         out.append(f'  n{view.bonus_parent} -> bonus [color="#1565c0", penwidth=2, style=bold];')
     out.append("}")

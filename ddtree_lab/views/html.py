@@ -14,7 +14,8 @@ from .model import LOSSY_COLOR, StepView
 from .labels import mass_label
 from .labels import number_label
 
-__all__ = ["decisions_table_html", "children_html", "mass_bar_svg", "bonus_html", "committed_html", "segments"]
+__all__ = ["decisions_table_html", "children_html", "mass_bar_svg", "bonus_html", "committed_html", "segments",
+           "missing_note_html"]
 
 _TABLE = 'style="border-collapse:collapse;font-family:monospace;font-size:12px"'
 _CELL = 'style="padding:1px 6px;border-bottom:1px solid #ddd;text-align:right"'
@@ -49,7 +50,11 @@ def decisions_table_html(view: StepView) -> str:
     Sampled steps: target p, ``S_k`` and the coin the verifier compared (accept the first
     child with ``u < S_k`` and ``p > 0``). Greedy steps: target p (softmax of the raw logits)
     and whether the token is the target's argmax (no coin). A lossy step (thresholds other
-    than 1) gets its ``LOSSY: ...`` mark in red above the table."""
+    than 1) gets its ``LOSSY: ...`` mark in red above the table. A step without a decision log
+    (the DDTree reference's dumps) gets no table: a sentence with its recorded outcome and
+    the note naming what is not recorded (class ``ddtree-missing``)."""
+    if not view.events:
+        return missing_note_html(view) + _no_log_html(view)
     greedy = view.greedy
     if greedy:
         head = ["#", "depth", "parent", "node", "token", "target p", "= argmax?", "verdict"]
@@ -66,8 +71,30 @@ def decisions_table_html(view: StepView) -> str:
     return warn + _table(head, rows, styles, "ddtree-decisions") + f"<p>{_bonus_sentence(view)}</p>"
 
 
+def missing_note_html(view: StepView) -> str:
+    """The note naming what the step does not record (:attr:`StepView.missing_note`) as a
+    ``<p class="ddtree-missing">``; ``""`` for a step that records everything."""
+    if not view.missing_note:
+        return ""
+    return ('<p class="ddtree-missing" style="background:#fff3cd;color:#8a4b00;padding:3px 6px;'
+            f'font-family:monospace;font-size:12px">{_e(view.missing_note)}</p>')
+
+
+def _no_log_html(view: StepView) -> str:
+    path = ", ".join(f"#{i} {_tok(view, view.nodes[i].token)}" for i in view.accepted_path[1:] if i in view.nodes) or "none"
+    return (f'<p class="ddtree-no-log">no decision log recorded ({_e(view.source)}): which children the verifier '
+            f"judged, and with what target p, S_k and coin, is not known. Accepted path (root first): "
+            f"{_e(' → '.join(map(str, view.accepted_path)))}; accepted draft tokens: {path}.</p>"
+            f"<p>{_bonus_sentence(view)}</p>")
+
+
 def _bonus_sentence(view: StepView) -> str:
     b = view.bonus
+    if b is None:
+        return "bonus token: not recorded"
+    if b.kind == "recorded":
+        return (f"bonus {_tok(view, b.token)} after node {b.node}: the token the run emitted (its target p and how it was "
+                "drawn are not recorded)")
     if b.token < 0:
         return (f"no bonus: the residual at node {b.node} is empty (mass {mass_label(b.residual_mass)}, coin "
                 f"{number_label(b.coin)}): support exhausted")
@@ -98,9 +125,12 @@ def children_html(view: StepView, limit: int = 12) -> str:
     that the walk accepts each once here (``accept p``) and from the root (``path p``), and
     the status so far. Greedy: the argmax comparison instead of segments. Rows past the first
     ``limit`` that are not judged yet are summed up in one line: the sums of their target p,
-    accept p and path p, each under its own column."""
+    accept p and path p, each under its own column. A step without target rows: depth, rank and
+    node log-weight instead of probabilities (:func:`missing_note_html` says why)."""
     cur = view.cursor
     node = 0 if cur is None else cur.current
+    if not view.rows_known:
+        return _children_no_rows(view, node, limit)
     status_of = view.status
     seg = {c: (lo, hi) for c, lo, hi in ([] if view.greedy else segments(view, node))}
     if view.greedy:
@@ -150,6 +180,25 @@ def _rest_sums(rest) -> list[str]:
     chance the walk accepts one of them once here) and path p."""
     return [_sum_text([n.target_p for n in rest], any(n.target_p_upper for n in rest)), "-",
             _sum_text([n.accept_p for n in rest]), _sum_text([n.path_p for n in rest])]
+def _children_no_rows(view: StepView, node: int, limit: int) -> str:
+    kids = list(view.nodes[node].children)
+    if not kids:
+        return f"<p>node {node} is a leaf: no children.</p>"
+    rows, styles = [], []
+    for c in kids[:limit]:
+        child = view.nodes[c]
+        if c < 0:
+            rows.append(["…", _e(child.text), "-", "-", "-", "hidden"])
+            styles.append("")
+            continue
+        st = view.status(c)
+        rows.append([f"#{c}", _tok(view, child.token), str(child.depth), str(child.rank) if child.rank >= 0 else "?",
+                     "?" if math.isnan(child.logw) else number_label(child.logw), st])
+        styles.append(_STATUS_BG.get(st, ""))
+    if len(kids) > limit:
+        rows.append(["…", f"{len(kids) - limit} more children", "-", "-", "-", "-"])
+        styles.append("")
+    return _table(["node", "token", "depth", "rank", "logw", "status"], rows, styles, "ddtree-children")
 
 
 def mass_bar_svg(view: StepView, width: int = 640, coin: float | None = None) -> str:
@@ -157,8 +206,9 @@ def mass_bar_svg(view: StepView, width: int = 640, coin: float | None = None) ->
     segment per child in sibling order (coloured by status so far, labelled ``#index``), the
     residual after them grey, and the current node's coin ``u`` drawn as a line. ``coin``
     overrides the recorded coin (what-if). At a leaf (no children: its coin decides nothing)
-    a sentence naming the final coin the bonus uses instead. Greedy steps: an empty string."""
-    if view.greedy:
+    a sentence naming the final coin the bonus uses instead. Greedy steps and steps without
+    target rows: an empty string."""
+    if view.greedy or not view.rows_known:
         return ""
     cur = view.cursor
     node = 0 if cur is None else cur.current
@@ -198,8 +248,11 @@ def mass_bar_svg(view: StepView, width: int = 640, coin: float | None = None) ->
 
 def bonus_html(view: StepView, limit: int = 12) -> str:
     """The bonus draw: the row's top tokens with target p and residual p (rejected siblings
-    struck out), the residual mass, the final coin and the chosen token. Greedy: the argmax."""
+    struck out), the residual mass, the final coin and the chosen token. Greedy: the argmax.
+    A bonus only as recorded (no rows) or not recorded: the sentence alone."""
     b = view.bonus
+    if b is None:
+        return f"<p><b>{_bonus_sentence(view)}</b></p>"
     rows, styles = [], []
     for t, _text, p, rp in b.top[:limit]:
         struck = t in b.rejected

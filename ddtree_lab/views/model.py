@@ -28,6 +28,15 @@ a :class:`ddtree_lab.step.Step` directly. Lower once, render many ways.
 walk stands on, the siblings it has judged there, the verdict text, and each node's status
 so far. The stepper moves ``k``.
 
+**Steps without target rows** (the DDTree reference's dumps, an SGLang greedy recording, a
+light trace's unread rows): the view draws what the step stores -- the tree, depths, ranks,
+node log-weights where known, the accepted path and the bonus token the run emitted -- and
+leaves every unknown number ``None`` (never a stand-in). :attr:`StepView.missing` names what
+is not recorded and :attr:`StepView.missing_note` is the sentence every rendering shows. With no
+decision log the walk has no events; the children of accepted-path nodes that were not accepted
+are ``rejected`` (the walk stood at their parent and did not take them; which of them a rule
+judged is not known).
+
 **Collapse** (readable big trees): :func:`step_view` hides nodes by depth, by target p, by
 drafter q, or every unvisited node, and can cap a wide fan at ``max_children``; the root and
 the accepted path always stay (and every visited sibling unless the fan is capped). A parent's
@@ -52,7 +61,10 @@ from .labels import LOSSY_COLOR, lossy_mark, mass_label, number_label, shared_te
 
 __all__ = ["NodeView", "DecisionRow", "BonusView", "Cursor", "StepView", "WalkEvent", "step_view", "token_label",
            "lossy_mark", "walk_events", "STATUSES", "number_label", "mass_label",
-           "LOSSY_COLOR"]
+           "LOSSY_COLOR", "ROWS_MISSING"]
+
+#: the entry of :attr:`StepView.missing` for a step that stores no target rows.
+ROWS_MISSING = "target rows"
 
 
 @dataclass
@@ -84,9 +96,11 @@ class DecisionRow:
 
 @dataclass
 class BonusView:
-    """The bonus draw: at ``node``, ``kind`` (argmax | residual | leaf | exhausted).
+    """The bonus draw: at ``node``, ``kind`` (argmax | residual | leaf | exhausted | recorded).
 
-    ``token`` is ``-1`` when the support was exhausted. ``target_p``: the token's target p in
+    ``recorded``: the step stores the bonus token the run emitted but not its draw (no target
+    rows: every probability and the coin are ``None``). ``token`` is ``-1`` when the support
+    was exhausted. ``target_p``: the token's target p in
     the node's row (greedy: softmax). ``residual_p``: its probability in the residual
     (sampled only). ``residual_mass``: the mass left after zeroing the rejected siblings.
     ``rejected``: the rejected siblings' tokens (zeroed in the residual). ``top``: the row's
@@ -124,7 +138,9 @@ class Cursor:
     the node of the last event (the one to highlight), ``-1`` for the bonus, ``None`` at the
     start. ``status``: node index -> status as of this cursor (nodes not judged yet are
     ``pending``; the root ``root``). ``bonus_done``: the bonus has been drawn. ``verdict``:
-    one sentence saying what the last event did. ``event``: the last event's kind.
+    one sentence saying what the last event did. ``event``: the last event's kind. A view
+    without walk events (no decision log) has one cursor, ``k = 0``, standing at the end of the
+    recorded accepted path with the final statuses (and ``bonus_done`` when a bonus is recorded).
     """
 
     k: int
@@ -153,7 +169,8 @@ class StepView:
         mode: ``greedy`` or the sampling parameters as text.
         nodes: node index -> :class:`NodeView` (tree nodes and collapsed summaries; children
             lists hold the drawn children in sibling order).
-        bonus: the :class:`BonusView`; ``bonus_parent``: the node it hangs off.
+        bonus: the :class:`BonusView` (``None`` when the step records no bonus token);
+            ``bonus_parent``: the node it hangs off (the accepted path's last node).
         decisions: the decision table rows in walk order.
         events: the walk events (see :func:`walk_events`).
         accepted_path: root first.
@@ -168,6 +185,11 @@ class StepView:
             token the view shows (nodes, decisions, the bonus and its row's top tokens): the id
             beside any text that is ambiguous or that two of these ids share. Read it with
             :meth:`label`.
+        missing: what the step does not record that a full lab step has, as short phrases
+            (empty for a full lab step); :attr:`missing_note` is the sentence views show.
+        rows_known: the step stores target rows (False: no node has a target p, accept p or
+            path p, and the renderings leave those columns out).
+        source: where the step came from (``Step.source``).
     """
 
     title: str
@@ -177,7 +199,7 @@ class StepView:
     greedy: bool
     mode: str
     nodes: dict[int, NodeView]
-    bonus: BonusView
+    bonus: BonusView | None
     bonus_parent: int
     decisions: list[DecisionRow]
     events: list
@@ -189,11 +211,28 @@ class StepView:
     thresholds: tuple[float, float] = (1.0, 1.0)
     lossy: bool = False
     token_labels: dict[int, str] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    rows_known: bool = True
+    source: str = "lab trace"
 
     def label(self, token: int) -> str:
         """The label of ``token`` in this view (:attr:`token_labels`; a token the view does
         not show: its ``<id>`` placeholder, quoted)."""
         return self.token_labels.get(int(token)) or token_label(f"<{int(token)}>")
+
+    @property
+    def missing_note(self) -> str:
+        """One sentence naming what the step does not record (``""`` when nothing is missing):
+        ``"no target rows recorded: target probabilities, coins and the bonus draw are not
+        known; also not recorded: ..."``. Every rendering shows it in the picture or table."""
+        if not self.missing:
+            return ""
+        rest = [m for m in self.missing if m != ROWS_MISSING]
+        head = (f"no target rows recorded ({self.source}): target probabilities, coins and the bonus draw are "
+                "not known" if ROWS_MISSING in self.missing else f"not fully recorded ({self.source})")
+        if not rest:
+            return head
+        return head + ("; also not recorded: " if ROWS_MISSING in self.missing else ": ") + "; ".join(rest)
 
     @property
     def lossy_mark(self) -> str:
@@ -235,6 +274,8 @@ class StepView:
             "cursor": None if self.cursor is None else self.cursor.to_dict(),
             "thresholds": list(self.thresholds), "lossy": self.lossy,
             "token_labels": {str(t): lab for t, lab in self.token_labels.items()},
+            "missing": list(self.missing), "missing_note": self.missing_note, "rows_known": self.rows_known,
+            "source": self.source,
         }
 
 
@@ -325,8 +366,13 @@ def step_view(step: Step, texts: Run | Mapping[int, str] | None = None, collapse
     visited sibling; a hidden node hides its subtree; each parent's hidden children become one summary node counting all
     the nodes it hides.
 
+    A step without target rows, coins, parameters or a decision log (module docstring) is drawn
+    from its tree and recorded output; :attr:`StepView.missing` names what it lacks.
+
     Raises:
-        ValueError: a collapse option of the wrong type or range, or a cursor out of range.
+        ValueError: a collapse option of the wrong type or range, a cursor out of range, or a
+            step that stores no tree or no verify output (an engine summary's step, a lab trace
+            at level ``off``): the message names the step, its source and what it does store.
         TypeError: ``texts`` of the wrong type.
     """
     if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0):
@@ -339,31 +385,29 @@ def step_view(step: Step, texts: Run | Mapping[int, str] | None = None, collapse
             raise ValueError(f"{name} must be None or a number in [0, 1], got {v!r}")
     lookup = text_lookup(texts)
     tree, child_probs_t, draw, params = step.tree, step.child_probs, step.bonus, step.params
-    if tree is None or child_probs_t is None or draw is None:  # tree is None: node_token_ids is None
-        raise ValueError(f"step {step.step}, request {step.request}: recorded at level {step.level!r}, it stores no "
-                         "tree or decision log to draw (record with level 'full' or 'light')")
-    if params is None:
-        raise ValueError(f"step {step.step}, request {step.request} ({step.source}): no sampling parameters recorded, "
-                         "so greedy and sampled verification cannot be told apart")
+    if tree is None or step.output is None:
+        raise ValueError(_no_tree_message(step))
     n = step.num_nodes
-    greedy = params.is_greedy
-    p_known = _greedy_p_known(step, params)
+    greedy = params is not None and params.is_greedy
+    p_known = params is not None and _greedy_p_known(step, params)
     parents = tree.parents[0].tolist()  # the Step accessors parents, node_token_ids, ... read these rows
     tokens = tree.node_token_ids[0].tolist()
     depths = tree.depths[0].tolist()
     ranks = tree.ranks[0].tolist()
     logws = tree.node_logws[0].tolist()
-    child_probs = child_probs_t.tolist()
+    child_probs = child_probs_t.tolist() if child_probs_t is not None else [float("nan")] * n
     accepted = set(step.accepted_path)
     decided = {d.node: (k, d) for k, d in enumerate(step.decisions)}
+    has_log = bool(step.decisions) or draw is not None
     lp = step.draft_logprobs if step.draft_logprobs is not None else torch.zeros(0, 0)
     coins = step.coins.tolist() if step.coins is not None else []
 
     nodes: dict[int, NodeView] = {}
     for i in range(n):
         status = ("root" if i == 0 else "accepted" if i in accepted else
-                  "rejected" if i in decided else "unvisited")
-        node = NodeView(i, tokens[i], lookup(tokens[i]), status, depths[i], ranks[i], logws[i], parent=parents[i],
+                  "rejected" if i in decided or (not has_log and parents[i] in accepted) else "unvisited")
+        node = NodeView(i, tokens[i], lookup(tokens[i]) if tokens[i] >= 0 else "(not recorded)", status, depths[i],
+                        ranks[i], logws[i], parent=parents[i],
                         child_coin=None if greedy or i >= len(coins) else coins[i])
         if i:
             if greedy:
@@ -402,24 +446,92 @@ def step_view(step: Step, texts: Run | Mapping[int, str] | None = None, collapse
                                 node.target_p if node else None, node.target_p_upper if node else False,
                                 d.target_prob, None if greedy else d.cumulative_mass,
                                 None if greedy else d.coin, d.verdict))
-    bonus = _bonus_view(step, draw, lookup, greedy, p_known)
+    path = list(step.accepted_path)
+    bonus_parent = draw.node if draw is not None else path[-1]
+    bonus = (_bonus_view(step, draw, lookup, greedy, p_known) if draw is not None
+             else _recorded_bonus(step, bonus_parent, lookup))
     hidden = collapse_nodes(nodes, collapse_unvisited, max_depth, min_target_p, min_drafter_q, keep, max_children)
-    mode = _mode(params)
-    outcome = (f"accepted {step.accept_length} + bonus" if bonus.token >= 0
-               else f"accepted {step.accept_length}, support exhausted (no bonus)")
+    mode = _mode(params) if params is not None else "sampling parameters not recorded"
+    if bonus is None:
+        outcome = f"accepted {step.accept_length}, bonus token not recorded"
+    elif bonus.token >= 0:
+        outcome = f"accepted {step.accept_length} + bonus"
+    else:
+        outcome = f"accepted {step.accept_length}, support exhausted (no bonus)"
     shown = f" ({hidden} hidden)" if hidden else ""
     title = (f"step {step.step} · request {step.request_id} · {mode} · {n - 1} draft nodes{shown} · {outcome}")
     if step.lossy:
         title += f" · {lossy_mark(step.thresholds)}"
     threshold_single, threshold_acc = step.thresholds
-    on_show = set(tokens) | {d.token for d in step.decisions} | {t for t, *_ in bonus.top}
-    on_show |= {bonus.token} if bonus.token >= 0 else set()
+    missing = _missing(step, params, p_known, has_log, bonus, tokens, ranks, logws, child_probs)
+    on_show = {t for t in tokens if t >= 0} | {d.token for d in step.decisions}
+    if bonus is not None:
+        on_show |= {t for t, *_ in bonus.top} | ({bonus.token} if bonus.token >= 0 else set())
     shared = shared_text_ids(on_show, lookup)
     labels = {t: token_label(lookup(t), t, shared=t in shared) for t in sorted(on_show)}
-    view = StepView(title, step.step, step.request, step.request_id, greedy, mode, nodes, bonus, draw.node,
-                    rows, walk_events(step.decisions, draw), list(step.accepted_path), n, hidden, expected,
-                    thresholds=(threshold_single, threshold_acc), lossy=bool(step.lossy), token_labels=labels)
+    view = StepView(title, step.step, step.request, step.request_id, greedy, mode, nodes, bonus, bonus_parent,
+                    rows, walk_events(step.decisions, draw), path, n, hidden, expected,
+                    thresholds=(threshold_single, threshold_acc), lossy=bool(step.lossy), token_labels=labels,
+                    missing=missing, rows_known=step.rows is not None, source=step.source)
     return view if cursor is None else view.at(cursor)
+
+
+def _no_tree_message(step: Step) -> str:
+    """Why a step cannot be drawn: it stores no tree or no verify output (its source said)."""
+    where = f"step {step.step}, request {step.request} ({step.source})"
+    if step.source == "engine summary":
+        drafted = step.extra.get("drafted")
+        return (f"{where}: an engine summary stores no tree, only the step's accept length "
+                f"({step.stored_accept_length} accepted draft tokens" + (f" of {drafted} drafted" if drafted else "")
+                + "); there is nothing to draw (`ddtree-lab info` summarises the run)")
+    what = "no tree" if step.tree is None else "no verify output (accepted path)"
+    hint = (" (record with level 'full' or 'light' to keep the tree)" if step.source == "lab trace" and step.level == "off"
+            else "")
+    return f"{where}: recorded at level {step.level!r}, it stores {what} to draw{hint}"
+
+
+def _recorded_bonus(step: Step, node: int, lookup) -> BonusView | None:
+    """The bonus of a step without a bonus draw: the token its output records (kind
+    ``recorded``, every probability unknown), ``exhausted`` when the output says so, or None
+    when the output records no bonus token."""
+    out = step.output
+    assert out is not None  # step_view refused a step without an output
+    if bool(out.support_exhausted[0]):
+        return BonusView(node, -1, "", "exhausted", None, False, None, None, None)
+    token = step.bonus_token
+    if token < 0:
+        return None
+    return BonusView(node, token, lookup(token), "recorded", None, False, None, None, None)
+
+
+def _missing(step: Step, params, p_known: bool, has_log: bool, bonus: BonusView | None, tokens, ranks, logws,
+             child_probs) -> list[str]:
+    """What the view cannot show because the step does not record it (StepView.missing)."""
+    out = []
+    if step.rows is None:
+        out.append(ROWS_MISSING)
+    elif params is not None and params.is_greedy and not p_known:
+        out.append("target p (the recording stores the target's argmax only)")
+    elif any(math.isnan(p) for p in child_probs[1:]):
+        unread = sum(1 for p in child_probs[1:] if math.isnan(p))
+        out.append(f"target p of {unread} nodes whose parent's row the walk never read (level {step.level!r})")
+    if params is None:
+        out.append("sampling parameters (greedy or sampled is not known)")
+    elif not params.is_greedy and step.coins is None:
+        out.append("coins")
+    if not has_log:
+        out.append("decision log (which children the verifier judged, S_k; the walk cannot be stepped)")
+    if bonus is None:
+        out.append("the bonus token")
+    if step.draft is None or not step.draft.logprobs.numel():
+        out.append("draft top-k (drafter q)")
+    if logws and all(math.isnan(x) for x in logws[1:]):
+        out.append("node log-weights")
+    if len(ranks) > 1 and all(r < 0 for r in ranks[1:]):
+        out.append("draft ranks")
+    if tokens and tokens[0] < 0:
+        out.append("the root token")
+    return out
 
 
 def _bonus_view(step: Step, b: BonusDraw, lookup, greedy: bool, p_known: bool) -> BonusView:
@@ -452,6 +564,10 @@ def _bonus_view(step: Step, b: BonusDraw, lookup, greedy: bool, p_known: bool) -
 
 
 def _cursor(view: StepView, k: int) -> Cursor:
+    if not view.events:  # no decision log: nothing to step through, the recorded outcome stands
+        path = list(view.accepted_path)
+        return Cursor(0, 0, path[-1], path, [], None, {i: n.status for i, n in view.nodes.items()},
+                      view.bonus is not None, _verdict(view, None, path[-1], 0), None)
     status = {i: ("root" if i == 0 else "pending") for i in view.nodes if i >= 0}
     current, path, focus, bonus_done, last = 0, [0], None, False, None
     for e in view.events[:k]:
@@ -486,6 +602,10 @@ def _mass(x: float | None) -> str:
 
 def _verdict(view: StepView, event, current: int, k: int) -> str:
     """One sentence for the last event (the stepper's verdict line)."""
+    if event is None and not view.events:
+        path = " → ".join(map(str, view.accepted_path))
+        return (f"no decision log recorded ({view.source}): the walk cannot be stepped; the accepted path "
+                f"{path} is the one the run recorded")
     if event is None:
         kids = [c for c in view.nodes[0].children if c >= 0]
         rule = "follow the target's argmax" if view.greedy else "one coin per node, accept the first child with u < S_k"
@@ -511,6 +631,7 @@ def _verdict(view: StepView, event, current: int, k: int) -> str:
         tail = f"{kids} children to judge" if kids else "a leaf: the bonus comes next"
         return f"move to node {int(event.node)} (depth {depth}); {tail}"
     b = view.bonus
+    assert b is not None  # a bonus event comes from a recorded bonus draw
     if b.token < 0:
         return (f"bonus at node {b.node}: the residual is empty (mass {_mass(b.residual_mass)}): "
                 "support exhausted, no bonus token")

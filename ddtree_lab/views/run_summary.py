@@ -5,7 +5,7 @@ cannot feed. τ is always accepted draft tokens + 1 (the bonus).
 
 * :func:`reference_stats` -- from trees and accepted paths: τ per round, acceptance by depth
   (offered = rounds whose accepted node at depth d-1 has a child; the definition of
-  ``ddtree_lab.analysis.acceptance_by_depth``), acceptance by sibling rank (which child of its
+  ``ddtree_lab.analysis.acceptance_by_depth``, printed as ``OFFERED_DEFINITION``), acceptance by sibling rank (which child of its
   parent the accepted node was, 0 = first), stage times (the reference's per-request totals).
 * :func:`summary_stats` -- from engine counts: per request τ mean, the accept-length histogram,
   per-position acceptance rates (accepted at position i / verify steps, vLLM's definition) and
@@ -13,9 +13,11 @@ cannot feed. τ is always accepted draft tokens + 1 (the bonus).
 * :func:`run_summary_text` / :func:`run_summary_html` -- both, plus the missing list.
 * :func:`serving_vs_lab` / :func:`serving_vs_lab_figure` -- a serving run's τ distribution
   beside a lab run's, per lab setting, for the greedy-vs-sampling comparison.
+  A reference run beside a lab run also gets the stopping-rule note, measured on the rounds
+  both loops ran (:func:`ddtree_lab.views.compare.reference_vs_lab`).
 * :func:`round_tree_text` / :func:`round_tree_dot` -- one round's tree and accepted path
-  (token, depth, sibling rank), for steps that have a tree but no target rows (the stepper's
-  view model needs rows and a decision log).
+  (token, depth, sibling rank) as plain text / DOT; :func:`ddtree_lab.views.step_view` draws the
+  same rounds with the lab's renderings, saying what they do not record.
 
 Inputs: a :class:`~ddtree_lab.step.Run` (``ddtree_lab.io.load`` of either source, or any lab
 trace), or the readers' own records (``ReferenceTraces``, ``AcceptanceSummaries``).
@@ -26,14 +28,17 @@ from __future__ import annotations
 import html
 from typing import Sequence
 
+from ..analysis.stats import OFFERED_DEFINITION
 from ..io.acceptance import SUMMARY_CANNOT, AcceptanceSummaries
 from ..io.ddtree_reference import REFERENCE_CANNOT, STAGE_NAMES, ReferenceTraces, sibling_ranks_of
+from .compare import STOPPING_RULE, reference_vs_lab
 from .labels import token_label
 
 __all__ = ["reference_stats", "summary_stats", "missing_report", "run_summary_text", "run_summary_html",
            "serving_vs_lab", "serving_vs_lab_figure", "round_tree_text", "round_tree_dot"]
 
 TAU_DEFINITION = "τ = accepted draft tokens + 1 (the bonus token)"
+
 
 
 def _rounds(source) -> tuple[list[dict], list[dict]]:
@@ -202,9 +207,12 @@ def run_summary_text(source) -> str:
     if kind != "engine summary":
         st = reference_stats(source)
         lines.append(f"rounds: {st['rounds']}   τ mean: {st['tau_mean']:.3f}")
+        if kind == "ddtree reference":
+            lines.append(STOPPING_RULE + " (ddtree_lab.views.compare.reference_vs_lab).")
         for rid, v in st["by_request"].items():
             lines.append(f"  request {rid}: {v['rounds']} rounds, τ mean {v['tau_mean']:.3f}")
         lines.append("acceptance by depth (accepted / offered):")
+        lines.append(f"  ({OFFERED_DEFINITION})")
         d = st["by_depth"]
         for depth, a, o, r in zip(d["depth"], d["accepted"], d["offered"], d["rate"]):
             lines.append(f"  depth {depth:2d}: {a:4d} / {o:4d}  {_fmt(r)}")
@@ -259,10 +267,13 @@ def run_summary_html(source) -> str:
     if kind != "engine summary":
         st = reference_stats(source)
         parts.append(f"<p>{st['rounds']} rounds, τ mean {st['tau_mean']:.3f}</p>")
+        if kind == "ddtree reference":
+            parts.append(f"<p class='ddtree-stopping-rule'>{html.escape(STOPPING_RULE)}.</p>")
         parts.append(_table(["request", "rounds", "τ mean"],
                             [[k, v["rounds"], v["tau_mean"]] for k, v in st["by_request"].items()]))
         d = st["by_depth"]
-        parts.append("<h4>acceptance by depth</h4>" + _table(["depth", "accepted", "offered", "rate"],
+        parts.append("<h4>acceptance by depth</h4>"
+                     f"<p class='ddtree-definition'>{html.escape(OFFERED_DEFINITION)}</p>" + _table(["depth", "accepted", "offered", "rate"],
                                                               list(zip(d["depth"], d["accepted"], d["offered"], d["rate"]))))
         ranks = sorted(st["rank_totals"])
         parts.append("<h4>accepted nodes by sibling rank</h4>" + _table(
@@ -346,12 +357,16 @@ def serving_vs_lab(serving, lab, serving_label: str | None = None) -> dict:
 
     Returns:
         ``{"series": [{"label", "steps", "tau_mean", "tau", "count", "fraction",
-        "definition"}], "definition": TAU_DEFINITION}``, serving first.
+        "definition"}], "definition": TAU_DEFINITION, "note", "reference_vs_lab"}``, serving
+        first. A reference run's ``note`` is :data:`ddtree_lab.views.compare.STOPPING_RULE` with mean τ over the rounds
+        both loops ran when ``lab`` is a Run of the same prompts (``reference_vs_lab``: that
+        comparison, :func:`ddtree_lab.views.compare.reference_vs_lab`); engine summaries: ``None`` for both.
 
     Raises:
         ValueError: either side has no step.
     """
     kind = _kind(serving)
+    note, rounds = None, None
     if kind == "engine summary":
         reqs = _summary_requests(serving)
         per = [q for q in reqs if q.get("level") == "per request" and q.get("accept_histogram") is not None]
@@ -365,6 +380,8 @@ def serving_vs_lab(serving, lab, serving_label: str | None = None) -> dict:
                       f"from the engine's acceptance histogram ({'per request' if per else 'engine aggregate'})")
     else:
         first = _dist(reference_stats(serving)["tau"], serving_label or kind, "len(accepted_indices) per round")
+        if kind == "ddtree reference":  # the loops stop differently: say so, and measure it where it can be
+            note, rounds = _stopping_note(serving, lab)
     if not first["steps"]:
         raise ValueError("the serving side has no verify step")
     series = [first]
@@ -372,12 +389,32 @@ def serving_vs_lab(serving, lab, serving_label: str | None = None) -> dict:
         series.append(_dist(taus, f"lab: {label}", "accepted draft tokens + 1 per lab step"))
     if len(series) == 1:
         raise ValueError("the lab side has no step with an accept length")
-    return {"series": series, "definition": TAU_DEFINITION}
+    return {"series": series, "definition": TAU_DEFINITION, "note": note, "reference_vs_lab": rounds}
+
+
+def _stopping_note(reference, lab) -> tuple[str, dict | None]:
+    """The stopping rule (``compare.STOPPING_RULE``), measured on the rounds both loops ran when ``lab`` is a Run of
+    the same prompts (else said why not)."""
+    if not hasattr(lab, "steps"):
+        return STOPPING_RULE + " (not compared round by round: the lab side is τ values, not a Run)", None
+    try:
+        rounds = reference_vs_lab(reference, lab)
+    except ValueError as exc:
+        return STOPPING_RULE + f" (not compared round by round: {exc})", None
+    reqs = rounds["requests"]
+    n = sum(q["common"] for q in reqs)
+    ref_c = sum(q["tau_common"][0] * q["common"] for q in reqs) / n
+    lab_c = sum(q["tau_common"][1] * q["common"] for q in reqs) / n
+    more = sum(max(q["extra"], 0) for q in reqs)
+    return (STOPPING_RULE + f". Mean τ over the {n} rounds both loops ran: {ref_c:.3f} (reference) vs {lab_c:.3f} "
+            f"(lab), {sum(q['identical'] for q in reqs)} of {n} rounds identical; the reference ran {more} more "
+            f"round{'' if more == 1 else 's'} because it stops on committed tokens"), rounds
 
 
 def serving_vs_lab_figure(data: dict, title: str = "τ per verify step: serving run beside lab run"):
     """A plotly figure of :func:`serving_vs_lab`'s data: grouped bars of the fraction of steps
-    at each τ, the mean of each series in its legend name."""
+    at each τ, the mean of each series in its legend name, and the data's ``note`` (a reference
+    run: how the loops stop, measured) under the axis."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -387,8 +424,14 @@ def serving_vs_lab_figure(data: dict, title: str = "τ per verify step: serving 
                                                                 f"{s['steps']} steps)",
                              customdata=s["count"], hovertemplate="τ=%{x}: %{y:.1%} (%{customdata} steps)<extra></extra>",
                              marker_color=palette[k % len(palette)]))
+    note = data.get("note")
+    if note:  # the reference's loop stops differently: printed under the bars
+        import textwrap
+
+        fig.add_annotation(text="<br>".join(textwrap.wrap(note, 150)), xref="paper", yref="paper", x=0, y=-0.25,
+                           showarrow=False, font={"size": 10}, align="left", xanchor="left", yanchor="top")
     fig.update_layout(barmode="group", title=title, xaxis_title=data["definition"], yaxis_title="fraction of steps",
-                      template="plotly_white", height=360, margin={"t": 50, "b": 50})
+                      template="plotly_white", height=460 if note else 360, margin={"t": 50, "b": 150 if note else 50})
     fig.update_xaxes(dtick=1)
     return fig
 

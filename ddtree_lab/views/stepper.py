@@ -34,7 +34,7 @@ from typing import Callable
 
 from ..step import Run, Step
 from .dot import render_svg, to_dot
-from .html import bonus_html, children_html, decisions_table_html, mass_bar_svg, segments
+from .html import bonus_html, children_html, decisions_table_html, mass_bar_svg, missing_note_html, segments
 from .model import Cursor, StepView, step_view
 
 __all__ = ["VerifyStepper", "WhatIf", "what_if"]
@@ -141,10 +141,10 @@ class VerifyStepper:
 
     @property
     def _greedy(self) -> bool:
-        """The step on show verifies greedily."""
+        """The step on show has no coin to change: it verifies greedily, or it records no
+        sampling parameters or no coins (the DDTree reference's dumps)."""
         params = self.trace.params
-        assert params is not None  # _select's step_view raised for a step without parameters
-        return params.is_greedy
+        return params is None or params.is_greedy or self.trace.coins is None
 
     @property
     def view(self) -> StepView:
@@ -170,9 +170,10 @@ class VerifyStepper:
         middle of each child's segment ``[S_k-1, S_k)`` (label ``#child``; zero-width segments,
         p = 0, have none), the middle of the residual ``[S_n, 1)`` (``reject all``) and the
         recorded coin (``recorded``). The labels are short so the slider's readout shows them
-        whole; the answer beside the slider gives ``u``. Empty for greedy steps and at a leaf."""
+        whole; the answer beside the slider gives ``u``. Empty for greedy steps, steps without
+        recorded coins and at a leaf."""
         v = self.view
-        if v.greedy or self.is_leaf:
+        if self._greedy or self.is_leaf:
             return []
         out = []
         segs = segments(v, self.current_node)
@@ -312,9 +313,11 @@ class VerifyStepper:
         v = self.view
         cur = v.cursor
         assert cur is not None  # StepView.at always sets the cursor
-        parts = [f"<p><b>node {cur.current}</b> {html.escape(v.label(v.nodes[cur.current].token))}: its children "
-                 "in sibling order (accept p: the exact probability the walk accepts the child once here; "
-                 "path p: from the root)</p>", children_html(v)]
+        about = ("(accept p: the exact probability the walk accepts the child once here; path p: from the root)"
+                 if v.rows_known else "(no target rows recorded: depth, rank and node log-weight only)")
+        here = html.escape(v.label(v.nodes[cur.current].token))
+        parts = [missing_note_html(v), f"<p><b>node {cur.current}</b> {here}: its children in sibling order {about}</p>",
+                 children_html(v)]
         if not v.greedy:
             parts.append(mass_bar_svg(v, coin=self.coin))
         if cur.bonus_done:
@@ -325,7 +328,10 @@ class VerifyStepper:
         """The what-if answer shown beside the coin slider (class ``ddtree-whatif``)."""
         style = 'class="ddtree-whatif" style="font-family:monospace;font-size:12px;max-width:640px'
         if self._greedy:
-            return f'<div {style};color:#616161">greedy step: no coins to change (the walk follows the argmax)</div>'
+            why = ("greedy step: no coins to change (the walk follows the argmax)"
+                   if self.trace.params is not None and self.trace.params.is_greedy else
+                   f"no coins recorded ({self.trace.source}): nothing to re-walk")
+            return f'<div {style};color:#616161">{html.escape(why)}</div>'
         if self.is_leaf:
             return (f'<div {style};color:#616161">node {self.current_node} is a leaf: no coin decides among children '
                     "(the bonus is drawn with the final coin)</div>")
@@ -456,7 +462,7 @@ class VerifyStepper:
             # the what-if coin is the current node's (it decides among its children), never the final coin
             b["coin"].disabled = b["reset"].disabled = not choices
             b["coin"].description = f"what-if u #{self.current_node}"
-            b["coin"].tooltip = ("greedy step: no coins" if greedy else
+            b["coin"].tooltip = ("no coins (greedy, or not recorded)" if greedy else
                                  f"node #{self.current_node} is a leaf: no coin decides anything (the bonus uses "
                                  "the final coin)" if not choices else
                                  f"coin of node #{self.current_node}: it decides among its children; the stops are "

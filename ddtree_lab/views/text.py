@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from .model import StepView
 from .labels import mass_label
 from .labels import number_label
@@ -12,15 +14,30 @@ __all__ = ["to_text", "decisions_text"]
 MARKS = {"root": "◆", "accepted": "✔", "rejected": "✘", "unvisited": "·", "pending": "?", "collapsed": "…"}
 
 
+def _logw(x: float) -> str:
+    return "?" if math.isnan(x) else f"{x:.3f}"
+
+
 def to_text(view: StepView) -> str:
     """One line per node, children indented under their parent in sibling order:
-    ``mark [index] 'token'  d r logw p q``; the bonus a ``★`` line under its parent."""
-    lines = [view.title, "p: target p · q: drafter q · residual p: the bonus in the residual · "
-             f"expected accepted draft tokens (sum of path p): {number_label(view.expected_accept)}"]
+    ``mark [index] 'token'  d r logw p q``; the bonus a ``★`` line under its parent. A step
+    without target rows prints ``d r logw`` (``?`` where not recorded) and, under the title,
+    the line naming what it does not record (:attr:`StepView.missing_note`)."""
+    if view.rows_known:
+        legend = ("p: target p · q: drafter q · residual p: the bonus in the residual · "
+                  f"expected accepted draft tokens (sum of path p): {number_label(view.expected_accept)}")
+    else:
+        legend = ("d: depth · r: rank among the drafter's top-k (sibling rank) · logw: node log-weight · "
+                  "✘: a child of an accepted-path node, not accepted")
+    lines = [view.title, legend] + ([f"NOTE: {view.missing_note}"] if view.missing_note else [])
 
     def bonus_line(indent: int) -> None:
         b = view.bonus
+        assert b is not None  # bonus_line runs only when the view has a bonus
         pad = "  " * indent
+        if b.kind == "recorded":
+            lines.append(f"{pad}★ bonus {view.label(b.token)} (as recorded; its target p and draw are not known)")
+            return
         if b.token < 0:
             lines.append(f"{pad}★ no bonus: support exhausted at node {b.node} (residual mass {mass_label(b.residual_mass)})")
             return
@@ -36,13 +53,16 @@ def to_text(view: StepView) -> str:
         pad = "  " * indent
         if status == "collapsed":
             best = "" if node.target_p is None else f", max p={number_label(node.target_p)}"
-            lines.append(f"{pad}… {node.text} (best logw={node.logw:.3f}{best})")
+            lines.append(f"{pad}… {node.text} (best logw={_logw(node.logw)}{best})")
             continue
         info = ""
         if status != "root":
             q = f" {node.drafter_q_text(4)}" if node.drafter_q_text(4) else ""
-            info = f"  d{node.depth} r{node.rank} logw={node.logw:.3f} {node.target_p_text(4)}{q}"
-        lines.append(f"{pad}{MARKS[status]} [{i}] {view.label(node.token)}{info}")
+            p = f" {node.target_p_text(4)}" if view.rows_known else ""
+            rank = node.rank if node.rank >= 0 else "?"
+            info = f"  d{node.depth} r{rank} logw={_logw(node.logw)}{p}{q}"
+        text = view.label(node.token) if node.token >= 0 else node.text
+        lines.append(f"{pad}{MARKS[status]} [{i}] {text}{info}")
         if view.bonus is not None and i == view.bonus_parent and (view.cursor is None or view.cursor.bonus_done):
             bonus_line(indent + 1)
         for c in reversed(node.children):
@@ -53,7 +73,10 @@ def to_text(view: StepView) -> str:
 def decisions_text(view: StepView) -> str:
     """The decision table as fixed-width text (greedy: target p and the argmax comparison;
     sampled: target p, S_k, coin, verdict), then the bonus line; a lossy step's
-    ``LOSSY: ...`` mark comes first."""
+    ``LOSSY: ...`` mark comes first. A step without a decision log says so (and what else it
+    does not record) instead of printing an empty table."""
+    if not view.events:
+        return "\n".join(_no_log_lines(view)) + "\n"
     greedy = view.greedy
     head = (["#", "depth", "parent", "node", "token", "target p", "= argmax?", "verdict"] if greedy else
             ["#", "depth", "parent", "node", "token", "target p", "S_k", "coin", "verdict"])
@@ -69,6 +92,7 @@ def decisions_text(view: StepView) -> str:
     out = ([view.lossy_mark] if view.lossy else []) + [
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [head] + rows]
     b = view.bonus
+    assert b is not None  # a step with walk events has a bonus draw
     if b.token < 0:
         out.append(f"bonus: none (support exhausted at node {b.node}, residual mass {mass_label(b.residual_mass)}, "
                    f"coin {number_label(b.coin)})")
@@ -79,3 +103,17 @@ def decisions_text(view: StepView) -> str:
         out.append(f"bonus {view.label(b.token)} at node {b.node} ({b.kind}): target p {p}, residual p "
                    f"{number_label(b.residual_p)}, residual mass {mass_label(b.residual_mass)}, coin {number_label(b.coin)}")
     return "\n".join(out) + "\n"
+
+
+def _no_log_lines(view: StepView) -> list[str]:
+    """The decision table's place for a step without a decision log: the recorded outcome
+    (accepted path with its tokens, the bonus token) and what is not recorded."""
+    path = [f"{i} {view.label(view.nodes[i].token)}" for i in view.accepted_path[1:] if i in view.nodes]
+    b = view.bonus
+    bonus = ("not recorded" if b is None else "none (support exhausted)" if b.token < 0 else
+             f"{view.label(b.token)} at node {b.node} (as recorded; its draw is not known)")
+    return [f"no decision log recorded ({view.source}): which children the verifier judged, and with what "
+            "target p, S_k and coin, is not known",
+            f"accepted path (root first): {' → '.join(map(str, view.accepted_path))}; accepted draft tokens: "
+            + (", ".join(path) if path else "none"),
+            f"bonus: {bonus}"] + ([f"NOTE: {view.missing_note}"] if view.missing_note else [])
