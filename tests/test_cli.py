@@ -188,7 +188,7 @@ def test_doctor_with_the_model(capsys):
 
 
 def test_record_inline_and_jsonl(tmp_path, capsys):
-    out = tmp_path / "run.ddtrace.safetensors"
+    out = tmp_path / "run.ddtrace"
     assert main(["record", "--prompt", "Name a colour.", "--budget", "4", "--max-new-tokens", "4", "--quiet",
                  "-o", str(out)]) == 0
     run = dl.load_trace(out)
@@ -199,7 +199,7 @@ def test_record_inline_and_jsonl(tmp_path, capsys):
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text(json.dumps({"prompt": "Say hi.", "temperature": 0.7, "top_k": 20, "seed": 5, "id": "a"}) + "\n"
                      + json.dumps({"prompt": "Say bye."}) + "\n")
-    out2 = tmp_path / "run2.ddtrace.safetensors"
+    out2 = tmp_path / "run2.ddtrace"
     assert main(["record", "--prompts", str(jsonl), "--budget", "4", "--max-new-tokens", "3", "--quiet",
                  "--temperature", "0", "-o", str(out2)]) == 0
     run2 = dl.load_trace(out2)
@@ -207,7 +207,7 @@ def test_record_inline_and_jsonl(tmp_path, capsys):
     assert params["a"]["temperature"] == 0.7 and params["a"]["top_k"] == 20 and params["a"]["seed"] == 5
     assert params["1"]["temperature"] == 0.0
     assert main(["replay", str(out2)]) == 0
-    light = tmp_path / "light.ddtrace.safetensors"
+    light = tmp_path / "light.ddtrace"
     for drafter in ("dflash", "ridge"):
         assert main(["record", "--prompt", "Say hi.", "--budget", "4", "--max-new-tokens", "3", "--quiet", "--level",
                      "light", "--drafter", drafter, "-o", str(light)]) == 0
@@ -219,14 +219,14 @@ def test_record_inline_and_jsonl(tmp_path, capsys):
 def test_record_bad_input(tmp_path, capsys):
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text('{"prompt": "ok"}\n{"prompt": "x", "temprature": 1}\n')
-    assert main(["record", "--prompts", str(jsonl), "-o", str(tmp_path / "r.safetensors")]) == 2
+    assert main(["record", "--prompts", str(jsonl), "-o", str(tmp_path / "r.ddtrace")]) == 2
     err = capsys.readouterr().err
     assert "line 2" in err and "temprature" in err and len(err.strip().splitlines()) == 1
-    assert main(["record", "--prompt", "x", "--temperature", "-1", "-o", str(tmp_path / "r.safetensors")]) == 2
+    assert main(["record", "--prompt", "x", "--temperature", "-1", "-o", str(tmp_path / "r.ddtrace")]) == 2
     assert "temperature" in capsys.readouterr().err
-    assert main(["record", "--prompt", "x", "-o", "/no/such/dir/r.safetensors"]) == 2
+    assert main(["record", "--prompt", "x", "-o", "/no/such/dir/r.ddtrace"]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert main(["record", "--prompt", "x", "--drafter", "eagle", "-o", str(tmp_path / "r.safetensors")]) == 2
+    assert main(["record", "--prompt", "x", "--drafter", "eagle", "-o", str(tmp_path / "r.ddtrace")]) == 2
     assert "--drafter eagle: no such file or directory" in capsys.readouterr().err
     from ddtree_lab.models import default_drafter_path
 
@@ -312,7 +312,7 @@ def test_every_verb_is_listed():
 
 
 def test_a_lossy_recording_is_marked_by_info_replay_and_render(tmp_path, capsys):
-    out = tmp_path / "lossy.ddtrace.safetensors"
+    out = tmp_path / "lossy.ddtrace"
     assert main(["record", "--prompt", "Name a colour.", "--budget", "4", "--max-new-tokens", "4", "--quiet",
                  "--temperature", "0.8", "--threshold-acc", "0.5", "-o", str(out)]) == 0
     run = dl.load_trace(out)
@@ -350,10 +350,10 @@ def test_record_refuses_a_bad_output_path_before_loading_the_model(tmp_path, cap
         raise AssertionError("the model was loaded before the arguments were checked")
 
     monkeypatch.setattr(notebook, "load_default", no_model)
-    out = str(tmp_path / "r.ddtrace.safetensors")
+    out = str(tmp_path / "r.ddtrace")
     assert main(["record", "--prompt", "x", "-o", str(tmp_path)]) == 2
     assert "is a directory" in _err(capsys)
-    assert main(["record", "--prompt", "x", "-o", str(tmp_path / "no" / "r.safetensors")]) == 2
+    assert main(["record", "--prompt", "x", "-o", str(tmp_path / "no" / "r.ddtrace")]) == 2
     assert "does not exist" in _err(capsys)
     assert main(["record", "--prompt", "x", "--max-new-tokens", "0", "-o", out]) == 2
     assert "--max-new-tokens 0" in _err(capsys)

@@ -24,7 +24,7 @@ def no_model(monkeypatch):
 
 @pytest.mark.parametrize("budget", ["100000", "0", "-3"])
 def test_record_budget_is_one_rule_checked_before_the_model(budget, no_model, tmp_path, capsys):
-    assert main(["record", "--prompt", "hi", "--budget", budget, "-o", str(tmp_path / "t.safetensors")]) == 2
+    assert main(["record", "--prompt", "hi", "--budget", budget, "-o", str(tmp_path / "t.ddtrace")]) == 2
     err = capsys.readouterr().err
     assert f"--budget {budget}: must be in [1, 65536]" in err and "MODEL LOADED" not in err
 
@@ -39,7 +39,7 @@ def test_audit_sampling_overrides_are_checked_before_the_model(no_model, capsys)
 
 def test_a_huge_budget_warns_with_the_estimated_cost(no_model, tmp_path, capsys):
     assert main(["record", "--prompt", "hi", "--budget", "1024", "--max-new-tokens", "8",
-                 "-o", str(tmp_path / "t.safetensors")]) == 2
+                 "-o", str(tmp_path / "t.ddtrace")]) == 2
     err = capsys.readouterr().err
     assert "warning: --budget 1024 is large: expect roughly 78 s and 3.2 GB for 8 tokens" in err
     assert err.index("warning") < err.index("MODEL LOADED")
@@ -57,7 +57,7 @@ def test_quiet_silences_the_model_loaders_bar(no_model, tmp_path, capsys):
 
     hf_logging.enable_progress_bar()
     try:
-        main(["record", "--prompt", "hi", "--quiet", "-o", str(tmp_path / "t.safetensors")])
+        main(["record", "--prompt", "hi", "--quiet", "-o", str(tmp_path / "t.ddtrace")])
         assert not hf_logging.is_progress_bar_enabled()
     finally:
         hf_logging.enable_progress_bar()
@@ -69,3 +69,76 @@ def test_counts_have_their_nouns_in_the_right_number(capsys):
     assert main(["replay", TRACE, "--step", "1", "--request", "0"]) == 0
     out = capsys.readouterr().out
     assert "1 step replayed" in out and "1 steps" not in out
+
+
+@pytest.mark.parametrize("args, want", [
+    (["--prompt", ""], "--prompt 0: empty prompt"),
+    (["--prompt", "hi", "--ban", "49152"], "--ban 49152: not a token id of the embedded SmolLM2-135M-Instruct "
+                                           "(its vocabulary has ids 0..49151)"),
+    (["--prompt", "hi", "--ban", "-1"], "--ban -1: not a token id"),
+    (["--prompt", "hi", "--temperature", "-0.5"], "--temperature -0.5: temperature must be finite and >= 0"),
+    (["--prompt", "hi", "--top-p", "1.5"], "--top-p 1.5: top_p must be in (0, 1]"),
+    (["--prompt", "hi", "--top-k", "50000"], "--top-k 50000: top_k = 50000 exceeds the vocabulary size 49152"),
+    (["--prompt", "hi", "--min-p", "2"], "--min-p 2.0: min_p must be in [0, 1]"),
+    (["--prompt", "hi", "--budget", "0"], "--budget 0: must be in [1, 65536]"),
+])
+def test_record_checks_every_argument_before_the_model_loads(args, want, no_model, tmp_path, capsys):
+    out = tmp_path / "t.ddtrace"
+    assert main(["record", *args, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert want in err and "MODEL LOADED" not in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_record_checks_an_empty_prompt_and_a_ban_against_a_local_targets_vocabulary(no_model, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "a"}\n{"prompt": ""}\n')
+    assert main(["record", "--prompts", str(prompts), "-o", str(tmp_path / "t.ddtrace")]) == 2
+    assert f"{prompts}, line 2: field 'prompt' is empty" in capsys.readouterr().err
+    model = tmp_path / "tiny-model"
+    model.mkdir()
+    (model / "config.json").write_text('{"vocab_size": 100}')
+    assert main(["record", "--prompt", "hi", "--target", str(model), "--ban", "100", "-o", str(tmp_path / "t.ddtrace")]) == 2
+    err = capsys.readouterr().err
+    assert f"--ban 100: not a token id of {model} (its vocabulary has ids 0..99)" in err and "MODEL LOADED" not in err
+    assert main(["record", "--prompt", "hi", "--target", str(model), "--ban", "99", "-o", str(tmp_path / "t.ddtrace")]) == 2
+    assert "MODEL LOADED" in capsys.readouterr().err  # every check passed: the model would load now
+
+
+def test_the_default_targets_vocabulary_is_read_from_its_gguf_header_without_loading_it():
+    from ddtree_lab.models.target import _gguf_vocab_size, default_target_gguf, target_vocab_size
+
+    assert _gguf_vocab_size(default_target_gguf()) == 49152 == target_vocab_size()
+
+
+def test_record_refuses_a_safetensors_name_for_its_segment_file(no_model, tmp_path, capsys):
+    import torch
+    from safetensors import safe_open
+
+    import ddtree_lab as dl
+    from ddtree_lab.io.append_trace import TraceWriter
+    from ddtree_lab.io.live_record import SessionRecorder
+    from ddtree_lab.io.synthetic import SyntheticShape, synthetic_steps
+
+    out = tmp_path / "run.ddtrace.safetensors"
+    assert main(["record", "--prompt", "hi", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "append-only segment file" in err and "not safetensors" in err and "name it run.ddtrace" in err
+    assert "MODEL LOADED" not in err and not out.exists()
+    with pytest.raises(ValueError, match="record_to=.*name it run.ddtrace"):
+        SessionRecorder(out)
+    # what the message says is so: the segment file is not safetensors, convert writes one that is
+    seg = tmp_path / "run.ddtrace"
+    w = TraceWriter(seg, {"vocab_size": 300})
+    w.write_steps(synthetic_steps(SyntheticShape(requests=1, budget=4, vocab=300), 1, 0), {})
+    w.close()
+    with pytest.raises(Exception):
+        safe_open(str(seg), framework="pt")
+    with pytest.raises(ValueError, match="not safetensors"):
+        TraceWriter(out, {"vocab_size": 300})
+    from ddtree_lab.io import convert
+
+    convert(seg, out)
+    with safe_open(str(out), framework="pt") as f:
+        assert any(isinstance(f.get_tensor(k), torch.Tensor) for k in f.keys())
+    assert len(dl.load(out).steps) == 1

@@ -1,6 +1,6 @@
 """ddtree-lab: record, inspect, draw, replay, audit and check DDTree verify steps.
 
-    ddtree-lab record  --prompt TEXT [--prompt ...] | --prompts FILE.jsonl  -o run.ddtrace.safetensors
+    ddtree-lab record  --prompt TEXT [--prompt ...] | --prompts FILE.jsonl  -o run.ddtrace
     ddtree-lab info    TRACE                              # requests, prompts, tau, steps
     ddtree-lab render  TRACE --step S [--request R] -o tree.svg|png|dot|txt
     ddtree-lab bundle  TRACE --step S --request R -o DIR  # a self-contained repro of one step
@@ -55,6 +55,18 @@ def _sampling_args(p, defaults: bool) -> None:
     p.add_argument("--min-p", type=float, default=None, help="off when not given")
 
 
+def _output(p, *flags: str, **kw):
+    """An option naming what the verb writes (``action.writes = True``); the verb gets one
+    ``--force``, and without it an existing output is refused (:func:`.common.check_new_output`).
+    tests/test_cli_outputs.py walks the parser: every option that writes is made here."""
+    action = p.add_argument(*flags, **kw)
+    action.writes = True
+    if not any("--force" in a.option_strings for a in p._actions):
+        p.add_argument("--force", action="store_true",
+                       help="replace an existing output (without it nothing that exists is replaced)")
+    return action
+
+
 class _Help(argparse.RawDescriptionHelpFormatter):
     """Help text as written, each option's default appended (except None / off flags)."""
 
@@ -101,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch threads (default: ddtree_lab.threads picks them for this machine)")
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")
     p.add_argument("--quiet", action="store_true", help="no progress bars (record's and the model loader's)")
-    p.add_argument("-o", "--out", required=True, help="trace file to write")
+    _output(p, "-o", "--out", required=True,
+            help="trace file to write: the lab's append-only segment file, named NAME.ddtrace")
     p.set_defaults(func=cmd_record)
 
     p = sub.add_parser("info", help="requests, prompts, tau and steps of a trace", description=cmd_info.__doc__)
@@ -112,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="per-step and per-node Parquet tables of a run", description=cmd_export.__doc__)
     p.add_argument("trace", metavar="RUN")
-    p.add_argument("--parquet", required=True, metavar="DIR", help="directory for steps.parquet and nodes.parquet")
+    _output(p, "--parquet", required=True, metavar="DIR", help="directory for steps.parquet and nodes.parquet")
     p.set_defaults(func=cmd_export)
 
     from .policies import DEFAULT_BUDGETS, cmd_compare_policies
@@ -124,13 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", action="append", help="a policy name (repeat; default: all)")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS, help="comma-separated draft-node budgets")
     p.add_argument("--max-steps", type=int, help="only the first N steps")
-    p.add_argument("--parquet", metavar="DIR", help="also write DIR/policies.parquet (one row per step)")
+    _output(p, "--parquet", metavar="DIR", help="also write DIR/policies.parquet (one row per step)")
     p.set_defaults(func=cmd_compare_policies)
 
     p = sub.add_parser("render", help="draw one step's tree", description=cmd_render.__doc__)
     p.add_argument("trace", help="any source (trace, bundle, recording, ...); a bundle needs no --step")
     _step_args(p)
-    p.add_argument("-o", "--out", help="output file; .svg .png .dot .txt (default: text on standard output)")
+    _output(p, "-o", "--out", help="output file; .svg .png .dot .txt .md (default: text on standard output)")
     p.add_argument("--format", choices=["svg", "png", "dot", "text", "decisions"], help="overrides the suffix")
     p.add_argument("--collapse", action="store_true", help="draw each parent's unvisited children as one node")
     p.set_defaults(func=cmd_render)
@@ -138,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bundle", help="a self-contained repro of one verify step", description=cmd_bundle.__doc__)
     p.add_argument("trace")
     _step_args(p, required=True)
-    p.add_argument("-o", "--out", required=True, help="directory to write")
+    _output(p, "-o", "--out", required=True, help="directory to write")
     p.set_defaults(func=cmd_bundle)
 
     p = sub.add_parser("replay", help="re-verify and print every difference", description=cmd_replay.__doc__)
@@ -175,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-validate", action="store_true",
                    help="let the built-in backends walk buffers they would refuse (to measure their law)")
     p.add_argument("--top", type=int, default=5, help="outcomes listed as most over / under represented")
-    p.add_argument("--plot", help="write the plotly figure to this .html file")
+    _output(p, "--plot", help="write the plotly figure to this .html file")
     p.add_argument("--threads", type=int)
     p.set_defaults(func=cmd_audit)
 
@@ -203,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="verify backend that re-runs the rows")
     q = ss.add_parser("convert", help="convert a recording into a lab trace")
     q.add_argument("recording")
-    q.add_argument("-o", "--out", required=True)
+    _output(q, "-o", "--out", required=True, help="lab trace file to write (NAME.ddtrace.safetensors)")
     p.set_defaults(func=cmd_sglang)
 
     p = sub.add_parser("lab", help="open JupyterLab on working copies of labs/ (as `make lab`)",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from . import common
 from .common import (MIN_DRAWS, EXIT_PROBLEM, CLIError, bundle_module, check_bundle_dir, check_bundle_selection,
-                     check_out_file, check_suffix, count, find_step, kind_of, load_run, params_override,
+                     check_new_output, check_out_file, check_suffix, count, find_step, kind_of, load_run, params_override,
                      recording_step, select_steps, sglang_module, thread_note, write_output)
 
 
@@ -33,6 +33,8 @@ def cmd_audit(args) -> int:
     if args.plot:
         check_out_file(args.plot)
         check_suffix(args.plot, "html", (".html", ".htm"))
+        for path in plot_paths(args.plot, args.random if args.random is not None else 1):
+            check_new_output(path, args.force, "--plot")
     overrides = [k for k in ("temperature", "top_k", "top_p", "min_p") if getattr(args, k, None) is not None]
     if overrides:  # before any trace or model is loaded
         from ..sampling import SamplingParams
@@ -94,7 +96,7 @@ def cmd_audit(args) -> int:
                               validate=not args.no_validate)
         print(report.text(args.top))
         if args.plot:
-            path = args.plot if len(cases) == 1 else f"{Path(args.plot).with_suffix('')}-{k}.html"
+            path = plot_paths(args.plot, len(cases))[k]
             # plotly.js embedded (~4.8 MB page): the page draws offline and attached to a bug report
             write_output(path, report.figure().to_html(include_plotlyjs=True))
             print(f"  plot -> {path}")
@@ -103,6 +105,11 @@ def cmd_audit(args) -> int:
     if engine is not None:
         engine.close()
     return worst
+
+
+def plot_paths(plot: str, n: int) -> list[str]:
+    """The ``--plot`` files of ``n`` audited cases: the name itself for one, NAME-k.html for several."""
+    return [plot] if n == 1 else [f"{Path(plot).with_suffix('')}-{k}.html" for k in range(n)]
 
 
 def open_engine_of(args):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -46,8 +47,46 @@ def check_out_file(path: str) -> None:
     p = Path(path)
     if p.is_dir():
         raise CLIError(f"{path}: is a directory (give a file name)")
+    if p.parent.exists() and not p.parent.is_dir():
+        raise CLIError(f"{path}: {p.parent} is a file, not a directory")
     if not p.parent.is_dir():
         raise CLIError(f"{path}: directory {p.parent} does not exist")
+
+
+def check_new_output(path: str | Path, force: bool, flag: str = "-o", files: tuple[str, ...] = ()) -> None:
+    """Refuse to replace anything the user has (checked before any work, by every verb that writes).
+
+    Args:
+        path: the output the verb writes: a file, or a directory when ``files`` is given.
+        force: the verb's ``--force``: an existing output is replaced.
+        flag: the option that named ``path`` (for the message).
+        files: for a directory output, the names the verb writes inside it; only those count
+            as existing output (an empty or unrelated directory is not replaced, only added to).
+
+    Raises:
+        CLIError: the output (or one of ``files`` in it) exists and ``force`` is off: the message
+            names the path and ``--force``; or the parent directory does not exist or is not
+            writable.
+    """
+    p = Path(path)
+    if files:
+        if p.exists() and not p.is_dir():
+            raise CLIError(f"{flag} {path}: is a file (give a directory)")
+        there = [p / name for name in files if (p / name).exists()]
+        if there and not force:
+            raise CLIError(f"{flag} {path}: {there[0]} exists; pass --force to replace "
+                           f"{'it' if len(there) == 1 else f'the {len(there)} files'} (nothing is replaced without it)")
+        parent = p if p.is_dir() else p.parent
+    else:
+        if p.exists() and not force:
+            raise CLIError(f"{flag} {path}: exists; pass --force to replace it (nothing is replaced without it)")
+        parent = p.parent
+    if parent.exists() and not parent.is_dir():
+        raise CLIError(f"{flag} {path}: {parent} is a file, not a directory")
+    if not parent.is_dir():
+        raise CLIError(f"{flag} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CLIError(f"{flag} {path}: directory {parent} is not writable")
 
 
 def check_suffix(path: str, fmt: str, suffixes: tuple[str, ...]) -> None:
@@ -181,16 +220,22 @@ def find_step(run, step: int | None, request: int | None, path: str):
     return matches[0]
 
 
-def write_output(path: str, data: str | bytes) -> None:
+def write_output(path: str | Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` atomically (a temporary file beside it, then ``os.replace``):
+    a replaced file (``--force``) is never left half written. :func:`check_new_output` decides
+    beforehand whether ``path`` may be replaced."""
     p = Path(path)
     if not p.parent.exists():
         raise CLIError(f"{path}: directory {p.parent} does not exist")
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.partial")
     try:
         if isinstance(data, bytes):
-            p.write_bytes(data)
+            tmp.write_bytes(data)
         else:
-            p.write_text(data, encoding="utf-8")
+            tmp.write_text(data, encoding="utf-8")
+        os.replace(tmp, p)
     except OSError as exc:
+        tmp.unlink(missing_ok=True)
         raise CLIError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import CLIError, count, load_model, load_run
+from .common import CLIError, check_new_output, count, load_model, load_run
 
 DEFAULT_BUDGETS = "4,8,16,32,64"
 
@@ -57,6 +57,8 @@ def cmd_compare_policies(args) -> int:
     if unknown:
         raise CLIError(f"--policy {unknown[0]}: unknown policy (known: {', '.join(POLICIES)})")
     budgets = _budgets(args.budgets)
+    if args.parquet:
+        check_new_output(args.parquet, args.force, "--parquet", files=("policies.parquet",))
     run = load_run(args.run)
     steps = [s for s in run.steps if s.draft is not None and s.draft.token_ids.numel() and s.tree is not None]
     if not steps:

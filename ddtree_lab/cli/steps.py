@@ -6,8 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from .common import (EXIT_PROBLEM, CLIError, bundle_module, check_out_file, check_suffix, count, find_step, kind_of,
-                     load_run, lossy_note, recording_step, select_steps, sglang_module, write_output)
+from .common import (EXIT_PROBLEM, CLIError, bundle_module, check_new_output, check_out_file, check_suffix, count, find_step,
+                     kind_of, load_run, lossy_note, recording_step, select_steps, sglang_module, write_output)
 
 
 
@@ -93,6 +93,7 @@ def cmd_render(args) -> int:
     fmt = args.format
     if args.out:
         check_out_file(args.out)
+        check_new_output(args.out, args.force)
     if fmt is None:
         suffix = Path(args.out).suffix.lower() if args.out else ".txt"
         fmt = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot", ".txt": "text"}.get(suffix)
@@ -134,13 +135,14 @@ def cmd_render(args) -> int:
 def cmd_bundle(args) -> int:
     """Write a minimal self-contained repro of one verify step into a directory."""
     bundle = bundle_module()
-    run = load_run(args.trace)
-    step = find_step(run, args.step, args.request, args.trace)
     out = Path(args.out)
     if not out.parent.exists():
         raise CLIError(f"{args.out}: parent directory {out.parent} does not exist")
     if out.exists() and out.resolve() == Path(args.trace).resolve():
         raise CLIError(f"-o {args.out}: is the source being read; write the bundle elsewhere")
+    check_new_output(out, args.force, files=bundle.FILES)
+    run = load_run(args.trace)
+    step = find_step(run, args.step, args.request, args.trace)
     b = bundle.make_bundle(run, step)
     path = bundle.save_bundle(b, out)
     size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
@@ -244,6 +246,7 @@ def cmd_sglang(args) -> int:
     if args.sglang_cmd == "convert":
         out = Path(args.out)
         check_out_file(args.out)
+        check_new_output(args.out, args.force)
         from ..io import convert
 
         path = convert(args.recording, out)
