@@ -142,3 +142,30 @@ def test_record_refuses_a_safetensors_name_for_its_segment_file(no_model, tmp_pa
     with safe_open(str(out), framework="pt") as f:
         assert any(isinstance(f.get_tensor(k), torch.Tensor) for k in f.keys())
     assert len(dl.load(out).steps) == 1
+
+
+def test_a_damaged_step_is_named_as_damaged_not_out_of_range(tmp_path, capsys):
+    from ddtree_lab.io.append_trace import TraceWriter
+    from ddtree_lab.io.synthetic import SyntheticShape, synthetic_steps
+    from ddtree_lab.store.segments import scan
+
+    path = tmp_path / "run.ddtrace"
+    w = TraceWriter(path, {"vocab_size": 300})
+    for k in range(6):  # one segment per step: steps 0..5 of request 0
+        w.write_steps(synthetic_steps(SyntheticShape(requests=1, budget=6, vocab=300), 3, k), {})
+    w.close()
+    raw = bytearray(path.read_bytes())
+    entries, _ = scan(path)
+    steps_segments = [e for e in entries if e.kind == "steps"]
+    raw[steps_segments[2].end - 5] ^= 0xFF  # a tensor byte of step 2
+    path.write_bytes(bytes(raw))
+    for args in (["render", str(path), "--step", "2"], ["render", str(path), "--step", "2", "--request", "0"],
+                 ["bundle", str(path), "--step", "2", "--request", "0", "-o", str(tmp_path / "b")]):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert "out of range" not in err, err
+        assert "step 2, request 0 is damaged and was left out" in err and "checksum" in err, err
+        assert "the readable steps of request 0: 0..1, 3..5" in err, err
+    assert main(["render", str(path), "--step", "9", "--request", "0"]) == 2  # a step that never was: out of range
+    assert "out of range" in capsys.readouterr().err
+    assert main(["render", str(path), "--step", "3", "--request", "0"]) == 0

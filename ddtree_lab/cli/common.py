@@ -103,10 +103,15 @@ def select_steps(run, step: int | None, request: int | None, path: str) -> list:
     """
     steps = run.steps
     if step is not None:
-        for problem in run.problems:  # the step asked for was damaged and left out
-            if f"= step {step}, request {request if request is not None else ''}" in problem:
-                raise CLIError(f"{path}: step {step}{'' if request is None else f', request {request}'} is damaged: "
-                               f"{problem.removeprefix(f'{path}: ')}")
+        damaged = sorted((q, why) for (s, q), why in getattr(run, "left_out", {}).items()
+                         if s == step and (request is None or q == request))
+        if damaged:  # the step asked for is in range but was left out as damaged: say so and why
+            q, why = damaged[0]
+            keys = run.keys() if hasattr(run, "keys") else [(s.step, s.request) for s in steps]
+            readable = sorted({s for s, r in keys if r == q})
+            raise CLIError(f"{path}: step {step}, request {q} is damaged and was left out when the file was read "
+                           f"({why.removeprefix(f'{path}: ')}); the readable steps of request {q}: "
+                           f"{_spans(readable) or 'none'}")
     if run.source == "bundle" and run.steps:
         only = run.steps[0]
         if (step is not None and step != only.step) or (request is not None and request != only.request):
@@ -127,6 +132,18 @@ def select_steps(run, step: int | None, request: int | None, path: str) -> list:
             span = f"steps {have[0]}..{have[-1]}" if have else "no steps"
             raise CLIError(f"{path}: --step {step} is out of range for {who} ({span})")
     return steps if len(chosen) == len(keys) else [steps[i] for i in chosen]
+
+
+def _spans(values: list[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0..2, 5, 7..8"``."""
+    out, start = [], None
+    for k, v in enumerate(values):
+        if start is None:
+            start = v
+        if k + 1 == len(values) or values[k + 1] != v + 1:
+            out.append(str(v) if v == start else f"{start}..{v}")
+            start = None
+    return ", ".join(out)
 
 
 def check_bundle_selection(b, args, path: str) -> None:

@@ -339,6 +339,7 @@ def load_append_trace(path: str | Path, lazy: bool | None = None) -> AppendRun:
                 msg = f"{exc} (step {r[2]}, request {r[3]} left out)"
                 if msg not in run.problems:
                     run.problems.append(msg)
+                run.left_out[(int(r[2]), int(r[3]))] = str(exc)
         run.records, run.steps = keep, steps
     run.token_texts.update(_step_texts(path, entries) if not lazy else {})
     if not run.closed and tail.why is None:
