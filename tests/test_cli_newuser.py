@@ -169,3 +169,31 @@ def test_a_damaged_step_is_named_as_damaged_not_out_of_range(tmp_path, capsys):
     assert main(["render", str(path), "--step", "9", "--request", "0"]) == 2  # a step that never was: out of range
     assert "out of range" in capsys.readouterr().err
     assert main(["render", str(path), "--step", "3", "--request", "0"]) == 0
+
+
+def test_replay_hints_say_what_the_file_is_and_which_command_reads_it(tmp_path, capsys):
+    from ddtree_lab.io.append_trace import TraceWriter
+    from ddtree_lab.io.synthetic import SyntheticShape, synthetic_steps
+
+    recorded = tmp_path / "run.ddtrace"  # what `ddtree-lab record` writes
+    w = TraceWriter(recorded, {"vocab_size": 300})
+    w.write_steps(synthetic_steps(SyntheticShape(requests=1, budget=4, vocab=300), 1, 0), {})
+    w.close()
+    assert main(["replay", str(recorded), "--backend", "torch-lazy"]) == 2
+    err = capsys.readouterr().err
+    assert "recorded by `ddtree-lab record`" in err and "SGLang" not in err, err
+    assert "backend 'reference'" in err and f"ddtree-lab audit {recorded} --step 0 --request 0 --model default " \
+                                           "--verifier torch-lazy" in err, err
+    assert main(["sglang", "replay", str(recorded)]) == 2
+    err = capsys.readouterr().err
+    assert "recorded by `ddtree-lab record`" in err and "not an SGLang recording" in err, err
+    assert f"replay it with: ddtree-lab replay {recorded}" in err and "format" not in err, err
+    converted = tmp_path / "sgl.ddtrace.safetensors"
+    recording = str(Path(TRACE).parents[1] / "sglang_cpu_recording.json")
+    assert main(["sglang", "convert", recording, "-o", str(converted)]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(converted), "--backend", "triton"]) == 2
+    err = capsys.readouterr().err
+    assert "converted from an SGLang recording" in err and "ddtree-lab replay RECORDING --backend triton" in err, err
+    assert main(["sglang", "replay", TRACE]) == 2
+    assert "a lab trace" in capsys.readouterr().err

@@ -155,11 +155,38 @@ def _print_differences(where: str, diffs) -> None:
         print(f"{where}: {d}")
 
 
+#: what each source is, for hints that send a file to the verb that reads it
+WHAT_IT_IS = {
+    "lab trace": "a lab trace (written by `ddtree-lab sglang convert`, `save_trace` or `ddtree_lab.io.convert`)",
+    "lab trace (append-only)": "a lab trace recorded by `ddtree-lab record` / `LiveSession(record_to=...)`",
+    "bundle": "a bundle of one step (`ddtree-lab bundle`)",
+    "ddtree reference": "tree traces of the DDTree reference code",
+    "engine summary": "an engine's acceptance summary",
+}
+
+
+def _backend_hint(args, run, steps) -> str:
+    """Why ``--backend`` (not the reference) cannot replay this trace, and the command that can."""
+    where = f"--step {steps[0].step} --request {steps[0].request}" if len(steps) == 1 else "--step S --request R"
+    what = WHAT_IT_IS.get(run.source, f"a {run.source}")
+    if any(s.extra.get("source") == "sglang" for s in steps) or run.metadata.get("source") == "sglang recording":
+        return (f"{args.trace}: converted from an SGLang recording: --backend {args.backend} needs the whole target "
+                "rows, and its steps keep only what the verifier read; replay the recording itself, whose rows every "
+                f"backend reads (ddtree-lab replay RECORDING --backend {args.backend}), or this file with backend "
+                "'reference' (bit-exact)")
+    return (f"{args.trace}: {what}: --backend {args.backend} needs the whole target rows, and its steps keep only "
+            "what the verifier read (no lab recording keeps whole [n, V] rows); replay it with backend 'reference' "
+            f"(bit-exact), or run {args.backend} on a step with the target recomputing its rows: ddtree-lab audit "
+            f"{args.trace} {where} --model default --verifier {args.backend}")
+
+
 def _replay_trace(args) -> int:
     from ..replaying import replay_differences
 
     run = load_run(args.trace)
     steps = select_steps(run, args.step, args.request, args.trace)
+    if args.backend != "reference" and steps and all(s.rows is None or s.rows.cannot("full rows") for s in steps):
+        raise CLIError(_backend_hint(args, run, steps))
     if not any(s.output is not None and s.buffers is not None and s.rows is not None for s in steps):
         lacking = sorted({m for s in steps for m in s.missing_stages()})
         what = ", ".join(lacking) if lacking else "steps"
@@ -212,6 +239,15 @@ def _replay_trace(args) -> int:
 
 def _replay_recording(path: str, backend: str, args=None) -> int:
     sg = sglang_module()
+    from ..io import source_of
+
+    try:
+        source = source_of(path)
+    except (OSError, ValueError):
+        source = None  # load_recording names the problem
+    if source is not None and not source.startswith("sglang recording"):
+        raise CLIError(f"{path}: {WHAT_IT_IS.get(source, f'a {source}')}, not an SGLang recording (made inside a "
+                       f"running SGLang server, docs/SGLANG.md); replay it with: ddtree-lab replay {path}")
     rec = sg.load_recording(path)
     step = recording_step(rec, args, path) if args is not None else None
     if step is None:
