@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "fixtures" / "traces" / "smollm2_greedy_b32.ddtrace.safetensors"
 SAMPLED = ROOT / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors"
 RECORDING = ROOT / "fixtures" / "sglang_cpu_recording.json"
-VERBS = ["record", "info", "render", "bundle", "replay", "audit", "doctor", "diagnose", "sglang", "lab", "export", "compare-policies"]
+VERBS = ["record", "info", "render", "bundle", "replay", "audit", "doctor", "diagnose", "sglang", "lab", "export",
+         "compare-policies", "report"]
 
 
 def run_cli(*args):
@@ -49,7 +50,9 @@ def test_info_lists_requests_prompts_tau_and_keeps_the_drafter_to_a_line(capsys)
         assert json.dumps(r["prompt"]) in out
     assert out.count("mean tau") == 3
     # request 1's step list starts with its own step numbers and taus
-    line = lines[[k for k, x in enumerate(lines) if x.startswith("request 1 ")][0] + 2]
+    start = [k for k, x in enumerate(lines) if x.startswith("request 1 ")][0]
+    assert lines[start + 1].startswith("  prompt: ") and lines[start + 2].startswith("  generated (64 tokens): ")
+    line = lines[start + 3]
     s = run.for_request(1)
     assert line.startswith("  steps (step:tau): " + f"{s[0].step}:{s[0].accept_length + 1}")
 

@@ -4,6 +4,7 @@
     ddtree-lab info    TRACE                              # requests, prompts, tau, steps
     ddtree-lab render  TRACE --step S [--request R] -o tree.svg|png|dot|txt
     ddtree-lab bundle  TRACE --step S --request R -o DIR  # a self-contained repro of one step
+    ddtree-lab report  RUN --step S --request R [-o FILE.md] [--archive FILE.tar.gz|.zip]  # a bug report
     ddtree-lab replay  TRACE|BUNDLE|RECORDING [--backend reference|torch-lazy|triton]
     ddtree-lab audit   TRACE --step S [--request R] [--model default] | BUNDLE | --random N
     ddtree-lab doctor  TRACE|BUNDLE|RECORDING [--model default --step S --request R]
@@ -144,9 +145,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="any source (trace, bundle, recording, ...); a bundle needs no --step")
     _step_args(p)
     _output(p, "-o", "--out", help="output file; .svg .png .dot .txt .md (default: text on standard output)")
-    p.add_argument("--format", choices=["svg", "png", "dot", "text", "decisions"], help="overrides the suffix")
+    p.add_argument("--format", choices=["svg", "png", "dot", "text", "decisions", "decisions-md"],
+                   help="overrides the suffix; decisions: the decision table as text, decisions-md: as a Markdown "
+                        "table (.md)")
     p.add_argument("--collapse", action="store_true", help="draw each parent's unvisited children as one node")
     p.set_defaults(func=cmd_render)
+
+    from .report import cmd_report
+
+    p = sub.add_parser("report", help="one step as a Markdown bug report (tree, decisions, diagnosis, environment)",
+                       description=cmd_report.__doc__)
+    p.add_argument("trace", metavar="RUN", help="any source (trace, bundle, recording, ...)")
+    _step_args(p)
+    _output(p, "-o", "--out", help="Markdown file to write (FILE.md; the tree's FILE-tree.png and FILE-tree.svg beside "
+                                   "it); default: the Markdown on standard output")
+    _output(p, "--archive", metavar="FILE", help="also write everything (Markdown, pictures, a bundle of the step) into "
+                                                 "one FILE.tar.gz or FILE.zip")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("bundle", help="a self-contained repro of one verify step", description=cmd_bundle.__doc__)
     p.add_argument("trace")

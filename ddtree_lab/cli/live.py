@@ -132,9 +132,10 @@ def cmd_record(args) -> int:
     vocab = target_vocab_size(args.target)  # from the configuration: the weights load later
     which_target = args.target or "the embedded SmolLM2-135M-Instruct"
     for t in getattr(args, "ban", None) or ():
-        if t < 0 or (vocab is not None and t >= vocab):
-            raise CLIError(f"--ban {t}: not a token id of {which_target} "
-                           f"({'ids are >= 0' if t < 0 else f'its vocabulary has ids 0..{vocab - 1}'})")
+        if t < 0:
+            raise CLIError(f"--ban {t}: not a token id of {which_target} (ids are >= 0)")
+        if vocab is not None and t >= vocab:
+            raise CLIError(f"--ban {t}: not a token id of {which_target} (its vocabulary has ids 0..{vocab - 1})")
     for name in ("temperature", "top_k", "top_p", "min_p"):  # each option alone, so the message names it
         value = getattr(args, name)
         try:

@@ -72,6 +72,9 @@ def cmd_info(args) -> int:
         if prompt is not None:
             text = prompt if len(prompt) <= 70 else prompt[:67] + "..."
             print(f"  prompt: {json.dumps(text, ensure_ascii=False)}")
+        generated = r.get("generated_token_ids")
+        if isinstance(generated, list) and generated:
+            print(f"  generated ({count(len(generated), 'token')}): {generated_text(run, generated)}")
         if steps:
             print("  steps (step:tau): " + " ".join(f"{s.step}:{t}" for s, t in zip(steps, taus)))
         for s in steps:
@@ -86,9 +89,22 @@ def cmd_info(args) -> int:
     return EXIT_PROBLEM if run.problems else 0
 
 
+def generated_text(run, ids: list, width: int = 100) -> str:
+    """A request's generated tokens for ``info``: the recorded token texts joined (JSON-quoted,
+    cut to ``width`` characters with "..."), or the ids themselves where the run records no text
+    for some of them (the first 16, then "...")."""
+    missing = [t for t in ids if not isinstance(t, int) or t not in run.token_texts]
+    if missing:
+        shown = ", ".join(str(t) for t in ids[:16]) + (", ..." if len(ids) > 16 else "")
+        return f"ids [{shown}] (no text recorded for {count(len(missing), 'token')}: token ids shown)"
+    text = "".join(run.token_texts[t] for t in ids)
+    return json.dumps(text if len(text) <= width else text[: width - 3] + "...", ensure_ascii=False)
+
+
 def cmd_render(args) -> int:
-    """Draw one step's tree as SVG, PNG, DOT or text (format from --format or the -o suffix)."""
-    from ..views import decisions_text, render_svg, step_view, to_dot, to_text
+    """Draw one step's tree as SVG, PNG, DOT or text, or its decision table as text or Markdown
+    (format from --format or the -o suffix: .md is the Markdown decision table)."""
+    from ..views import decisions_markdown, decisions_text, render_svg, step_view, to_dot, to_text
 
     fmt = args.format
     if args.out:
@@ -96,12 +112,13 @@ def cmd_render(args) -> int:
         check_new_output(args.out, args.force)
     if fmt is None:
         suffix = Path(args.out).suffix.lower() if args.out else ".txt"
-        fmt = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot", ".txt": "text"}.get(suffix)
+        fmt = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot", ".txt": "text", ".md": "decisions-md"}.get(suffix)
         if fmt is None:
-            raise CLIError(f"{args.out}: unknown picture suffix {suffix!r} (use .svg, .png, .dot or .txt, or --format)")
+            raise CLIError(f"{args.out}: unknown picture suffix {suffix!r} (use .svg, .png, .dot, .txt or .md, or "
+                           "--format)")
     elif args.out:
         check_suffix(args.out, fmt, {"svg": (".svg",), "png": (".png",), "dot": (".dot", ".gv"),
-                                      "text": (".txt",), "decisions": (".txt",)}[fmt])
+                                      "text": (".txt",), "decisions": (".txt",), "decisions-md": (".md",)}[fmt])
     if fmt == "png" and not args.out:
         raise CLIError("--format png needs -o FILE")
     run = load_run(args.trace)
@@ -122,6 +139,8 @@ def cmd_render(args) -> int:
         data = to_dot(view)
     elif fmt == "decisions":
         data = decisions_text(view)
+    elif fmt == "decisions-md":
+        data = decisions_markdown(view)
     else:
         data = to_text(view)
     if args.out:
