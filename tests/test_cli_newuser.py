@@ -16,7 +16,7 @@ TRACE = str(Path(__file__).resolve().parent.parent / "fixtures" / "traces" / "sm
 def no_model(monkeypatch):
     """Any model load fails the test's command with a marker (so a check that runs after the
     load shows up as that marker instead of its own message)."""
-    def load(spec):
+    def load(spec, **kw):
         raise cli.CLIError(f"MODEL LOADED ({spec})")
 
     monkeypatch.setattr(cli.common, "load_model", load)
@@ -199,3 +199,40 @@ def test_replay_hints_say_what_the_file_is_and_which_command_reads_it(tmp_path, 
     assert "converted from an SGLang recording" in err and "ddtree-lab replay RECORDING --backend triton" in err, err
     assert main(["sglang", "replay", TRACE]) == 2
     assert "a lab trace" in capsys.readouterr().err
+
+
+def test_loading_a_model_shows_progress_on_stderr_and_nothing_on_stdout(monkeypatch, capsys):
+    import ddtree_lab.models as models
+
+    monkeypatch.setattr(models, "load_default_target", lambda: "a target")  # no real load in the fast loop
+    assert cli.common.load_model("default") == "a target"
+    out, err = capsys.readouterr()
+    assert out == "" and "loading target the embedded SmolLM2-135M-Instruct" in err and "1/1" in err
+    assert cli.common.load_model("default", quiet=True) == "a target"
+    assert capsys.readouterr() == ("", "")
+
+
+def test_diagnose_with_a_model_shows_each_check_on_stderr(monkeypatch, capsys):
+    import ddtree_lab.diagnosis as diagnosis
+
+    def load_models(model, run):
+        raise RuntimeError("MODEL LOADED")
+
+    monkeypatch.setattr(diagnosis, "load_models", load_models)
+    assert main(["diagnose", TRACE, "--step", "1", "--request", "0", "--model", "default"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "diagnose:" in err and "loading the model" in err and "MODEL LOADED" in err
+    names = []
+    import ddtree_lab as dl
+
+    diagnosis.diagnose(dl.load(TRACE), step=1, request=0, progress=names.append)
+    assert tuple(names) == diagnosis.RECORD_CHECKS
+
+
+def test_compare_policies_counts_its_steps_on_the_progress_callback():
+    import ddtree_lab as dl
+    from ddtree_lab.analysis.counterfactual import run_counterfactuals
+
+    done = []
+    results = run_counterfactuals(dl.load(TRACE), ["chain"], [4], max_steps=3, progress=lambda: done.append(1))
+    assert len(done) == 3 == len({(r.step, r.request) for r in results})

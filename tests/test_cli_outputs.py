@@ -73,7 +73,7 @@ def test_every_option_that_writes_is_made_by_the_one_helper_and_has_force_and_a_
 
 @pytest.fixture
 def no_model(monkeypatch):
-    def load(spec):
+    def load(spec, **kw):
         if spec is None:  # no --model: nothing to load
             return None
         raise cli.CLIError(f"MODEL LOADED ({spec})")

@@ -75,7 +75,9 @@ def cmd_audit(args) -> int:
                 raise CLIError("sampling overrides need --model (a trace stores final probabilities, not logits)")
             cases = [au.case_from_step(step, run.token_texts)]
         else:
-            logits = au.step_logits(target, run, step)
+            with common.progress(1, "target forward of the step's tree", unit="forward") as bar:
+                logits = au.step_logits(target, run, step)
+                bar.update()
             cases = [au.case_from_logits(step, logits, params_override(args, step.params), run.token_texts)]
     verifier = args.verifier
     worst = 0
@@ -162,7 +164,10 @@ def cmd_doctor(args) -> int:
         if args.model is not None:
             step = find_step(run, args.step, args.request, args.source)  # before the model loads (seconds)
             target = common.load_model(args.model)
-        report = doctor(run, steps, target, step, sample=args.sample, seed=args.seed)
+        with common.progress(1, f"causal forwards of {count(args.sample, 'sampled node')}", unit="check",
+                             quiet=target is None) as bar:
+            report = doctor(run, steps, target, step, sample=args.sample, seed=args.seed)
+            bar.update()
         checked += report.checked
         found += len(report.problems)
         for p in report.invariants:

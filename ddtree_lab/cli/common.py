@@ -279,18 +279,37 @@ def lossy_note(steps) -> str:
     return f"{marks} ({len(lossy)} of {count(len(steps), 'step')})"
 
 
-def load_model(spec: str | None):
+def progress(total: int, desc: str, unit: str = "step", quiet: bool = False):
+    """A tqdm bar on standard error (standard output stays what the verb prints), for work
+    that takes more than a couple of seconds; ``quiet`` turns it off."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=quiet, leave=True, dynamic_ncols=True)
+
+
+def load_model(spec: str | None, quiet: bool = False):
+    """The target ``--model`` / ``--target`` names (None: none), loaded behind a progress line
+    on standard error ("loading target ...", the seconds it took).
+
+    Raises:
+        CLIError: ``spec`` is neither ``"default"`` nor a model directory.
+    """
     if spec is None:
         return None
-    if spec == "default":
-        from ..models import load_default_target
-
-        return load_default_target()
-    from ..models import TargetModel
-
-    if not Path(spec).is_dir():
+    if spec != "default" and not Path(spec).is_dir():
         raise CLIError(f"--model {spec}: not 'default' and not a model directory")
-    return TargetModel.from_pretrained(spec)
+    what = "the embedded SmolLM2-135M-Instruct" if spec == "default" else spec
+    with progress(1, f"loading target {what}", unit="model", quiet=quiet) as bar:
+        if spec == "default":
+            from ..models import load_default_target
+
+            target = load_default_target()
+        else:
+            from ..models import TargetModel
+
+            target = TargetModel.from_pretrained(spec)
+        bar.update()
+    return target
 
 
 def params_override(args, base):

@@ -167,11 +167,13 @@ def cmd_record(args) -> int:
 
         hf_logging.disable_progress_bar()
     which = notebook.DEFAULT_DRAFTER if args.drafter is None else args.drafter
-    target = common.load_model("default" if args.target is None else args.target)
-    try:
-        drafter = notebook.load_drafter(target, which)
-    except (ValueError, OSError) as exc:
-        raise CLIError(f"--drafter {which}: {exc}") from exc
+    target = common.load_model("default" if args.target is None else args.target, quiet=args.quiet)
+    with common.progress(1, f"loading drafter {which}", unit="model", quiet=args.quiet) as loading:
+        try:
+            drafter = notebook.load_drafter(target, which)
+        except (ValueError, OSError) as exc:
+            raise CLIError(f"--drafter {which}: {exc}") from exc
+        loading.update()
     kw = {"record": args.level, "threshold_single": args.threshold_single, "threshold_acc": args.threshold_acc}
     if args.backend is not None:
         kw["verify_backend"] = args.backend

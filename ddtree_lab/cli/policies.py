@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import CLIError, check_new_output, count, load_model, load_run
+from .common import CLIError, check_new_output, count, load_model, load_run, progress
 
 DEFAULT_BUDGETS = "4,8,16,32,64"
 
@@ -79,7 +79,10 @@ def cmd_compare_policies(args) -> int:
             print("cost model (s per tree forward, bs 1): " +
                   ", ".join(f"N={n}: {s * 1e3:.1f} ms" for n, s in zip(cm.num_rows, cm.seconds[1])))
     start = time.perf_counter()
-    results = run_counterfactuals(run, names, budgets, target=target, context=context, max_steps=args.max_steps)
+    todo = len(steps[: args.max_steps])
+    with progress(todo, "compare-policies", quiet=target is None) as bar:  # a tree forward per step with --model
+        results = run_counterfactuals(run, names, budgets, target=target, context=context, max_steps=args.max_steps,
+                                      progress=bar.update)
     params = steps[0].params
     if params is None:
         raise CLIError(f"{args.run}: step {steps[0].step} records no sampling parameters")
