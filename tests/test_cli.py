@@ -333,7 +333,7 @@ def test_a_lossy_recording_is_marked_by_info_replay_and_render(tmp_path, capsys)
     assert "LOSSY: threshold_acc=0.5" in capsys.readouterr().out
     assert main(["info", str(SAMPLED)]) == 0
     assert "LOSSY" not in capsys.readouterr().out
-    assert main(["record", "--prompt", "x", "--threshold-acc", "-1", "--quiet", "-o", str(out)]) != 0
+    assert main(["record", "--prompt", "x", "--threshold-acc", "-1", "--quiet", "-o", str(tmp_path / "bad.ddtrace")]) != 0
     assert "--threshold-acc must be a finite number >= 0" in capsys.readouterr().err
 
 
