@@ -165,10 +165,14 @@ def replay_differences(step: Step, vocab_size: int | None = None,
     if step.rows is None or step.rows.cannot("replay") or step.coins is None:
         raise ValueError(f"{where}: recorded at level {step.level!r}: no verify rows to replay")
     if backend != "reference":
+        other = ("or replay the SGLang recording it was converted from, whose rows every backend reads"
+                 if step.extra.get("source") == "sglang" else
+                 f"or audit backend {backend!r} on it with the target recomputing the whole rows "
+                 f"(ddtree-lab audit TRACE --step {step.step} --request {step.request} --model default "
+                 f"--verifier {backend})")
         raise ValueError(f"{where}: backend {backend!r} needs the whole target rows, and this step keeps "
                          f"{(step.rows.cannot('full rows') or '').split(' keep ', 1)[-1]}; "
-                         "replay it with backend 'reference' (bit-exact), or replay the SGLang recording it came "
-                         "from, whose rows every backend reads")
+                         f"replay it with backend 'reference' (bit-exact), {other}")
     tokens, prefix = step.node_token_ids, step.final_row_prefix
     assert prefix is not None  # rows.cannot("replay") is None: child_probs and final_row_prefix are kept
     if tokens is None:

@@ -530,7 +530,8 @@ class Step:
 class Run:
     """A recorded run: metadata, steps, the texts of the tokens they mention, and the
     problems met while reading it (a damaged step is named there and left out; the others
-    stay readable).
+    stay readable). ``left_out`` maps ``(step, request)`` of each record left out as damaged to
+    the reader's reason, so a caller asking for that step can say why it is not there.
 
     ``metadata`` gains ``vocab_size`` (from the target's metadata) and ``top_m_logits`` (M of
     the stored logit rows; None when no step stores them) when they are missing.
@@ -540,6 +541,7 @@ class Run:
     steps: list[Step]
     token_texts: dict[int, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    left_out: dict[tuple[int, int], str] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.metadata.get("vocab_size") is None:

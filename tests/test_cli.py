@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "fixtures" / "traces" / "smollm2_greedy_b32.ddtrace.safetensors"
 SAMPLED = ROOT / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors"
 RECORDING = ROOT / "fixtures" / "sglang_cpu_recording.json"
-VERBS = ["record", "info", "render", "bundle", "replay", "audit", "doctor", "diagnose", "sglang", "lab", "export", "compare-policies"]
+VERBS = ["record", "info", "render", "bundle", "replay", "audit", "doctor", "diagnose", "sglang", "lab", "export",
+         "compare-policies", "report"]
 
 
 def run_cli(*args):
@@ -49,7 +50,9 @@ def test_info_lists_requests_prompts_tau_and_keeps_the_drafter_to_a_line(capsys)
         assert json.dumps(r["prompt"]) in out
     assert out.count("mean tau") == 3
     # request 1's step list starts with its own step numbers and taus
-    line = lines[[k for k, x in enumerate(lines) if x.startswith("request 1 ")][0] + 2]
+    start = [k for k, x in enumerate(lines) if x.startswith("request 1 ")][0]
+    assert lines[start + 1].startswith("  prompt: ") and lines[start + 2].startswith("  generated (64 tokens): ")
+    line = lines[start + 3]
     s = run.for_request(1)
     assert line.startswith("  steps (step:tau): " + f"{s[0].step}:{s[0].accept_length + 1}")
 
@@ -188,7 +191,7 @@ def test_doctor_with_the_model(capsys):
 
 
 def test_record_inline_and_jsonl(tmp_path, capsys):
-    out = tmp_path / "run.ddtrace.safetensors"
+    out = tmp_path / "run.ddtrace"
     assert main(["record", "--prompt", "Name a colour.", "--budget", "4", "--max-new-tokens", "4", "--quiet",
                  "-o", str(out)]) == 0
     run = dl.load_trace(out)
@@ -199,7 +202,7 @@ def test_record_inline_and_jsonl(tmp_path, capsys):
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text(json.dumps({"prompt": "Say hi.", "temperature": 0.7, "top_k": 20, "seed": 5, "id": "a"}) + "\n"
                      + json.dumps({"prompt": "Say bye."}) + "\n")
-    out2 = tmp_path / "run2.ddtrace.safetensors"
+    out2 = tmp_path / "run2.ddtrace"
     assert main(["record", "--prompts", str(jsonl), "--budget", "4", "--max-new-tokens", "3", "--quiet",
                  "--temperature", "0", "-o", str(out2)]) == 0
     run2 = dl.load_trace(out2)
@@ -207,7 +210,7 @@ def test_record_inline_and_jsonl(tmp_path, capsys):
     assert params["a"]["temperature"] == 0.7 and params["a"]["top_k"] == 20 and params["a"]["seed"] == 5
     assert params["1"]["temperature"] == 0.0
     assert main(["replay", str(out2)]) == 0
-    light = tmp_path / "light.ddtrace.safetensors"
+    light = tmp_path / "light.ddtrace"
     for drafter in ("dflash", "ridge"):
         assert main(["record", "--prompt", "Say hi.", "--budget", "4", "--max-new-tokens", "3", "--quiet", "--level",
                      "light", "--drafter", drafter, "-o", str(light)]) == 0
@@ -219,14 +222,14 @@ def test_record_inline_and_jsonl(tmp_path, capsys):
 def test_record_bad_input(tmp_path, capsys):
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text('{"prompt": "ok"}\n{"prompt": "x", "temprature": 1}\n')
-    assert main(["record", "--prompts", str(jsonl), "-o", str(tmp_path / "r.safetensors")]) == 2
+    assert main(["record", "--prompts", str(jsonl), "-o", str(tmp_path / "r.ddtrace")]) == 2
     err = capsys.readouterr().err
     assert "line 2" in err and "temprature" in err and len(err.strip().splitlines()) == 1
-    assert main(["record", "--prompt", "x", "--temperature", "-1", "-o", str(tmp_path / "r.safetensors")]) == 2
+    assert main(["record", "--prompt", "x", "--temperature", "-1", "-o", str(tmp_path / "r.ddtrace")]) == 2
     assert "temperature" in capsys.readouterr().err
-    assert main(["record", "--prompt", "x", "-o", "/no/such/dir/r.safetensors"]) == 2
+    assert main(["record", "--prompt", "x", "-o", "/no/such/dir/r.ddtrace"]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert main(["record", "--prompt", "x", "--drafter", "eagle", "-o", str(tmp_path / "r.safetensors")]) == 2
+    assert main(["record", "--prompt", "x", "--drafter", "eagle", "-o", str(tmp_path / "r.ddtrace")]) == 2
     assert "--drafter eagle: no such file or directory" in capsys.readouterr().err
     from ddtree_lab.models import default_drafter_path
 
@@ -312,7 +315,7 @@ def test_every_verb_is_listed():
 
 
 def test_a_lossy_recording_is_marked_by_info_replay_and_render(tmp_path, capsys):
-    out = tmp_path / "lossy.ddtrace.safetensors"
+    out = tmp_path / "lossy.ddtrace"
     assert main(["record", "--prompt", "Name a colour.", "--budget", "4", "--max-new-tokens", "4", "--quiet",
                  "--temperature", "0.8", "--threshold-acc", "0.5", "-o", str(out)]) == 0
     run = dl.load_trace(out)
@@ -330,7 +333,7 @@ def test_a_lossy_recording_is_marked_by_info_replay_and_render(tmp_path, capsys)
     assert "LOSSY: threshold_acc=0.5" in capsys.readouterr().out
     assert main(["info", str(SAMPLED)]) == 0
     assert "LOSSY" not in capsys.readouterr().out
-    assert main(["record", "--prompt", "x", "--threshold-acc", "-1", "--quiet", "-o", str(out)]) != 0
+    assert main(["record", "--prompt", "x", "--threshold-acc", "-1", "--quiet", "-o", str(tmp_path / "bad.ddtrace")]) != 0
     assert "--threshold-acc must be a finite number >= 0" in capsys.readouterr().err
 
 
@@ -350,10 +353,10 @@ def test_record_refuses_a_bad_output_path_before_loading_the_model(tmp_path, cap
         raise AssertionError("the model was loaded before the arguments were checked")
 
     monkeypatch.setattr(notebook, "load_default", no_model)
-    out = str(tmp_path / "r.ddtrace.safetensors")
+    out = str(tmp_path / "r.ddtrace")
     assert main(["record", "--prompt", "x", "-o", str(tmp_path)]) == 2
     assert "is a directory" in _err(capsys)
-    assert main(["record", "--prompt", "x", "-o", str(tmp_path / "no" / "r.safetensors")]) == 2
+    assert main(["record", "--prompt", "x", "-o", str(tmp_path / "no" / "r.ddtrace")]) == 2
     assert "does not exist" in _err(capsys)
     assert main(["record", "--prompt", "x", "--max-new-tokens", "0", "-o", out]) == 2
     assert "--max-new-tokens 0" in _err(capsys)

@@ -370,7 +370,7 @@ def test_compare_policies_parquet_has_one_row_per_step_policy_and_budget(capsys,
     assert any(r["covered"] for r in table) and any(r["tau_sampled"] is None for r in table)
     # nothing is replaced, the name says what it is, the directory must exist: refused before loading
     for bad, why in [(out, "exists"), (tmp_path / "cf.csv", "ending in .parquet"),
-                     (tmp_path / "no" / "x.parquet", "no such directory")]:
+                     (tmp_path / "no" / "x.parquet", "does not exist")]:
         assert main(["compare-policies", str(SAMPLED), "--parquet", str(bad)]) == 2
         assert why in capsys.readouterr().err
 

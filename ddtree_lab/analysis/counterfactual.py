@@ -328,15 +328,18 @@ def step_counterfactuals(step: Step, policies: Sequence[str], budgets: Sequence[
 
 
 def run_counterfactuals(run: Run, policies: Sequence[str], budgets: Sequence[int], *, target=None,
-                        context: PolicyContext | None = None, max_steps: int | None = None) -> list[PolicyResult]:
+                        context: PolicyContext | None = None, max_steps: int | None = None,
+                        progress=None) -> list[PolicyResult]:
     """:func:`step_counterfactuals` over a run's steps that record a draft (at most
     ``max_steps`` of them, in order); ``target`` scores the uncovered nodes when the run has
-    token ids."""
+    token ids; ``progress`` (a callable, e.g. a tqdm bar's ``update``) is called once per step done."""
     out: list[PolicyResult] = []
     steps = [s for s in run.steps if s.draft is not None and s.draft.token_ids.numel() and s.tree is not None]
     for s in steps[:max_steps]:
         prefix = step_prefix_ids(run, s) if target is not None else None
         out.extend(step_counterfactuals(s, policies, budgets, target=target, prefix_ids=prefix, context=context))
+        if progress is not None:
+            progress()
     return out
 
 

@@ -1,9 +1,10 @@
 """ddtree-lab: record, inspect, draw, replay, audit and check DDTree verify steps.
 
-    ddtree-lab record  --prompt TEXT [--prompt ...] | --prompts FILE.jsonl  -o run.ddtrace.safetensors
+    ddtree-lab record  --prompt TEXT [--prompt ...] | --prompts FILE.jsonl  -o run.ddtrace
     ddtree-lab info    TRACE                              # requests, prompts, tau, steps
     ddtree-lab render  TRACE --step S [--request R] -o tree.svg|png|dot|txt
     ddtree-lab bundle  TRACE --step S --request R -o DIR  # a self-contained repro of one step
+    ddtree-lab report  RUN --step S --request R [-o FILE.md] [--archive FILE.tar.gz|.zip]  # a bug report
     ddtree-lab replay  TRACE|BUNDLE|RECORDING [--backend reference|torch-lazy|triton]
     ddtree-lab audit   TRACE --step S [--request R] [--model default] | BUNDLE | --random N
     ddtree-lab doctor  TRACE|BUNDLE|RECORDING [--model default --step S --request R]
@@ -61,6 +62,18 @@ def _sampling_args(p, defaults: bool) -> None:
     p.add_argument("--min-p", type=float, default=None, help="off when not given")
 
 
+def _output(p, *flags: str, **kw):
+    """An option naming what the verb writes (``action.writes = True``); the verb gets one
+    ``--force``, and without it an existing output is refused (:func:`.common.check_new_output`).
+    tests/test_cli_outputs.py walks the parser: every option that writes is made here."""
+    action = p.add_argument(*flags, **kw)
+    action.writes = True
+    if not any("--force" in a.option_strings for a in p._actions):
+        p.add_argument("--force", action="store_true",
+                       help="replace an existing output (without it nothing that exists is replaced)")
+    return action
+
+
 class _Help(argparse.RawDescriptionHelpFormatter):
     """Help text as written, each option's default appended (except None / off flags)."""
 
@@ -107,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch threads (default: ddtree_lab.threads picks them for this machine)")
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")
     p.add_argument("--quiet", action="store_true", help="no progress bars (record's and the model loader's)")
-    p.add_argument("-o", "--out", required=True, help="trace file to write")
+    _output(p, "-o", "--out", required=True,
+            help="trace file to write: the lab's append-only segment file, named NAME.ddtrace")
     p.set_defaults(func=cmd_record)
 
     p = sub.add_parser("info", help="requests, prompts, tau and steps of a trace", description=cmd_info.__doc__)
@@ -119,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="per-step and per-node Parquet tables of a run", description=cmd_export.__doc__)
     p.add_argument("trace", metavar="RUN")
-    p.add_argument("--parquet", required=True, metavar="DIR", help="directory for steps.parquet and nodes.parquet")
+    _output(p, "--parquet", required=True, metavar="DIR", help="directory for steps.parquet and nodes.parquet")
     p.set_defaults(func=cmd_export)
 
     from .policies import DEFAULT_BUDGETS, cmd_compare_policies
@@ -131,22 +145,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", action="append", help="a policy name (repeat; default: all)")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS, help="comma-separated draft-node budgets")
     p.add_argument("--max-steps", type=int, help="only the first N steps")
-    p.add_argument("--parquet", metavar="OUT.parquet",
-                   help="also write one row per (run, step, policy, budget) to this new file")
+    _output(p, "--parquet", metavar="OUT.parquet",
+            help="also write one row per (run, step, policy, budget) to this new file")
     p.set_defaults(func=cmd_compare_policies)
 
     p = sub.add_parser("render", help="draw one step's tree", description=cmd_render.__doc__)
     p.add_argument("trace", help="any source (trace, bundle, recording, ...); a bundle needs no --step")
     _step_args(p)
-    p.add_argument("-o", "--out", help="output file; .svg .png .dot .txt (default: text on standard output)")
-    p.add_argument("--format", choices=["svg", "png", "dot", "text", "decisions"], help="overrides the suffix")
+    _output(p, "-o", "--out", help="output file; .svg .png .dot .txt .md (default: text on standard output)")
+    p.add_argument("--format", choices=["svg", "png", "dot", "text", "decisions", "decisions-md"],
+                   help="overrides the suffix; decisions: the decision table as text, decisions-md: as a Markdown "
+                        "table (.md)")
     p.add_argument("--collapse", action="store_true", help="draw each parent's unvisited children as one node")
     p.set_defaults(func=cmd_render)
+
+    from .report import cmd_report
+
+    p = sub.add_parser("report", help="one step as a Markdown bug report (tree, decisions, diagnosis, environment)",
+                       description=cmd_report.__doc__)
+    p.add_argument("trace", metavar="RUN", help="any source (trace, bundle, recording, ...)")
+    _step_args(p)
+    _output(p, "-o", "--out", help="Markdown file to write (FILE.md; the tree's FILE-tree.png and FILE-tree.svg beside "
+                                   "it); default: the Markdown on standard output")
+    _output(p, "--archive", metavar="FILE", help="also write everything (Markdown, pictures, a bundle of the step) into "
+                                                 "one FILE.tar.gz or FILE.zip")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("bundle", help="a self-contained repro of one verify step", description=cmd_bundle.__doc__)
     p.add_argument("trace")
     _step_args(p, required=True)
-    p.add_argument("-o", "--out", required=True, help="directory to write")
+    _output(p, "-o", "--out", required=True, help="directory to write")
     p.set_defaults(func=cmd_bundle)
 
     p = sub.add_parser("replay", help="re-verify and print every difference", description=cmd_replay.__doc__)
@@ -191,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-validate", action="store_true",
                    help="let the built-in backends walk buffers they would refuse (to measure their law)")
     p.add_argument("--top", type=int, default=5, help="outcomes listed as most over / under represented")
-    p.add_argument("--plot", help="write the plotly figure to this .html file")
+    _output(p, "--plot", help="write the plotly figure to this .html file")
     p.add_argument("--threads", type=int)
     p.set_defaults(func=cmd_audit)
 
@@ -222,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="verify backend that re-runs the rows")
     q = ss.add_parser("convert", help="convert a recording into a lab trace")
     q.add_argument("recording")
-    q.add_argument("-o", "--out", required=True)
+    _output(q, "-o", "--out", required=True, help="lab trace file to write (NAME.ddtrace.safetensors)")
     p.set_defaults(func=cmd_sglang)
 
     p = sub.add_parser("lab", help="open JupyterLab on working copies of labs/ (as `make lab`)",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from . import common
 from .common import (MIN_DRAWS, EXIT_PROBLEM, CLIError, bundle_module, check_bundle_dir, check_bundle_selection,
-                     check_out_file, check_suffix, count, find_step, kind_of, load_run, params_override,
+                     check_new_output, check_out_file, check_suffix, count, find_step, kind_of, load_run, params_override,
                      recording_step, select_steps, sglang_module, thread_note, write_output)
 
 
@@ -41,6 +41,8 @@ def cmd_audit(args) -> int:
     if args.plot:
         check_out_file(args.plot)
         check_suffix(args.plot, "html", (".html", ".htm"))
+        for path in plot_paths(args.plot, args.random if args.random is not None else 1):
+            check_new_output(path, args.force, "--plot")
     overrides = [k for k in ("temperature", "top_k", "top_p", "min_p") if getattr(args, k, None) is not None]
     if overrides:  # before any trace or model is loaded
         from ..sampling import SamplingParams
@@ -81,7 +83,9 @@ def cmd_audit(args) -> int:
                 raise CLIError("sampling overrides need --model (a trace stores final probabilities, not logits)")
             cases = [au.case_from_step(step, run.token_texts)]
         else:
-            logits = au.step_logits(target, run, step)
+            with common.progress(1, "target forward of the step's tree", unit="forward") as bar:
+                logits = au.step_logits(target, run, step)
+                bar.update()
             cases = [au.case_from_logits(step, logits, params_override(args, step.params), run.token_texts)]
     verifier = args.verifier
     worst = 0
@@ -102,7 +106,7 @@ def cmd_audit(args) -> int:
                               validate=not args.no_validate)
         print(report.text(args.top))
         if args.plot:
-            path = args.plot if len(cases) == 1 else f"{Path(args.plot).with_suffix('')}-{k}.html"
+            path = plot_paths(args.plot, len(cases))[k]
             # plotly.js embedded (~4.8 MB page): the page draws offline and attached to a bug report
             write_output(path, report.figure().to_html(include_plotlyjs=True))
             print(f"  plot -> {path}")
@@ -160,6 +164,9 @@ def engine_rule(args) -> int:
     print(report.text(args.top))
     print(f"  ({report.seconds:.1f} s in the engine)")
     return EXIT_PROBLEM if report.rejected else 0
+def plot_paths(plot: str, n: int) -> list[str]:
+    """The ``--plot`` files of ``n`` audited cases: the name itself for one, NAME-k.html for several."""
+    return [plot] if n == 1 else [f"{Path(plot).with_suffix('')}-{k}.html" for k in range(n)]
 
 
 def open_engine_of(args):
@@ -212,7 +219,10 @@ def cmd_doctor(args) -> int:
         if args.model is not None:
             step = find_step(run, args.step, args.request, args.source)  # before the model loads (seconds)
             target = common.load_model(args.model)
-        report = doctor(run, steps, target, step, sample=args.sample, seed=args.seed)
+        with common.progress(1, f"causal forwards of {count(args.sample, 'sampled node')}", unit="check",
+                             quiet=target is None) as bar:
+            report = doctor(run, steps, target, step, sample=args.sample, seed=args.seed)
+            bar.update()
         checked += report.checked
         found += len(report.problems)
         for p in report.invariants:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
-
 
 
 EXIT_PROBLEM = 1
@@ -60,8 +60,46 @@ def check_out_file(path: str) -> None:
     p = Path(path)
     if p.is_dir():
         raise CLIError(f"{path}: is a directory (give a file name)")
+    if p.parent.exists() and not p.parent.is_dir():
+        raise CLIError(f"{path}: {p.parent} is a file, not a directory")
     if not p.parent.is_dir():
         raise CLIError(f"{path}: directory {p.parent} does not exist")
+
+
+def check_new_output(path: str | Path, force: bool, flag: str = "-o", files: tuple[str, ...] = ()) -> None:
+    """Refuse to replace anything the user has (checked before any work, by every verb that writes).
+
+    Args:
+        path: the output the verb writes: a file, or a directory when ``files`` is given.
+        force: the verb's ``--force``: an existing output is replaced.
+        flag: the option that named ``path`` (for the message).
+        files: for a directory output, the names the verb writes inside it; only those count
+            as existing output (an empty or unrelated directory is not replaced, only added to).
+
+    Raises:
+        CLIError: the output (or one of ``files`` in it) exists and ``force`` is off: the message
+            names the path and ``--force``; or the parent directory does not exist or is not
+            writable.
+    """
+    p = Path(path)
+    if files:
+        if p.exists() and not p.is_dir():
+            raise CLIError(f"{flag} {path}: is a file (give a directory)")
+        there = [p / name for name in files if (p / name).exists()]
+        if there and not force:
+            raise CLIError(f"{flag} {path}: {there[0]} exists; pass --force to replace "
+                           f"{'it' if len(there) == 1 else f'the {len(there)} files'} (nothing is replaced without it)")
+        parent = p if p.is_dir() else p.parent
+    else:
+        if p.exists() and not force:
+            raise CLIError(f"{flag} {path}: exists; pass --force to replace it (nothing is replaced without it)")
+        parent = p.parent
+    if parent.exists() and not parent.is_dir():
+        raise CLIError(f"{flag} {path}: {parent} is a file, not a directory")
+    if not parent.is_dir():
+        raise CLIError(f"{flag} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CLIError(f"{flag} {path}: directory {parent} is not writable")
 
 
 def check_suffix(path: str, fmt: str, suffixes: tuple[str, ...]) -> None:
@@ -78,10 +116,15 @@ def select_steps(run, step: int | None, request: int | None, path: str) -> list:
     """
     steps = run.steps
     if step is not None:
-        for problem in run.problems:  # the step asked for was damaged and left out
-            if f"= step {step}, request {request if request is not None else ''}" in problem:
-                raise CLIError(f"{path}: step {step}{'' if request is None else f', request {request}'} is damaged: "
-                               f"{problem.removeprefix(f'{path}: ')}")
+        damaged = sorted((q, why) for (s, q), why in getattr(run, "left_out", {}).items()
+                         if s == step and (request is None or q == request))
+        if damaged:  # the step asked for is in range but was left out as damaged: say so and why
+            q, why = damaged[0]
+            keys = run.keys() if hasattr(run, "keys") else [(s.step, s.request) for s in steps]
+            readable = sorted({s for s, r in keys if r == q})
+            raise CLIError(f"{path}: step {step}, request {q} is damaged and was left out when the file was read "
+                           f"({why.removeprefix(f'{path}: ')}); the readable steps of request {q}: "
+                           f"{_spans(readable) or 'none'}")
     if run.source == "bundle" and run.steps:
         only = run.steps[0]
         if (step is not None and step != only.step) or (request is not None and request != only.request):
@@ -102,6 +145,18 @@ def select_steps(run, step: int | None, request: int | None, path: str) -> list:
             span = f"steps {have[0]}..{have[-1]}" if have else "no steps"
             raise CLIError(f"{path}: --step {step} is out of range for {who} ({span})")
     return steps if len(chosen) == len(keys) else [steps[i] for i in chosen]
+
+
+def _spans(values: list[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0..2, 5, 7..8"``."""
+    out, start = [], None
+    for k, v in enumerate(values):
+        if start is None:
+            start = v
+        if k + 1 == len(values) or values[k + 1] != v + 1:
+            out.append(str(v) if v == start else f"{start}..{v}")
+            start = None
+    return ", ".join(out)
 
 
 def check_bundle_selection(b, args, path: str) -> None:
@@ -172,16 +227,22 @@ def find_step(run, step: int | None, request: int | None, path: str):
     return matches[0]
 
 
-def write_output(path: str, data: str | bytes) -> None:
+def write_output(path: str | Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` atomically (a temporary file beside it, then ``os.replace``):
+    a replaced file (``--force``) is never left half written. :func:`check_new_output` decides
+    beforehand whether ``path`` may be replaced."""
     p = Path(path)
     if not p.parent.exists():
         raise CLIError(f"{path}: directory {p.parent} does not exist")
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.partial")
     try:
         if isinstance(data, bytes):
-            p.write_bytes(data)
+            tmp.write_bytes(data)
         else:
-            p.write_text(data, encoding="utf-8")
+            tmp.write_text(data, encoding="utf-8")
+        os.replace(tmp, p)
     except OSError as exc:
+        tmp.unlink(missing_ok=True)
         raise CLIError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
@@ -208,18 +269,37 @@ def lossy_note(steps) -> str:
     return f"{marks} ({len(lossy)} of {count(len(steps), 'step')})"
 
 
-def load_model(spec: str | None):
+def progress(total: int, desc: str, unit: str = "step", quiet: bool = False):
+    """A tqdm bar on standard error (standard output stays what the verb prints), for work
+    that takes more than a couple of seconds; ``quiet`` turns it off."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=quiet, leave=True, dynamic_ncols=True)
+
+
+def load_model(spec: str | None, quiet: bool = False):
+    """The target ``--model`` / ``--target`` names (None: none), loaded behind a progress line
+    on standard error ("loading target ...", the seconds it took).
+
+    Raises:
+        CLIError: ``spec`` is neither ``"default"`` nor a model directory.
+    """
     if spec is None:
         return None
-    if spec == "default":
-        from ..models import load_default_target
-
-        return load_default_target()
-    from ..models import TargetModel
-
-    if not Path(spec).is_dir():
+    if spec != "default" and not Path(spec).is_dir():
         raise CLIError(f"--model {spec}: not 'default' and not a model directory")
-    return TargetModel.from_pretrained(spec)
+    what = "the embedded SmolLM2-135M-Instruct" if spec == "default" else spec
+    with progress(1, f"loading target {what}", unit="model", quiet=quiet) as bar:
+        if spec == "default":
+            from ..models import load_default_target
+
+            target = load_default_target()
+        else:
+            from ..models import TargetModel
+
+            target = TargetModel.from_pretrained(spec)
+        bar.update()
+    return target
 
 
 def params_override(args, base):

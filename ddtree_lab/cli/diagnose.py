@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import EXIT_PROBLEM, CLIError, load_run, state_temperature_option
+from .common import EXIT_PROBLEM, CLIError, load_run, progress, state_temperature_option
 
 
 def cmd_diagnose(args) -> int:
@@ -32,11 +32,24 @@ def cmd_diagnose(args) -> int:
                        f"`ddtree-lab info {args.run}` shows its acceptance figures")
     if not run.steps:
         raise CLIError(f"{args.run}: no readable steps" + (f" ({run.problems[0]})" if run.problems else ""))
-    try:
-        result = diagnose(run, model=args.model, step=args.step, request=args.request,
-                          catalogue=not args.no_catalogue)
-    except KeyError as exc:
-        raise CLIError(f"{args.run}: {exc.args[0] if exc.args else exc}") from exc
+    from ..diagnosis import MODEL_CHECKS, RECORD_CHECKS
+
+    total = len(RECORD_CHECKS) + (1 + len(MODEL_CHECKS) if args.model is not None else 0)
+    with progress(total, "diagnose", unit="check", quiet=args.model is None) as bar:  # seconds without a model
+        ran: list[str] = []
+
+        def tick(name: str) -> None:
+            if ran:
+                bar.update()
+            ran.append(name)
+            bar.set_postfix_str(name)
+
+        try:
+            result = diagnose(run, model=args.model, step=args.step, request=args.request,
+                              catalogue=not args.no_catalogue, progress=tick)
+        except KeyError as exc:
+            raise CLIError(f"{args.run}: {exc.args[0] if exc.args else exc}") from exc
+        bar.update()
     print(result.text().replace(" RUN ", f" {args.run} "))
     if not any(r.ran for r in result.results):
         raise CLIError(f"{args.run}: no check could run on this run")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from . import common
-from .common import CLIError, check_out_file, count, thread_note
+from .common import CLIError, check_new_output, check_out_file, count, thread_note
 
 
 
@@ -17,6 +17,8 @@ def _read_prompts(args) -> tuple[list[str], list[dict], list[str], list[str]]:
     """Prompts, per-request overrides, request ids and where each came from (for errors)."""
     prompts, overrides, ids, origins = [], [], [], []
     for p in args.prompt or []:
+        if not p:
+            raise CLIError(f"--prompt {len(origins)}: empty prompt (give the text to continue)")
         prompts.append(p)
         overrides.append({})
         ids.append(str(len(ids)))
@@ -38,6 +40,8 @@ def _read_prompts(args) -> tuple[list[str], list[dict], list[str], list[str]]:
                 raise CLIError(f"{args.prompts}, line {n}: not JSON ({exc.msg})") from exc
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
                 raise CLIError(f"{args.prompts}, line {n}: expected an object with a string field 'prompt'")
+            if not obj["prompt"]:
+                raise CLIError(f"{args.prompts}, line {n}: field 'prompt' is empty (give the text to continue)")
             unknown = set(obj) - allowed
             if unknown:
                 raise CLIError(f"{args.prompts}, line {n}: unknown field(s) {', '.join(sorted(unknown))} "
@@ -94,6 +98,12 @@ def cmd_record(args) -> int:
     from ..session import LiveSession
     out = Path(args.out)
     check_out_file(args.out)
+    check_new_output(args.out, args.force)
+    from ..io.append_trace import segment_name_problem
+
+    why = segment_name_problem(args.out)
+    if why is not None:
+        raise CLIError(f"-o {why}")
     if args.max_new_tokens < 1:
         raise CLIError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
     from ..build import MAX_BUDGET
@@ -117,6 +127,23 @@ def cmd_record(args) -> int:
     if args.target is not None and not Path(args.target).is_dir():
         raise CLIError(f"--target {args.target}: not a model directory")
     prompts, overrides, ids, origins = _read_prompts(args)
+    from ..models.target import target_vocab_size
+
+    vocab = target_vocab_size(args.target)  # from the configuration: the weights load later
+    which_target = args.target or "the embedded SmolLM2-135M-Instruct"
+    for t in getattr(args, "ban", None) or ():
+        if t < 0:
+            raise CLIError(f"--ban {t}: not a token id of {which_target} (ids are >= 0)")
+        if vocab is not None and t >= vocab:
+            raise CLIError(f"--ban {t}: not a token id of {which_target} (its vocabulary has ids 0..{vocab - 1})")
+    for name in ("temperature", "top_k", "top_p", "min_p"):  # each option alone, so the message names it
+        value = getattr(args, name)
+        try:
+            why = SamplingParams(**{name: value}).problem(vocab)
+        except (ValueError, TypeError) as exc:
+            why = str(exc).removeprefix("SamplingParams: ")
+        if why is not None:
+            raise CLIError(f"--{name.replace('_', '-')} {value}: {why}")
     base = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           seed=None, banned_token_ids=tuple(getattr(args, "ban", None) or ()))
     params = []
@@ -127,7 +154,7 @@ def cmd_record(args) -> int:
             raise CLIError(f"{origins[b]}: {str(exc).removeprefix('SamplingParams: ')}") from exc
         if p.seed is None:
             p = dataclasses.replace(p, seed=args.seed * 1000 + b)
-        why = p.problem()
+        why = p.problem(vocab)  # vocab None (not stated by the configuration): checked again after the load
         if why is not None:
             raise CLIError(f"{origins[b]}: request {b} ({ids[b]}): {why}")
         params.append(p)
@@ -140,11 +167,13 @@ def cmd_record(args) -> int:
 
         hf_logging.disable_progress_bar()
     which = notebook.DEFAULT_DRAFTER if args.drafter is None else args.drafter
-    target = common.load_model("default" if args.target is None else args.target)
-    try:
-        drafter = notebook.load_drafter(target, which)
-    except (ValueError, OSError) as exc:
-        raise CLIError(f"--drafter {which}: {exc}") from exc
+    target = common.load_model("default" if args.target is None else args.target, quiet=args.quiet)
+    with common.progress(1, f"loading drafter {which}", unit="model", quiet=args.quiet) as loading:
+        try:
+            drafter = notebook.load_drafter(target, which)
+        except (ValueError, OSError) as exc:
+            raise CLIError(f"--drafter {which}: {exc}") from exc
+        loading.update()
     kw = {"record": args.level, "threshold_single": args.threshold_single, "threshold_acc": args.threshold_acc}
     if args.backend is not None:
         kw["verify_backend"] = args.backend

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import CLIError, count, load_model, load_run
+from .common import CLIError, check_new_output, count, load_model, load_run, progress
 
 DEFAULT_BUDGETS = "4,8,16,32,64"
 
@@ -28,20 +28,18 @@ PARQUET_COLUMNS = ("run", "step", "request", "policy", "budget", "num_nodes", "t
                    "covered", "reason")
 
 
-def check_parquet_out(text: str) -> Path:
-    """The ``--parquet`` file: a ``.parquet`` name in an existing directory that does not exist
-    yet (nothing recorded is replaced). Checked before the run or the model is loaded.
+def check_parquet_out(text: str, force: bool = False) -> Path:
+    """The ``--parquet`` file: a ``.parquet`` name in an existing, writable directory, not
+    replacing an existing file unless ``force`` (:func:`~ddtree_lab.cli.common.check_new_output`).
+    Checked before the run or the model is loaded.
 
     Raises:
-        CLIError: another suffix, a missing directory, an existing path.
+        CLIError: another suffix, a missing directory, an existing path without ``--force``.
     """
     out = Path(text)
     if out.suffix != ".parquet":
         raise CLIError(f"--parquet {text}: give a file name ending in .parquet")
-    if not out.parent.is_dir():
-        raise CLIError(f"--parquet {text}: no such directory {out.parent}")
-    if out.exists():
-        raise CLIError(f"--parquet {text}: exists (not replaced; remove it or give another name)")
+    check_new_output(out, force, "--parquet")
     return out
 
 
@@ -83,7 +81,7 @@ def cmd_compare_policies(args) -> int:
     if unknown:
         raise CLIError(f"--policy {unknown[0]}: unknown policy (known: {', '.join(POLICIES)})")
     budgets = _budgets(args.budgets)
-    parquet = check_parquet_out(args.parquet) if args.parquet else None
+    parquet = check_parquet_out(args.parquet, args.force) if args.parquet else None
     run = load_run(args.run)
     steps = [s for s in run.steps if s.draft is not None and s.draft.token_ids.numel() and s.tree is not None]
     if not steps:
@@ -104,7 +102,10 @@ def cmd_compare_policies(args) -> int:
             print("cost model (s per tree forward, bs 1): " +
                   ", ".join(f"N={n}: {s * 1e3:.1f} ms" for n, s in zip(cm.num_rows, cm.seconds[1])))
     start = time.perf_counter()
-    results = run_counterfactuals(run, names, budgets, target=target, context=context, max_steps=args.max_steps)
+    todo = len(steps[: args.max_steps])
+    with progress(todo, "compare-policies", quiet=target is None) as bar:  # a tree forward per step with --model
+        results = run_counterfactuals(run, names, budgets, target=target, context=context, max_steps=args.max_steps,
+                                      progress=bar.update)
     params = steps[0].params
     if params is None:
         raise CLIError(f"{args.run}: step {steps[0].step} records no sampling parameters")

@@ -6,9 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-from .common import (EXIT_PROBLEM, CLIError, bundle_module, check_out_file, check_suffix, count, find_step, kind_of,
-                     load_run, lossy_note, recording_step, select_steps, sglang_module, state_temperature_option,
-                     write_output)
+from .common import (EXIT_PROBLEM, CLIError, bundle_module, check_new_output, check_out_file, check_suffix, count,
+                     find_step, kind_of, load_run, lossy_note, recording_step, select_steps, sglang_module,
+                     state_temperature_option, write_output)
 
 
 
@@ -80,6 +80,9 @@ def cmd_info(args) -> int:
         if prompt is not None:
             text = prompt if len(prompt) <= 70 else prompt[:67] + "..."
             print(f"  prompt: {json.dumps(text, ensure_ascii=False)}")
+        generated = r.get("generated_token_ids")
+        if isinstance(generated, list) and generated:
+            print(f"  generated ({count(len(generated), 'token')}): {generated_text(run, generated)}")
         if steps:
             print("  steps (step:tau): " + " ".join(f"{s.step}:{t}" for s, t in zip(steps, taus)))
         for s in steps:
@@ -94,21 +97,36 @@ def cmd_info(args) -> int:
     return EXIT_PROBLEM if run.problems else 0
 
 
+def generated_text(run, ids: list, width: int = 100) -> str:
+    """A request's generated tokens for ``info``: the recorded token texts joined (JSON-quoted,
+    cut to ``width`` characters with "..."), or the ids themselves where the run records no text
+    for some of them (the first 16, then "...")."""
+    missing = [t for t in ids if not isinstance(t, int) or t not in run.token_texts]
+    if missing:
+        shown = ", ".join(str(t) for t in ids[:16]) + (", ..." if len(ids) > 16 else "")
+        return f"ids [{shown}] (no text recorded for {count(len(missing), 'token')}: token ids shown)"
+    text = "".join(run.token_texts[t] for t in ids)
+    return json.dumps(text if len(text) <= width else text[: width - 3] + "...", ensure_ascii=False)
+
+
 def cmd_render(args) -> int:
-    """Draw one step's tree as SVG, PNG, DOT or text (format from --format or the -o suffix)."""
-    from ..views import decisions_text, render_svg, step_view, to_dot, to_text
+    """Draw one step's tree as SVG, PNG, DOT or text, or its decision table as text or Markdown
+    (format from --format or the -o suffix: .md is the Markdown decision table)."""
+    from ..views import decisions_markdown, decisions_text, render_svg, step_view, to_dot, to_text
 
     fmt = args.format
     if args.out:
         check_out_file(args.out)
+        check_new_output(args.out, args.force)
     if fmt is None:
         suffix = Path(args.out).suffix.lower() if args.out else ".txt"
-        fmt = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot", ".txt": "text"}.get(suffix)
+        fmt = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot", ".txt": "text", ".md": "decisions-md"}.get(suffix)
         if fmt is None:
-            raise CLIError(f"{args.out}: unknown picture suffix {suffix!r} (use .svg, .png, .dot or .txt, or --format)")
+            raise CLIError(f"{args.out}: unknown picture suffix {suffix!r} (use .svg, .png, .dot, .txt or .md, or "
+                           "--format)")
     elif args.out:
         check_suffix(args.out, fmt, {"svg": (".svg",), "png": (".png",), "dot": (".dot", ".gv"),
-                                      "text": (".txt",), "decisions": (".txt",)}[fmt])
+                                      "text": (".txt",), "decisions": (".txt",), "decisions-md": (".md",)}[fmt])
     if fmt == "png" and not args.out:
         raise CLIError("--format png needs -o FILE")
     run = load_run(args.trace)
@@ -132,6 +150,8 @@ def cmd_render(args) -> int:
         data = to_dot(view)
     elif fmt == "decisions":
         data = decisions_text(view)
+    elif fmt == "decisions-md":
+        data = decisions_markdown(view)
     else:
         data = to_text(view)
     if args.out:
@@ -145,13 +165,14 @@ def cmd_render(args) -> int:
 def cmd_bundle(args) -> int:
     """Write a minimal self-contained repro of one verify step into a directory."""
     bundle = bundle_module()
-    run = load_run(args.trace)
-    step = find_step(run, args.step, args.request, args.trace)
     out = Path(args.out)
     if not out.parent.exists():
         raise CLIError(f"{args.out}: parent directory {out.parent} does not exist")
     if out.exists() and out.resolve() == Path(args.trace).resolve():
         raise CLIError(f"-o {args.out}: is the source being read; write the bundle elsewhere")
+    check_new_output(out, args.force, files=bundle.FILES)
+    run = load_run(args.trace)
+    step = find_step(run, args.step, args.request, args.trace)
     b = bundle.make_bundle(run, step)
     path = bundle.save_bundle(b, out)
     size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
@@ -164,11 +185,38 @@ def _print_differences(where: str, diffs) -> None:
         print(f"{where}: {d}")
 
 
+#: what each source is, for hints that send a file to the verb that reads it
+WHAT_IT_IS = {
+    "lab trace": "a lab trace (written by `ddtree-lab sglang convert`, `save_trace` or `ddtree_lab.io.convert`)",
+    "lab trace (append-only)": "a lab trace recorded by `ddtree-lab record` / `LiveSession(record_to=...)`",
+    "bundle": "a bundle of one step (`ddtree-lab bundle`)",
+    "ddtree reference": "tree traces of the DDTree reference code",
+    "engine summary": "an engine's acceptance summary",
+}
+
+
+def _backend_hint(args, run, steps) -> str:
+    """Why ``--backend`` (not the reference) cannot replay this trace, and the command that can."""
+    where = f"--step {steps[0].step} --request {steps[0].request}" if len(steps) == 1 else "--step S --request R"
+    what = WHAT_IT_IS.get(run.source, f"a {run.source}")
+    if any(s.extra.get("source") == "sglang" for s in steps) or run.metadata.get("source") == "sglang recording":
+        return (f"{args.trace}: converted from an SGLang recording: --backend {args.backend} needs the whole target "
+                "rows, and its steps keep only what the verifier read; replay the recording itself, whose rows every "
+                f"backend reads (ddtree-lab replay RECORDING --backend {args.backend}), or this file with backend "
+                "'reference' (bit-exact)")
+    return (f"{args.trace}: {what}: --backend {args.backend} needs the whole target rows, and its steps keep only "
+            "what the verifier read (no lab recording keeps whole [n, V] rows); replay it with backend 'reference' "
+            f"(bit-exact), or run {args.backend} on a step with the target recomputing its rows: ddtree-lab audit "
+            f"{args.trace} {where} --model default --verifier {args.backend}")
+
+
 def _replay_trace(args) -> int:
     from ..replaying import replay_differences
 
     run = load_run(args.trace)
     steps = select_steps(run, args.step, args.request, args.trace)
+    if args.backend != "reference" and steps and all(s.rows is None or s.rows.cannot("full rows") for s in steps):
+        raise CLIError(_backend_hint(args, run, steps))
     if not any(s.output is not None and s.buffers is not None and s.rows is not None for s in steps):
         lacking = sorted({m for s in steps for m in s.missing_stages()})
         what = ", ".join(lacking) if lacking else "steps"
@@ -223,6 +271,15 @@ def _replay_trace(args) -> int:
 
 def _replay_recording(path: str, backend: str, args=None) -> int:
     sg = sglang_module()
+    from ..io import source_of
+
+    try:
+        source = source_of(path)
+    except (OSError, ValueError):
+        source = None  # load_recording names the problem
+    if source is not None and not source.startswith("sglang recording"):
+        raise CLIError(f"{path}: {WHAT_IT_IS.get(source, f'a {source}')}, not an SGLang recording (made inside a "
+                       f"running SGLang server, docs/SGLANG.md); replay it with: ddtree-lab replay {path}")
     rec = sg.load_recording(path)
     step = recording_step(rec, args, path) if args is not None else None
     if step is None:
@@ -257,6 +314,7 @@ def cmd_sglang(args) -> int:
     if args.sglang_cmd == "convert":
         out = Path(args.out)
         check_out_file(args.out)
+        check_new_output(args.out, args.force)
         from ..io import convert
 
         path = convert(args.recording, out)

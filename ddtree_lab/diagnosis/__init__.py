@@ -202,7 +202,7 @@ def load_models(model, run: Run):
 
 
 def diagnose(run: Run, model=None, step: int | None = None, request: int | None = None,
-             confirm: bool = True, catalogue: bool = True) -> Diagnosis:
+             confirm: bool = True, catalogue: bool = True, progress=None) -> Diagnosis:
     """Name the bugs of ``run``: every check it allows (module docstring), the findings gathered.
 
     Args:
@@ -215,6 +215,9 @@ def diagnose(run: Run, model=None, step: int | None = None, request: int | None 
         catalogue: the verifier check re-walks its catalogue of known rules to confirm (or
             name) the rule inference names; False: inference alone names it (and the
             output-law check's family law likewise stands alone).
+        progress: None, or a callable given each check's name just before it runs (and
+            ``"loading the model"`` before a model loads): :data:`RECORD_CHECKS` then, with a model,
+            :data:`MODEL_CHECKS` (the CLI's progress bar).
 
     Returns:
         :class:`Diagnosis`.
@@ -236,19 +239,27 @@ def diagnose(run: Run, model=None, step: int | None = None, request: int | None 
             steps = [s for s in steps if s.step == step]
             if not steps:
                 raise KeyError(f"step {step}: not in this run")
-    results = [check_record(run, steps), check_verifier(run, steps, catalogue=catalogue), check_coins(run, steps),
-               check_law(run, steps),
-               check_sampling(run, steps), check_greedy(run, steps), check_drafter_hits(run, steps)]
+    tick = progress if progress is not None else (lambda name: None)
+    results = []
+    for name, check_of in zip(RECORD_CHECKS, (check_record, check_verifier, check_coins, check_law, check_sampling,
+                                            check_greedy, check_drafter_hits)):
+        tick(name)
+        results.append(check_of(run, steps, catalogue=catalogue) if check_of is check_verifier
+                       else check_of(run, steps))
     if model is None:
         for name in MODEL_CHECKS:
             results.append(CheckResult(name, ran=False, why="needs the model (--model default or DIR)"))
     else:
+        tick("loading the model")
         target, drafter = load_models(model, run)
+        tick("tree-forward")
         results.append(check_tree_forward(run, target, steps, confirm=confirm))
+        tick("drafter")
         if drafter is None:
             results.append(CheckResult("drafter", ran=False, why="no drafter for a model directory"))
         else:
             results.append(check_drafter_inputs(run, target, drafter, steps))
+        tick("greedy-decoding")
         results.append(check_greedy_decoding(run, target) if step is None else
                        CheckResult("greedy-decoding", ran=False, why="compares whole requests (no --step)"))
     _fold_consequences(results)

@@ -52,6 +52,23 @@ INPUT_FIELDS = ("node_token_ids", "parents", "depths", "ranks", "node_logws", "r
                 "retrieve_next_sibling", "positions", "coins", "logits")
 
 
+def segment_name_problem(path: str | Path) -> str | None:
+    """Why ``path`` is a wrong name for an append-only lab trace, or None.
+
+    The append-only file is the lab's segment format (:mod:`ddtree_lab.store.segments`), not
+    safetensors: under a ``.safetensors`` name ``safetensors.safe_open`` would refuse it. Its
+    name ends in ``.ddtrace``; :func:`ddtree_lab.io.convert` writes a one-document safetensors
+    trace from it afterwards."""
+    name = Path(path).name
+    if name.lower().endswith(".safetensors"):
+        stem = name[: -len(".safetensors")]
+        stem = stem if stem.lower().endswith(".ddtrace") else stem + ".ddtrace"
+        return (f"{path}: a live recording is the lab's append-only segment file (crash-safe, one segment per step), "
+                f"not safetensors, so it is not written under a .safetensors name: name it {stem} (then "
+                f"ddtree_lab.io.convert({stem!r}, {name!r}) writes a real safetensors trace from it)")
+    return None
+
+
 class TraceWriter:
     """Writes a lab run as it is made (module docstring); never raises once open.
 
@@ -63,10 +80,14 @@ class TraceWriter:
         fsync, opener: as :class:`~ddtree_lab.store.segments.SegmentWriter`.
 
     Raises:
+        ValueError: a ``.safetensors`` name (:func:`segment_name_problem`).
         FileNotFoundError, IsADirectoryError: as :class:`~ddtree_lab.store.segments.SegmentWriter`.
     """
 
     def __init__(self, path: str | Path, metadata: dict, *, fsync: bool = False, opener=open):
+        why = segment_name_problem(path)
+        if why is not None:
+            raise ValueError(why)
         self.path = Path(path)
         self._seg = SegmentWriter(self.path, fsync=fsync, opener=opener)
         self.records = 0
@@ -326,6 +347,7 @@ def load_append_trace(path: str | Path, lazy: bool | None = None) -> AppendRun:
                 msg = f"{exc} (step {r[2]}, request {r[3]} left out)"
                 if msg not in run.problems:
                     run.problems.append(msg)
+                run.left_out[(int(r[2]), int(r[3]))] = str(exc)
         run.records, run.steps = keep, steps
     run.token_texts.update(_step_texts(path, entries) if not lazy else {})
     if not run.closed and tail.why is None:

@@ -289,12 +289,16 @@ def read_trace_file(path: str | Path, keep_going: bool = False) -> Run:
         k = key.partition(".")[0]
         if k.isdigit():
             bad_steps.setdefault(int(k), message)
-    steps, problems = [], []
+    steps, problems, left_out = [], [], {}
     for k, js in enumerate(doc["steps"]):
         named = (f"record {k} = step {js.get('step')}, request {js.get('request')}" if isinstance(js, dict)
                  else f"record {k}")
+        key = ((js["step"], js["request"]) if isinstance(js, dict) and isinstance(js.get("step"), int)
+               and isinstance(js.get("request"), int) else None)
         if k in bad_steps:
             problems.append(f"{bad_steps[k]} ({named} left out)")
+            if key is not None:
+                left_out[key] = bad_steps[k]
             continue
         try:
             steps.append(_read_step(path, k, js, by_step.get(k, {}), vocab, version))
@@ -302,11 +306,13 @@ def read_trace_file(path: str | Path, keep_going: bool = False) -> Run:
             if not keep_going:
                 raise
             problems.append(f"{exc} ({named} left out)")
+            if key is not None:
+                left_out[key] = str(exc)
     try:
         texts = {int(k): str(v) for k, v in doc.get("token_texts", {}).items()}
     except (AttributeError, TypeError, ValueError) as exc:
         raise TraceFormatError(f"{path}: token_texts must map token ids to strings ({exc})") from exc
-    return Run(metadata=metadata, steps=steps, token_texts=texts, problems=problems)
+    return Run(metadata=metadata, steps=steps, token_texts=texts, problems=problems, left_out=left_out)
 
 
 def _read_step(path: Path, k: int, js: dict, got: dict, vocab: int | None, version: int) -> Step:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .append_trace import TraceWriter
+from .append_trace import TraceWriter, segment_name_problem
 
 __all__ = ["SessionRecorder", "INPUTS_FIRST"]
 
@@ -29,13 +29,17 @@ class SessionRecorder:
     """Writes one live session to ``path`` step by step (module docstring).
 
     Raises:
-        ValueError: ``inputs_first`` is not one of :data:`INPUTS_FIRST`.
+        ValueError: ``inputs_first`` is not one of :data:`INPUTS_FIRST`, or ``path`` has a
+            ``.safetensors`` name (the file is the append-only segment format: NAME.ddtrace).
         FileNotFoundError, IsADirectoryError: from :meth:`open` (the directory is never created).
     """
 
     def __init__(self, path: str | Path, inputs_first: str = "buffers", *, fsync: bool = False, opener=open):
         if inputs_first not in INPUTS_FIRST:
             raise ValueError(f"inputs_first must be one of {INPUTS_FIRST}, got {inputs_first!r}")
+        why = segment_name_problem(path)
+        if why is not None:
+            raise ValueError(f"record_to={why}")
         self.path, self.inputs_first, self.fsync, self.opener = Path(path), inputs_first, fsync, opener
         self.writer: TraceWriter | None = None
         self.closed = False

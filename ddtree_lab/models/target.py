@@ -34,7 +34,8 @@ import torch
 from ..buffers import DDTreeVerifyInput
 from ..texts import BYTE_ESCAPE, bytes_text
 
-__all__ = ["TargetModel", "TreeForward", "BatchCache", "load_default_target", "default_target_gguf", "cache_dir"]
+__all__ = ["TargetModel", "TreeForward", "BatchCache", "load_default_target", "default_target_gguf", "cache_dir",
+           "target_vocab_size"]
 
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
 
@@ -63,6 +64,90 @@ def default_target_gguf() -> Path:
     if not files:
         raise FileNotFoundError(f"no .gguf file inside {spec.submodule_search_locations[0]}")
     return Path(files[0])
+
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def _gguf_vocab_size(path: Path) -> int | None:
+    """The vocabulary size a GGUF file's header states (``<arch>.vocab_size``, else the length
+    of ``tokenizer.ggml.tokens``), read from its metadata only (GGUF v2/v3 key-value layout,
+    ggml's docs/gguf.md); None when the header names neither."""
+    import struct
+
+    def read(f, fmt):
+        size = struct.calcsize(fmt)
+        data = f.read(size)
+        if len(data) != size:
+            raise ValueError("cut header")
+        return struct.unpack(fmt, data)[0]
+
+    def skip(f, kind):
+        if kind == 8:  # string: uint64 length, bytes
+            f.seek(read(f, "<Q"), 1)
+        elif kind == 9:  # array: item type, count, items
+            item, n = read(f, "<I"), read(f, "<Q")
+            if item in _GGUF_SCALARS:
+                f.seek(n * struct.calcsize(_GGUF_SCALARS[item]), 1)
+            else:
+                for _ in range(n):
+                    skip(f, item)
+        elif kind in _GGUF_SCALARS:
+            f.seek(struct.calcsize(_GGUF_SCALARS[kind]), 1)
+        else:
+            raise ValueError(f"unknown GGUF value type {kind}")
+
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF" or read(f, "<I") < 2:
+                return None
+            read(f, "<Q")  # tensor count
+            tokens = None
+            for _ in range(read(f, "<Q")):
+                key = f.read(read(f, "<Q")).decode("utf-8", "replace")
+                kind = read(f, "<I")
+                if key.endswith(".vocab_size") and kind in (4, 5, 10, 11):
+                    return int(read(f, _GGUF_SCALARS[kind]))
+                if key == "tokenizer.ggml.tokens" and kind == 9:
+                    item, tokens = read(f, "<I"), read(f, "<Q")
+                    for _ in range(tokens):
+                        skip(f, item)
+                    continue
+                skip(f, kind)
+            return None if tokens is None else int(tokens)
+    except (OSError, ValueError, struct.error):
+        return None
+
+
+def target_vocab_size(path: str | os.PathLike | None = None) -> int | None:
+    """A target's vocabulary size V from its configuration alone (no weights, no tokenizer;
+    milliseconds), so that token ids given on a command line are checked before the model loads.
+
+    Args:
+        path: a local Hugging Face model directory (its ``config.json``), or None for the
+            embedded default (its converted cache's ``config.json``, else the GGUF header).
+
+    Returns:
+        V, or None when the configuration does not state it (the check then waits for the model).
+    """
+    if path is None:
+        try:
+            gguf = default_target_gguf()
+        except FileNotFoundError:
+            return None
+        config = cache_dir() / f"{DEFAULT_TARGET_NAME}-{gguf.stat().st_size}" / "config.json"
+        if not config.is_file():
+            return _gguf_vocab_size(gguf)
+    else:
+        config = Path(path) / "config.json"
+    try:
+        doc = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(doc, dict) and isinstance(doc.get("text_config"), dict):
+        doc = doc["text_config"]  # multimodal configs nest the language model's
+    v = doc.get("vocab_size") if isinstance(doc, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 @dataclass

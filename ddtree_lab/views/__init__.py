@@ -37,6 +37,7 @@ from .labels import shared_text_ids as shared_text_ids
 from .labels import token_label as token_label
 from .model import walk_events as walk_events
 from .pick import informative_step as informative_step
+from .text import decisions_markdown as decisions_markdown
 from .text import decisions_text as decisions_text
 from .text import to_text as to_text
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import math
 
+from .labels import mass_label, number_label
 from .model import StepView
-from .labels import mass_label
-from .labels import number_label
 
-__all__ = ["to_text", "decisions_text"]
+__all__ = ["to_text", "decisions_text", "decisions_markdown"]
 
 MARKS = {"root": "◆", "accepted": "✔", "rejected": "✘", "unvisited": "·", "pending": "?", "collapsed": "…"}
 
@@ -70,13 +69,9 @@ def to_text(view: StepView) -> str:
     return "\n".join(lines) + "\n"
 
 
-def decisions_text(view: StepView) -> str:
-    """The decision table as fixed-width text (greedy: target p and the argmax comparison;
-    sampled: target p, S_k, coin, verdict), then the bonus line; a lossy step's
-    ``LOSSY: ...`` mark comes first. A step without a decision log says so (and what else it
-    does not record) instead of printing an empty table."""
-    if not view.events:
-        return "\n".join(_no_log_lines(view)) + "\n"
+def _decision_table(view: StepView) -> tuple[list[str], list[list[str]], str]:
+    """(header, one row of cells per decision, the bonus line) of the decision table of a step
+    with a decision log, shared by :func:`decisions_text` and :func:`decisions_markdown`."""
     greedy = view.greedy
     head = (["#", "depth", "parent", "node", "token", "target p", "= argmax?", "verdict"] if greedy else
             ["#", "depth", "parent", "node", "token", "target p", "S_k", "coin", "verdict"])
@@ -88,20 +83,68 @@ def decisions_text(view: StepView) -> str:
             rows.append(common + ["yes" if d.verdict == "accept" else "no", d.verdict])
         else:
             rows.append(common + [mass_label(d.mass), number_label(d.coin), d.verdict])
-    widths = [max(len(r[c]) for r in [head] + rows) for c in range(len(head))]
-    out = ([view.lossy_mark] if view.lossy else []) + [
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [head] + rows]
     b = view.bonus
     assert b is not None  # a step with walk events has a bonus draw
     if b.token < 0:
-        out.append(f"bonus: none (support exhausted at node {b.node}, residual mass {mass_label(b.residual_mass)}, "
-                   f"coin {number_label(b.coin)})")
+        bonus = (f"bonus: none (support exhausted at node {b.node}, residual mass {mass_label(b.residual_mass)}, "
+                 f"coin {number_label(b.coin)})")
     elif greedy:
-        out.append(f"bonus {view.label(b.token)}: the target's argmax at node {b.node}")
+        bonus = f"bonus {view.label(b.token)}: the target's argmax at node {b.node}"
     else:
         p = "?" if b.target_p is None else f"{'<' if b.target_p_upper else ''}{b.target_p:.4g}"
-        out.append(f"bonus {view.label(b.token)} at node {b.node} ({b.kind}): target p {p}, residual p "
-                   f"{number_label(b.residual_p)}, residual mass {mass_label(b.residual_mass)}, coin {number_label(b.coin)}")
+        bonus = (f"bonus {view.label(b.token)} at node {b.node} ({b.kind}): target p {p}, residual p "
+                 f"{number_label(b.residual_p)}, residual mass {mass_label(b.residual_mass)}, coin {number_label(b.coin)}")
+    return head, rows, bonus
+
+
+def decisions_text(view: StepView) -> str:
+    """The decision table as fixed-width text (greedy: target p and the argmax comparison;
+    sampled: target p, S_k, coin, verdict), then the bonus line; a lossy step's
+    ``LOSSY: ...`` mark comes first. A step without a decision log says so (and what else it
+    does not record) instead of printing an empty table."""
+    if not view.events:
+        return "\n".join(_no_log_lines(view)) + "\n"
+    head, rows, bonus = _decision_table(view)
+    widths = [max(len(r[c]) for r in [head] + rows) for c in range(len(head))]
+    out = ([view.lossy_mark] if view.lossy else []) + [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [head] + rows]
+    out.append(bonus)
+    return "\n".join(out) + "\n"
+
+
+def _md_cell(text: str) -> str:
+    """A Markdown table cell: ``|`` escaped (GitHub reads ``\\|`` as a pipe inside code spans
+    too), line breaks as ``<br>``."""
+    return text.replace("|", "\\|").replace("\n", "<br>")
+
+
+def _code_span(text: str) -> str:
+    """``text`` as a Markdown code span, its fence one backtick longer than any run inside it."""
+    import re
+
+    fence = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def decisions_markdown(view: StepView) -> str:
+    """The decision table of :func:`decisions_text` as a GitHub-flavoured Markdown table (the same
+    columns and cells, ``|`` escaped), then the bonus line; a lossy step's ``LOSSY: ...`` mark first.
+    Token cells are code spans, so spaces and markup in a token show as they are. A step without
+    a decision log: the lines of :func:`decisions_text` for it, as paragraphs."""
+    if not view.events:
+        return "\n\n".join(_md_cell(line) for line in _no_log_lines(view)) + "\n"
+    head, rows, bonus = _decision_table(view)
+    token = head.index("token")
+
+    def cells(r: list[str], header: bool) -> str:
+        shown = [c if header or k != token else _code_span(c) for k, c in enumerate(r)]
+        return "| " + " | ".join(_md_cell(c) for c in shown) + " |"
+
+    out = ([f"**{view.lossy_mark}**", ""] if view.lossy else []) + [cells(head, True),
+                                                                       "|" + "---|" * len(head)]
+    out += [cells(r, False) for r in rows]
+    out += ["", _md_cell(bonus)]
     return "\n".join(out) + "\n"
 
 

@@ -1,0 +1,137 @@
+"""Nothing a user has is replaced without --force (issue 26.1), in every verb that writes.
+
+The parser is walked, so a new verb (or a new output option) cannot forget: every option that
+writes is made by ``cli._output`` (``action.writes``), its verb has ``--force``, and each one has
+a case here that shows an existing output refused (exit 2, the path and --force named, the bytes
+untouched) and replaced with --force."""
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+
+from ddtree_lab import cli
+from ddtree_lab.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = str(ROOT / "fixtures" / "traces" / "smollm2_greedy_b32.ddtrace.safetensors")
+SAMPLED = str(ROOT / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors")
+RECORDING = str(ROOT / "fixtures" / "sglang_cpu_recording.json")
+OLD = b"what the user had before\n"
+
+#: option names and help words that mean "this option names something the verb writes"
+OUTPUT_NAMES = {"-o", "--out", "--output", "--parquet", "--plot", "--archive"}
+WRITES_WORDS = re.compile(r"\b(write|writes|output file|directory to write)\b", re.I)
+
+
+def _parsers(parser=None, prefix=()):
+    """(verb path, parser) of every verb and sub-verb."""
+    parser = parser or build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield prefix + (name,), sub
+                yield from _parsers(sub, prefix + (name,))
+
+
+def _writing_options():
+    found = []
+    for verb, p in _parsers():
+        for a in p._actions:
+            looks = bool(OUTPUT_NAMES & set(a.option_strings)) or bool(WRITES_WORDS.search(a.help or ""))
+            if a.option_strings and (getattr(a, "writes", False) or looks):
+                found.append((" ".join(verb), a.dest, p, a))
+    return found
+
+
+#: verb -> dest -> (command with OUT in it, "file" or the names a directory output holds)
+CASES = {
+    ("record", "out"): (["record", "--prompt", "hi", "-o", "OUT.ddtrace"], "file"),
+    ("render", "out"): (["render", TRACE, "--step", "1", "--request", "0", "-o", "OUT.svg"], "file"),
+    ("bundle", "out"): (["bundle", SAMPLED, "--step", "27", "--request", "1", "-o", "OUT"], ("bundle.safetensors",)),
+    ("audit", "plot"): (["audit", SAMPLED, "--step", "27", "--request", "1", "--draws", "100", "--plot", "OUT.html"],
+                        "file"),
+    ("sglang convert", "out"): (["sglang", "convert", RECORDING, "-o", "OUT.ddtrace.safetensors"], "file"),
+    ("export", "parquet"): (["export", TRACE, "--parquet", "OUT"], ("steps.parquet", "nodes.parquet")),
+    ("compare-policies", "parquet"): (["compare-policies", SAMPLED, "--policy", "chain", "--budgets", "4",
+                                       "--max-steps", "1", "--parquet", "OUT.parquet"], "file"),
+    ("report", "out"): (["report", SAMPLED, "--step", "4", "--request", "1", "-o", "OUT.md"], "file"),
+    ("report", "archive"): (["report", SAMPLED, "--step", "4", "--request", "1", "--archive", "OUT.tar.gz"], "file"),
+}
+
+
+def test_every_option_that_writes_is_made_by_the_one_helper_and_has_force_and_a_case():
+    found = _writing_options()
+    assert len(found) >= 8
+    for verb, dest, p, a in found:
+        assert getattr(a, "writes", False), f"`{verb} {a.option_strings[0]}` writes but is not made by cli._output"
+        assert any("--force" in x.option_strings for x in p._actions), f"`{verb}` writes and has no --force"
+        assert (verb, dest) in CASES, f"`{verb} {a.option_strings[0]}`: add a case to CASES in this file"
+    assert {(v, d) for v, d, _, _ in found} == set(CASES)
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    def load(spec, **kw):
+        if spec is None:  # no --model: nothing to load
+            return None
+        raise cli.CLIError(f"MODEL LOADED ({spec})")
+
+    monkeypatch.setattr(cli.common, "load_model", load)
+
+
+@pytest.mark.parametrize("case", sorted(CASES), ids=lambda c: f"{c[0]}-{c[1]}")
+def test_an_existing_output_is_refused_and_replaced_only_with_force(case, tmp_path, capsys, no_model):
+    command, kind = CASES[case]
+    out = None
+    args = []
+    for word in command:
+        if word.startswith("OUT"):
+            out = tmp_path / ("out" + word[3:])
+            word = str(out)
+        args.append(word)
+    assert out is not None
+    if kind == "file":
+        out.write_bytes(OLD)
+        olds = [out]
+    else:
+        out.mkdir()
+        olds = [out / name for name in kind]
+        for f in olds:
+            f.write_bytes(OLD)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--force" in err and str(olds[0]) in err and len(err.strip().splitlines()) == 1, err
+    assert all(f.read_bytes() == OLD for f in olds)  # nothing touched
+    rc = main(args + ["--force"])
+    err = capsys.readouterr().err
+    if case[0] == "record":  # the checks passed and the model would load next (the fast loop loads none)
+        assert rc == 2 and "MODEL LOADED" in err, err
+        return
+    assert rc in (0, 1), err  # compare-policies exits 1 when a budget leaves nodes unscored
+    assert all(f.exists() and f.read_bytes() != OLD for f in olds), err
+
+
+def test_output_paths_are_checked_before_anything_loads(tmp_path, capsys, no_model):
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    for args, want in (
+            (["record", "--prompt", "hi", "-o", str(afile / "r.ddtrace")], "is a file, not a directory"),
+            (["record", "--prompt", "hi", "-o", str(tmp_path / "no" / "r.ddtrace")], "does not exist"),
+            (["render", TRACE, "--step", "1", "--request", "0", "-o", str(tmp_path / "no" / "t.svg")], "does not exist"),
+            (["export", TRACE, "--parquet", str(afile)], "is a file"),
+            (["bundle", SAMPLED, "--step", "27", "--request", "1", "-o", str(tmp_path / "no" / "b")], "does not exist")):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert want in err and "MODEL LOADED" not in err, (args, err)
+
+
+def test_an_unwritable_directory_is_named(tmp_path, capsys, monkeypatch, no_model):
+    import os
+
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tmp_path else real(p, mode))
+    assert main(["render", TRACE, "--step", "1", "--request", "0", "-o", str(tmp_path / "t.svg")]) == 2
+    assert f"directory {tmp_path} is not writable" in capsys.readouterr().err
+    assert not (tmp_path / "t.svg").exists()
