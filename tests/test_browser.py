@@ -422,14 +422,19 @@ def check_04_tree_scrolls_in_its_own_box(page) -> None:
     box = page.locator(".ddtree-tuner-tree").first
     box.scroll_into_view_if_needed()
     got = box.evaluate("""el => {
-        const before = [el.scrollTop, el.scrollLeft];
-        el.scrollTop = 200; el.scrollLeft = 200;
         const r = el.getBoundingClientRect(), svg = el.querySelector('svg').getBoundingClientRect();
-        return {over: el.scrollHeight > el.clientHeight || el.scrollWidth > el.clientWidth,
-                moved: el.scrollTop > before[0] || el.scrollLeft > before[1], right: r.right, height: r.height,
-                svgWidth: svg.width, boxWidth: r.width, page: document.documentElement.clientWidth}; }""")
-    assert got["over"] and got["moved"], got  # the box itself scrolls
-    assert got["right"] <= got["page"] + 1 and got["height"] <= 722, got  # and stays on the page
+        const style = getComputedStyle(el), out = {overflow: style.overflowY + ' ' + style.overflowX,
+            maxHeight: style.maxHeight, right: r.right, height: r.height, svgHeight: svg.height,
+            page: document.documentElement.clientWidth};
+        // the selected step's tree may fit: make it taller than its box, as a deep tree is
+        const tall = el.querySelector('svg'); tall.style.height = Math.max(2 * r.height, 1500) + 'px';
+        const before = el.scrollTop; el.scrollTop = 200;
+        out.over = el.scrollHeight > el.clientHeight; out.moved = el.scrollTop > before;
+        out.boxAfter = el.getBoundingClientRect().height; tall.style.height = '';
+        return out; }""")
+    assert got["overflow"].startswith("auto") and got["maxHeight"] == "720px", got
+    assert got["over"] and got["moved"] and got["boxAfter"] <= 722, got  # a tall tree scrolls inside its box
+    assert got["right"] <= got["page"] + 1 and got["height"] <= 722, got  # and the box stays on the page
     screenshot(page, "04_tuner_tree_box", box)
 
 
