@@ -373,6 +373,9 @@ def test_compare_policies_parquet_has_one_row_per_step_policy_and_budget(capsys,
                      (tmp_path / "no" / "x.parquet", "does not exist")]:
         assert main(["compare-policies", str(SAMPLED), "--parquet", str(bad)]) == 2
         assert why in capsys.readouterr().err
+    for steps in ("0", "-1"):  # a negative count once ran all steps but the last
+        assert main(["compare-policies", str(SAMPLED), "--max-steps", steps]) == 2
+        assert "--max-steps" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -81,6 +81,8 @@ def cmd_compare_policies(args) -> int:
     if unknown:
         raise CLIError(f"--policy {unknown[0]}: unknown policy (known: {', '.join(POLICIES)})")
     budgets = _budgets(args.budgets)
+    if args.max_steps is not None and args.max_steps < 1:
+        raise CLIError(f"--max-steps {args.max_steps}: must be >= 1 (leave it out for every step)")
     parquet = check_parquet_out(args.parquet, args.force) if args.parquet else None
     run = load_run(args.run)
     steps = [s for s in run.steps if s.draft is not None and s.draft.token_ids.numel() and s.tree is not None]
