@@ -81,10 +81,12 @@ def report_markdown(run, step, path: str, picture: str | None, picture_note: str
     p = step.params
     params = "not recorded" if p is None else p.label()
     bonus = step.bonus_token if step.output is not None else None
+    bonus_text = ("" if bonus is None else "; bonus token not recorded" if bonus < 0 and step.rows is None
+                  else "; no bonus token (support exhausted)" if bonus < 0 else f"; bonus token {bonus}")
     lines = [f"# DDTree verify step {step.step}, request {step.request} (`{step.request_id}`)", "",
              f"From `{path}` ({run.source}). Target: {tname}; drafter: {dname}; sampling: {params}; "
              f"backend that ran: `{step.backend}`; {step.num_nodes} tree nodes; accepted "
-             f"{step.accept_length} draft token(s)" + ("" if bonus is None else f"; bonus token {bonus}")
+             f"{step.accept_length} draft token(s)" + bonus_text
              + (f"; {lossy_mark(step.thresholds)}" if step.lossy else "")
              + ".", "", "## Tree (unvisited children collapsed)", ""]
     if picture is not None:
