@@ -241,11 +241,13 @@ def diagnose(run: Run, model=None, step: int | None = None, request: int | None 
                 raise KeyError(f"step {step}: not in this run")
     tick = progress if progress is not None else (lambda name: None)
     results = []
-    for name, check_of in zip(RECORD_CHECKS, (check_record, check_verifier, check_coins, check_law, check_sampling,
+    def verifier(run: Run, steps: list[Step] | None) -> CheckResult:
+        return check_verifier(run, steps, catalogue=catalogue)
+
+    for name, check_of in zip(RECORD_CHECKS, (check_record, verifier, check_coins, check_law, check_sampling,
                                             check_greedy, check_drafter_hits)):
         tick(name)
-        results.append(check_of(run, steps, catalogue=catalogue) if check_of is check_verifier
-                       else check_of(run, steps))
+        results.append(check_of(run, steps))
     if model is None:
         for name in MODEL_CHECKS:
             results.append(CheckResult(name, ran=False, why="needs the model (--model default or DIR)"))
