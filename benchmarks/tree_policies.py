@@ -34,7 +34,7 @@ with whatever else runs, the cost model is the figure to compare policies by.
 
 Writes ``--out`` (the table), ``benchmarks/tree_policies.json`` (the rows, read by
 ``labs/04_topk_topp_tuner.ipynb``) and ``benchmarks/tree_policies.html`` (the plotly figure;
-plotly.js from its CDN; a static PNG beside it only where kaleido is installed).
+plotly.js inlined, so it opens offline; a static PNG beside it only where kaleido is installed).
 """
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ def main():
     from ddtree_lab.views.policies import tokens_per_second_figure
 
     fig = tokens_per_second_figure(records, plain_tps)
-    fig.write_html(args.figure, include_plotlyjs="cdn")
+    fig.write_html(args.figure, include_plotlyjs=True)
     try:
         import kaleido  # noqa: F401
 

@@ -345,13 +345,13 @@ def variant_rows(logits: torch.Tensor, params: Sequence[SamplingParams], variant
     """The verifier's own rows ``[bs, N, V]`` float32 under ``variant`` from raw ``logits
     [bs, N, V]`` (:func:`ddtree_lab.target_probs` of :func:`variant_params`; ``top-p-twice``
     applies the request's top-p cut a second time to the renormalised rows)."""
-    from .sampling import _top_p_mask, target_probs
+    from .sampling import top_p_mask, target_probs
 
     rows = target_probs(logits, [variant_params(p, variant) for p in params], num_nodes=num_nodes)
     if variant.rows == "top-p-twice":
         for b, p in enumerate(params):
             if not p.is_greedy and p.top_p < 1.0:
-                again = rows[b] * _top_p_mask(rows[b], p.top_p)
+                again = rows[b] * top_p_mask(rows[b], p.top_p)
                 rows[b] = again / again.sum(-1, keepdim=True).clamp(min=1e-30)
     return rows
 

@@ -230,7 +230,10 @@ def _top_k_mask(scaled: torch.Tensor, top_k: int) -> torch.Tensor:
     return scaled >= kth
 
 
-def _top_p_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+def top_p_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The nucleus (top-p) keep mask of ``probs`` ``[..., V]`` (float, rows summing to 1): bool
+    ``[..., V]``, True for every token whose p is at least that of the first sorted token at
+    which the running sum reaches ``top_p`` (ties at the cut kept). Holtzman et al. 2020, sec. 3.1."""
     sorted_p = torch.sort(probs, dim=-1, descending=True).values
     cum = sorted_p.cumsum(-1)
     # First sorted position whose running sum reaches top_p; keep every p >= its value.
@@ -273,11 +276,11 @@ def filtered_probs(rows: torch.Tensor, p: SamplingParams) -> torch.Tensor:
             scaled = scaled.masked_fill(~_top_k_mask(scaled, p.top_k), -math.inf)
         probs = torch.softmax(scaled, dim=-1)
         if p.top_p < 1.0:
-            probs = probs * _top_p_mask(probs, p.top_p)
+            probs = probs * top_p_mask(probs, p.top_p)
             probs = probs / probs.sum(-1, keepdim=True)
     else:  # top-p on the whole tempered distribution, then top-k among its survivors
         probs = torch.softmax(scaled, dim=-1)
-        keep = _top_p_mask(probs, p.top_p) if p.top_p < 1.0 else torch.ones_like(probs, dtype=torch.bool)
+        keep = top_p_mask(probs, p.top_p) if p.top_p < 1.0 else torch.ones_like(probs, dtype=torch.bool)
         if top_k:
             keep &= _top_k_mask(scaled, p.top_k)
         if p.top_p < 1.0 or top_k:
