@@ -58,3 +58,18 @@ def test_no_step_to_score_is_said():
     run = planted_run(None, dl.SamplingParams(temperature=0.0), steps=2)
     with pytest.raises(ValueError, match="no sampled, lossless step"):
         fit_output_law(run.steps, VOCAB)
+
+
+def _smoothed(vi, logits, probs, coins, final, logws):
+    """A rule outside every family: the walk on rows mixed half and half with the uniform row
+    (the recorded rows stay the request's)."""
+    return dl.verify_sampled(vi, 0.5 * probs + 0.5 / VOCAB, coins, final)
+
+
+def test_a_rule_outside_every_family_fits_none():
+    run = planted_run(None, FILTERED, steps=40, seed=3, verifier=_smoothed)
+    fit = fit_output_law(run.steps, VOCAB)
+    assert fit.best is not None and not fit.fits_law and fit.best.zeros > 0  # beats the target-only law, still wrong
+    r = check_law(run)
+    assert r.findings and all("rule families' laws: no rule family's law fits the outputs (closest: " in f.evidence
+                              for f in r.findings), [f.evidence for f in r.findings]
