@@ -161,6 +161,7 @@ def target_rows(where: str, tree: DDTreeBuildResult, output: VerifyOutput, param
         bad = torch.isnan(logits).any(-1)
         if bad.any():
             raise ValueError(f"{where}: logits of node {int(bad.nonzero()[0])} have NaN")
+    full_logits = _top_logits(logits.float(), top_m_logits) if (logits is not None and level == "full") else None
 
     def verify_rows(nodes: list[int]) -> torch.Tensor:
         index = torch.tensor(nodes, dtype=torch.int64)
@@ -196,8 +197,8 @@ def target_rows(where: str, tree: DDTreeBuildResult, output: VerifyOutput, param
         display = torch.softmax(logits.float(), -1) if (params.is_greedy and logits is not None) else rows
         top = display.topk(min(top_m, display.shape[-1]), -1)
         kept.top_token_ids, kept.top_probs = top.indices.clone(), top.values.float().clone()
-        if logits is not None:
-            kept.row_logit_ids, kept.row_logits = _top_logits(logits.float(), top_m_logits)
+        if logits is not None and full_logits is not None:
+            kept.row_logit_ids, kept.row_logits = full_logits
             kept.row_logsumexp = torch.logsumexp(logits.double(), -1)
             node = torch.full((n,), float("nan"))
             node[1:] = logits[parents[1:], tokens[1:]].float()

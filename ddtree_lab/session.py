@@ -274,14 +274,14 @@ class LiveSession:
                 raise ValueError(f"request {b}: prompt must be a non-empty string, got {prompt!r}")
         if request_ids is not None and len(request_ids) != len(prompts):
             raise ValueError(f"request_ids has {len(request_ids)} entries for {len(prompts)} prompts")
+        from .build import request_budgets
+
+        self.request_budgets = request_budgets(self.budget, len(prompts))  # validated before any prefill
         params = normalize_params(self.sampling, len(prompts), self.target.vocab_size)
         shared = isinstance(self.sampling, SamplingParams)
         params = [dataclasses.replace(p, seed=self.seed * 1000 + b) if p.seed is None
                   else dataclasses.replace(p, seed=p.seed + b) if shared else p
                   for b, p in enumerate(params)]
-        from .build import request_budgets
-
-        self.request_budgets = request_budgets(self.budget, len(prompts))  # validated before any prefill
         gens = make_generators(params, device="cpu")
         self.requests, self.steps, self.num_steps = [], [], 0
         self.stage_totals = dict.fromkeys(STAGES, 0.0)

@@ -28,9 +28,13 @@ import pytest  # noqa: E402
 REAL_MODEL_FIXTURES = {"target", "drafter"}
 
 #: Whole modules: notebooks (a Jupyter kernel each), the browser (playwright), the vLLM venv,
-#: and the real-model session tests.
+#: the real-model session tests, the Triton kernels (the lab's and SGLang's: interpreted on a
+#: CPU, seconds a launch), the README's examples (the CLI in fresh processes) and the rule-family
+#: fits (many planted runs each; measured 2026-12-04: 97 + 33 + 54 + 65 s of a 391 s loop).
 SLOW_MODULES = {"test_notebooks.py", "test_browser.py", "test_engine_vllm.py", "test_models.py",
-                "test_session.py", "test_session_backends.py", "test_session_batched.py"}
+                "test_session.py", "test_session_backends.py", "test_session_batched.py",
+                "test_verify_triton.py", "test_sglang_kernels.py", "test_readme.py",
+                "test_rule_inference.py", "test_law_families.py"}
 
 #: Code that makes a test slow wherever it appears (checked in the test function's source).
 SLOW_SOURCE = {"nbclient": "runs a notebook in a Jupyter kernel", "playwright": "drives a browser",
@@ -57,6 +61,10 @@ SLOW_TESTS = {
     "test_verify.py::test_sampled_verify_emits_the_target_law": "23 s over 10 trees, statistical",
     "test_failure_kinds.py::test_a_banned_token_is_never_emitted_as_draft_or_bonus": "13 s, interpreter",
     "test_audit.py::test_filtering_order_mismatch_is_caught_and_visible_against_the_sampler": "7 s, statistical",
+    "test_recording_faults.py::test_a_kernel_that_never_returns_leaves_its_inputs_on_disk": "9 s, waits out a hung kernel",
+    "test_policies.py::test_exact_expected_tau_equals_mean_of_sampled_verifies": "9 s, statistical",
+    "test_failure_kinds.py::test_a_greedy_request_in_a_permuted_mixed_batch_emits_its_argmax_path": "9 s, interpreter",
+    "test_verify.py::test_acceptance_probabilities_are_the_target_p_and_differ_under_thresholds": "5 s, statistical",
 }
 
 
