@@ -3,6 +3,10 @@
 Needs the vLLM venv made by ``bash scripts/setup_vllm.sh`` (``.ci/run`` makes it first). Without
 it the module is skipped outside CI and FAILS in CI (``CI`` set). Each audit: ~2,000 draws of a
 small chain case through vLLM's sampler kernels in Triton's interpreter (~14 s each).
+
+The second half audits vLLM's new model runner end to end (ddtree_lab.engines.vllm_rules): DFlash
+2's CandidateSampler walk and rejection_sample, block verification off and on, one-hot drafts;
+each rule lossless on its standard case, planted faults caught (~4-25 s each).
 """
 
 import os
@@ -139,8 +143,10 @@ def test_new_runner_planted_fault_is_caught(worker, rule, fault):
 
 def test_new_runner_worker_names_what_it_ran_and_refuses_what_the_rule_does_not_take(worker):
     from ddtree_lab.engines import vllm_rules as vr
+    from ddtree_lab.engines.end_to_end import SelectorDraft
 
     case = vr.standard_case("dflash2", 0)
+    assert isinstance(case.draft, SelectorDraft)
     t = {"target_logits": case.target_logits, "root": torch.tensor([case.root_token]),
          "candidate_ids": case.draft.candidate_ids, "scores": case.draft.scores}
     out = worker.rule("dflash2", False, t, [dl.SamplingParams(temperature=0.7)] * 4, seed=3)
@@ -161,3 +167,12 @@ def test_new_runner_worker_names_what_it_ran_and_refuses_what_the_rule_does_not_
         vr.run_rule("onehot", worker, "q-other-slot")
     with pytest.raises(RuntimeError, match="unknown fault"):
         worker.rule("dflash2", False, t, [dl.SamplingParams(temperature=0.7)], seed=0, fault="nope")
+
+
+def test_cli_audits_a_vllm_rule_and_exits_1_on_its_planted_fault(capsys):
+    from ddtree_lab.cli import main
+
+    assert main(["audit", "--engine", "vllm:onehot", "--engine-fault", "draft-logits-q", "--draws", "100"]) == 1
+    out = capsys.readouterr().out
+    assert "vllm:onehot + draft-logits-q" in out and "LOSSY" in out
+    assert main(["audit", "--engine", "vllm:onehot", "--engine-fault", "q-other-slot"]) == 2  # not this rule's fault

@@ -13,6 +13,9 @@ recovered-token kernel, and its ``Sampler`` for the bonus token -- on a lab chai
 randomness: each request's ``torch.Generator`` is seeded from the lab's coins of that draw
 (vLLM's per-request seed path), so an audit is reproducible for a seed but not coin-for-coin
 comparable with the lab's verifiers: the audit is distributional.
+
+:meth:`VLLMWorker.rule` runs the new model runner's DFlash 2 walk and ``rejection_sample`` end to
+end in the same worker (:mod:`ddtree_lab.engines.vllm_rules`).
 """
 
 from __future__ import annotations
@@ -180,7 +183,7 @@ class VLLMWorker:
         if not reply.get("ok"):
             raise RuntimeError(f"vLLM's new model runner sampling failed: {reply.get('error')}")
         self.seconds += reply["seconds"]
-        out = dict(load_file(f"{base}-out.safetensors"))
+        out: dict = dict(load_file(f"{base}-out.safetensors"))
         for suffix in ("-in", "-out"):
             Path(f"{base}{suffix}.safetensors").unlink(missing_ok=True)
         out["about"] = reply.get("about")

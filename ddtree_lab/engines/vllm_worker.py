@@ -99,8 +99,14 @@ def interpreter_shims() -> list:
             return mask
         return interpreter.TensorHandle(mask.data.astype(np.bool_), mask.dtype)
 
-    builder.create_masked_load = lambda self, ptrs, mask, other, *a: load(self, ptrs, as_bool(mask), other, *a)
-    builder.create_masked_store = lambda self, ptrs, value, mask, *a: store(self, ptrs, value, as_bool(mask), *a)
+    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        return load(self, ptrs, as_bool(mask), other, cache_policy, is_volatile)
+
+    def masked_store(self, ptrs, value, mask, cache_policy):
+        return store(self, ptrs, value, as_bool(mask), cache_policy)
+
+    builder.create_masked_load = masked_load
+    builder.create_masked_store = masked_store
 
     def log1p(x, _semantic=None):
         with np.errstate(invalid="ignore", divide="ignore"):  # lanes the kernel masks out by tl.where
