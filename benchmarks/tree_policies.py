@@ -7,8 +7,8 @@ T = 0.8:
 
 1. **Cost.** Seconds per target tree forward against N (rows, root included) at batch sizes 1
    and 8 (:func:`ddtree_lab.analysis.counterfactual.measure_cost_model`, median of
-   ``--repeats``), and the drafter's seconds per round (median ``draft`` + ``build`` stage of
-   the recorded run).
+   ``--repeats``), and the drafter's seconds per round at batch size 1 (median ``draft`` +
+   ``build`` stage of a one-prompt run; the batched rounds' median is printed beside it).
 2. **One recorded trajectory** per temperature: a live DDTree run at budget 32 (level full).
 3. **Exact counterfactuals** on that trajectory: every policy of
    :data:`ddtree_lab.analysis.policies.POLICIES` at every budget, built from each recorded
@@ -24,6 +24,9 @@ Tokens per second, per request stream (batch size 1 costs):
     expected tok/s = sum_steps E[tau] / sum_steps (t_draft + t_forward(1 + nodes))
     live-tau tok/s = live tau / (t_draft + t_forward(1 + live mean nodes))
     plain decoding = 1 / t_forward(1)          (one token per one-row forward, no drafter)
+
+The wall tok/s column (the live runs' batch of prompts) is compared with plain decoding of that
+batch, ``bs / t_forward(1, bs)``, printed in the header.
 
 Break-even budget: the smallest budget at which a policy's expected tok/s beats plain decoding,
 and the smallest at which it beats the chain's best budget. The live runs' own wall clock
@@ -56,6 +59,7 @@ from ddtree_lab.session import LiveSession
 
 ROOT = Path(__file__).resolve().parent.parent
 BUDGETS = [4, 8, 16, 32, 64]
+SOLO_TOKENS = 32  # the bs-1 run that times the drafter's round
 RECORDED_BUDGET = 32
 NUM_ROWS = (1, 5, 9, 17, 33, 65)
 BATCH_SIZES = (1, 8)
@@ -141,10 +145,14 @@ def main():
     first = recorded[temps[0]].steps[0]
     prefix = step_prefix_ids(recorded[temps[0]], first) + [int(first.node_token_ids[0])]
     drafts = [s.timings["draft"] + s.timings["build"] for r in recorded.values() for s in r.steps]
-    t_draft = statistics.median(drafts)  # per batched round; bs-1 rounds are cheaper (an upper bound)
+    t_draft_batch = statistics.median(drafts)  # a round of the recorded batch of len(prompts) requests
+    # the per-stream figures are batch-size-1 costs: the drafter's round at bs 1, measured on one prompt
+    solo, _ = live(target, drafter, prompts[:1], SOLO_TOKENS, temps[0], "ddtree", RECORDED_BUDGET, None, "light")
+    t_draft = statistics.median(s.timings["draft"] + s.timings["build"] for s in solo.steps)
     cm = measure_cost_model(target, prefix, first.draft, NUM_ROWS, repeats=args.repeats, draft_seconds=t_draft,
                             batch_sizes=BATCH_SIZES)
     plain_tps = 1.0 / cm.forward_seconds(1)
+    plain_batch_tps = len(prompts) / cm.forward_seconds(1, len(prompts)) if len(prompts) in BATCH_SIZES else None
     load_at_cost = os.getloadavg()[0]  # the cost model is only as good as the CPU was quiet
 
     # -- live grid: measured one configuration first ------------------------------------------------
@@ -168,11 +176,16 @@ def main():
         ("" if live_budgets == BUDGETS else f" only (over the {args.live_minutes:.0f}-minute limit); "
          "counterfactuals for the whole grid"))
     out(f"cost model (this CPU, median of {args.repeats}, prefix {len(prefix) - 1} tokens): drafter + build "
-        f"{t_draft * 1e3:.1f} ms per round (median over the recorded batched rounds)")
+        f"{t_draft * 1e3:.1f} ms per round at bs 1 (median over {len(solo.steps)} rounds of one prompt), "
+        f"{t_draft_batch * 1e3:.1f} ms per round of the batch of {len(prompts)} (median over the recorded rounds)")
     for bs in BATCH_SIZES:
         out(f"  target tree forward, bs {bs}: " + ", ".join(f"N={n} {s * 1e3:.1f} ms"
                                                           for n, s in zip(cm.num_rows, cm.seconds[bs])))
-    out(f"plain decoding (1 / t_forward(N=1, bs 1)): {plain_tps:.2f} tok/s")
+    out(f"plain decoding (1 / t_forward(N=1, bs 1)): {plain_tps:.2f} tok/s per stream: the reference for the "
+        "exp / live tok/s columns (batch-size-1 costs)")
+    if plain_batch_tps is not None:
+        out(f"plain decoding of the batch of {len(prompts)} ({len(prompts)} / t_forward(N=1, bs {len(prompts)})): "
+            f"{plain_batch_tps:.2f} tok/s: the reference for the wall tok/s column (the live runs' batch)")
 
     # -- counterfactuals: the timing goal on 100 steps, then the rest ----------------------------------
     cf = {}
@@ -258,7 +271,8 @@ def main():
                 f"{min(biases):+.3f} .. {max(biases):+.3f} over {len(biases)} live configurations")
     out(f"\nlive grid {live_minutes:.1f} min; total {(time.perf_counter() - start) / 60:.1f} min")
     meta = {"not_run_live": [list(c) for c in not_run], "target": target.name, "drafter": drafter.name, "prompts": prompts, "new_tokens": args.new_tokens,
-            "plain_tok_s": plain_tps, "live_budgets": live_budgets, "recorded_budget": RECORDED_BUDGET,
+            "plain_tok_s": plain_tps, "plain_batch_tok_s": plain_batch_tps, "draft_seconds_batch": t_draft_batch,
+            "live_budgets": live_budgets, "recorded_budget": RECORDED_BUDGET,
             "cost_model": {"num_rows": list(cm.num_rows), "seconds": {str(k): list(v) for k, v in cm.seconds.items()},
                            "draft_seconds": cm.draft_seconds, "device": cm.device}}
     Path(args.json).write_text(json.dumps({"meta": meta, "rows": records}, indent=1) + "\n")

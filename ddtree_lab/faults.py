@@ -475,6 +475,12 @@ class Faults:
         return params if name is None else [sampling_params(p, name) for p in params]
 
     @property
+    def sampling(self) -> str | None:
+        """The planted sampling fault, if any (the verifier's rows are then made with
+        :meth:`verify_params`)."""
+        return self._one(SAMPLING_FAULTS)
+
+    @property
     def verifier(self) -> str | None:
         """The planted verifier fault, if any (the session then verifies with :meth:`verify`)."""
         return self._one(VERIFIER_FAULTS)

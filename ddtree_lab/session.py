@@ -43,7 +43,7 @@ from .buffers import compile_retrieve
 from .sampling import SamplingParams, normalize_params, target_probs
 from .record import TOP_M_LOGITS, record_step
 from .step import LEVELS, STAGES, DraftTopK, Run, Step
-from .build import build_tree
+from .build import DDTreeBuildResult, build_tree
 from .draft import draft_topk_from_logits
 from .verify import VerifyOutput, draw_coins, make_generators, residual_draw, verify_sampled
 
@@ -212,6 +212,15 @@ class LiveSession:
             from .io.live_record import SessionRecorder
 
             self.recorder = SessionRecorder(record_to, inputs_first)
+        # The build and verify stages, chosen once: the step calls them and never branches on
+        # the policy, the backend or a planted fault.
+        self._build = self._build_ddtree if self.policy is None else self._build_policy
+        if self.faults.verifier or self.faults.sampling:
+            self._verify = self._verify_planted
+        elif self.verify_backend == "reference":
+            self._verify = self._verify_reference
+        else:
+            self._verify = self._verify_backend
 
     def _check_policy(self, policy, context) -> "tuple[Callable[..., Any] | None, Any]":
         if policy is None:
@@ -331,45 +340,19 @@ class LiveSession:
         ids, lps = draft_topk_from_logits(draft_logits.float(), k=min(max(budgets + [1]), draft_logits.shape[-1]))
         ids, lps = ids.cpu(), lps.cpu()  # host read 1 of 2: the tree build runs on the host
         clock.mark("draft")
-        if self.policy is None:
-            tree = build_tree(ids, lps, anchors, budgets, self.max_depth, top1_spine=self.top1_spine,
-                              min_prob=self.min_prob)
-        else:
-            from .analysis.policies import build_policy_trees
-
-            assert self.policy_context is not None  # set with the policy (_check_policy)
-            tree = build_policy_trees(self.policy, ids, lps, anchors, budgets,
-                                      dataclasses.replace(self.policy_context, batch_size=len(active)))
+        tree = self._build(ids, lps, anchors, budgets)
         clock.mark("build")
         vi = compile_retrieve(tree, prefix)
         clock.mark("compile")
         fwd = self.target.tree_forward_batch(self._batch, self.faults.forward_input(vi, tree.parents), self.layer_ids)
         logits = fwd.logits
         clock.mark("target")
-        params = self.faults.verify_params([r.params for r in active])
         gens = [r.generator for r in active]
         assert all(g is not None for g in gens)  # start() gives every request its generator
         coins, final = draw_coins([g for g in gens if g is not None], vi.num_rows)
         if self.recorder is not None:  # on disk before the verifier runs (a hang leaves them there)
             self.recorder.inputs(step_no, active, tree, vi, coins, final, logits, self.record, self.verify_backend)
-        probs = None
-        if self.record == "full" or self.faults.verifier:
-            probs = target_probs(logits.cpu(), params, num_nodes=vi.num_nodes)
-        if self.faults.verifier:
-            assert probs is not None  # computed just above for a planted verifier
-            out, final = self.faults.verify(vi, probs, coins, final, tree.node_logws, logits=logits.cpu(),
-                                            params=params)
-        elif self.verify_backend == "reference":
-            if probs is None:
-                probs = target_probs(logits.cpu(), params, num_nodes=vi.num_nodes)
-            out = verify_sampled(vi, probs, coins, final, threshold_single=self.threshold_single,
-                                 threshold_acc=self.threshold_acc)
-        else:
-            from .verify import verify_tree
-
-            host = logits if self.verify_backend in ("triton", "auto") else logits.cpu()
-            out = verify_tree(vi, host, params, coins, final, backend=self.verify_backend,
-                              threshold_single=self.threshold_single, threshold_acc=self.threshold_acc)
+        out, final, probs = self._verify(vi, logits, [r.params for r in active], coins, final, tree.node_logws)
         clock.mark("verify")
         traces = []
         if self.record != "off":
@@ -389,6 +372,51 @@ class LiveSession:
         if self.recorder is not None:
             self.recorder.steps(traces, self.target.token_text)
         return traces
+
+    # -- the build and verify stages (one of each is chosen in __init__) ----------------------
+
+    def _build_ddtree(self, ids, lps, anchors, budgets) -> DDTreeBuildResult:
+        return build_tree(ids, lps, anchors, budgets, self.max_depth, top1_spine=self.top1_spine,
+                          min_prob=self.min_prob)
+
+    def _build_policy(self, ids, lps, anchors, budgets) -> DDTreeBuildResult:
+        from .analysis.policies import build_policy_trees
+
+        assert self.policy is not None and self.policy_context is not None  # set together (_check_policy)
+        return build_policy_trees(self.policy, ids, lps, anchors, budgets,
+                                  dataclasses.replace(self.policy_context, batch_size=len(budgets)))
+
+    def _full_rows(self, vi, logits, params) -> torch.Tensor | None:
+        """The full target rows at level ``full`` (recorded), None at the other levels."""
+        return target_probs(logits.cpu(), params, num_nodes=vi.num_nodes) if self.record == "full" else None
+
+    def _verify_reference(self, vi, logits, params, coins, final, node_logws):
+        probs = self._full_rows(vi, logits, params)
+        if probs is None:
+            probs = target_probs(logits.cpu(), params, num_nodes=vi.num_nodes)
+        out = verify_sampled(vi, probs, coins, final, threshold_single=self.threshold_single,
+                             threshold_acc=self.threshold_acc)
+        return out, final, probs
+
+    def _verify_backend(self, vi, logits, params, coins, final, node_logws):
+        from .verify import verify_tree
+
+        probs = self._full_rows(vi, logits, params)
+        host = logits if self.verify_backend in ("triton", "auto") else logits.cpu()
+        out = verify_tree(vi, host, params, coins, final, backend=self.verify_backend,
+                          threshold_single=self.threshold_single, threshold_acc=self.threshold_acc)
+        return out, final, probs
+
+    def _verify_planted(self, vi, logits, params, coins, final, node_logws):
+        """Verify under the planted sampling or verifier fault (:mod:`ddtree_lab.faults`): the rows
+        are made with the fault's parameters, and a verifier fault replaces the verifier."""
+        params = self.faults.verify_params(params)
+        if not self.faults.verifier:
+            verify = self._verify_reference if self.verify_backend == "reference" else self._verify_backend
+            return verify(vi, logits, params, coins, final, node_logws)
+        probs = target_probs(logits.cpu(), params, num_nodes=vi.num_nodes)
+        out, final = self.faults.verify(vi, probs, coins, final, node_logws, logits=logits.cpu(), params=params)
+        return out, final, probs
 
     def _record(self, step_no, b, r, ids, lps, tree, vi, logits, probs, coins, final, out) -> Step:
         return record_step(

@@ -135,3 +135,21 @@ def test_an_unwritable_directory_is_named(tmp_path, capsys, monkeypatch, no_mode
     assert main(["render", TRACE, "--step", "1", "--request", "0", "-o", str(tmp_path / "t.svg")]) == 2
     assert f"directory {tmp_path} is not writable" in capsys.readouterr().err
     assert not (tmp_path / "t.svg").exists()
+
+
+def test_a_directory_that_refuses_files_is_named_before_the_model_loads(tmp_path, capsys, monkeypatch, no_model):
+    """As root, os.access says every directory is writable (/sys, a read-only mount): the check
+    makes and removes a file there, so `record -o` is refused before the model loads."""
+    import tempfile
+
+    real = tempfile.TemporaryFile
+
+    def refuse(*a, dir=None, **kw):
+        if dir is not None and Path(dir) == tmp_path:
+            raise PermissionError(13, "Permission denied")
+        return real(*a, dir=dir, **kw)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    assert main(["record", "--prompt", "hi", "-o", str(tmp_path / "r.ddtrace.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert f"directory {tmp_path} is not writable (Permission denied)" in err and "MODEL LOADED" not in err, err

@@ -164,3 +164,25 @@ def test_sglang_greedy_recording_names_its_unknown_target_p():
     assert any("argmax only" in m for m in view.missing)
     assert "target p (the recording stores the target's argmax only)" in to_text(view)
     assert all(node.target_p is None for i, node in view.nodes.items() if i)
+
+
+@pytest.mark.parametrize("name", ["generate_result.pt", "smollm2_dflash_greedy.jsonl", "generate_result.jsonl"])
+def test_a_reference_dump_is_drawn_in_the_mode_info_prints(name, capsys):
+    """A run that records no sampling parameters: the picture's mode is the temperature its file
+    states (the one `info` prints), and "greedy or sampled is not known" only where it states none."""
+    from ddtree_lab.io.decoding_mode import request_temperatures
+
+    path = FIXTURES / "ddtree_reference" / name
+    run = load(path)
+    view = step_view(run.steps[0], run)
+    stated = {r: t for r, t, _ in request_temperatures(run)}.get(run.steps[0].request)
+    assert main(["info", str(path)]) == 0
+    info = capsys.readouterr().out
+    if stated is None:
+        assert view.mode == "sampling parameters not recorded" and "not recorded" in info
+        assert "sampling parameters (greedy or sampled is not known)" in view.missing
+    else:
+        mode = "greedy" if stated == 0 else "sampled"
+        assert view.mode.startswith(f"T={stated:g} ({mode}, from the file") and f"{stated:g} ({mode})" in info, info
+        assert not any("greedy or sampled is not known" in m for m in view.missing)
+        assert mode in to_text(view).splitlines()[0]

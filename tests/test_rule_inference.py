@@ -82,7 +82,7 @@ def test_a_rule_outside_every_family_stays_unknown_with_its_decisions_listed():
     assert got.baseline.slips > 0 and not got.explains
     assert got.unexplained and {p.kind for p in got.unexplained} == {"rule_unexplained"}
     assert {p.field for p in got.unexplained} <= {"verdict", "cumulative_mass", "target_prob", "bonus_token",
-                                                  "final_mass", "coin"}
+                                                  "final_mass", "coin", "bonus_prob"}
     p = got.unexplained[0]
     assert p.step is not None and p.request == 0 and p.node is not None and p.value is not None
     for catalogue in (True, False):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import sys
 from pathlib import Path
 
@@ -100,6 +101,11 @@ def check_new_output(path: str | Path, force: bool, flag: str = "-o", files: tup
         raise CLIError(f"{flag} {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise CLIError(f"{flag} {path}: directory {parent} is not writable")
+    try:  # os.access says yes to root everywhere; a file made and removed says what a write will meet
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise CLIError(f"{flag} {path}: directory {parent} is not writable ({e.strerror or e})") from None
 
 
 def check_suffix(path: str, fmt: str, suffixes: tuple[str, ...]) -> None:

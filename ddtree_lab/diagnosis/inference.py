@@ -31,7 +31,9 @@ The log-likelihood of a family is the sum over a request's steps; its parameter 
 log grid over ``[0.05, 4]`` then golden-section refined; ``t`` the middle of the interval the
 decisions admit, else the best of a grid) is the maximum-likelihood one, ties broken toward the
 ``T`` whose interval midpoints lie nearest the recorded probabilities. Families are compared
-by that log-likelihood less ``(1/2) log n`` per fitted parameter (BIC, ``n`` the observations);
+by that log-likelihood less the fitted parameter's cost: ``(1/2) log n`` (BIC, ``n`` the
+observations), or for ``t``, whose likelihood is flat over the interval the decisions admit,
+that interval's Occam factor ``log(range / width)`` under a log-uniform prior;
 the best one is named when it beats the target-only rule by :data:`MARGIN` (a likelihood ratio
 of 100), and "explains" the recording when none of its observations is a slip; families as
 likely as it (within one nat) are reported as tied, and then none is named alone. The target-only
@@ -64,7 +66,7 @@ from ..step import Step
 from .sampling import ATOL, CUT_MARGIN, RTOL
 
 __all__ = ["Family", "FamilyFit", "RuleInference", "families_for", "infer_rule", "row_interval", "SLIP", "MARGIN",
-           "TEMPERATURE_RANGE"]
+           "TEMPERATURE_RANGE", "THRESHOLD_RANGE"]
 
 #: Probability of a slip (a recorded field the family does not predict) in the likelihood.
 SLIP = 1e-3
@@ -72,6 +74,8 @@ SLIP = 1e-3
 MARGIN = math.log(100.0)
 #: The temperatures searched (log grid, then golden-section refinement).
 TEMPERATURE_RANGE = (0.05, 4.0)
+#: The thresholds ``threshold_acc`` searched (log grid), and the range of its log-uniform prior.
+THRESHOLD_RANGE = (0.05, 4.0)
 _GRID = 32
 _LOG_MATCH, _LOG_SLIP, _LOG_HALF = math.log1p(-SLIP), math.log(SLIP), math.log(0.5)
 
@@ -101,11 +105,15 @@ class FamilyFit:
     observations: int
     slips: int
     undecided: int
+    penalty: float | None = None
 
     @property
     def score(self) -> float:
-        """The log-likelihood less ``(1/2) log n`` per fitted parameter (BIC)."""
-        return self.loglik - (0.5 * math.log(max(self.observations, 1)) if self.family.fitted else 0.0)
+        """The log-likelihood less the fitted parameter's cost: ``penalty`` when set (the Occam
+        factor of a likelihood flat over an interval), else ``(1/2) log n`` (BIC)."""
+        if not self.family.fitted:
+            return self.loglik
+        return self.loglik - (self.penalty if self.penalty is not None else 0.5 * math.log(max(self.observations, 1)))
 
     def describe(self, params: SamplingParams | None) -> str:
         """The family in words with its parameter ("the verifier used T ≈ 1.00, the request asked 0.8")."""
@@ -486,7 +494,8 @@ def _bonus_obs(sd: _StepData, variant: RuleVariant) -> list[_Obs]:
         ok = float(r[t]) > 0.0 and lo - slack <= coin * mass < hi + slack
         return [_Obs(s.step, node, "bonus_token", float(t), None, _LOG_MATCH if ok else _LOG_SLIP),
                 _Obs(s.step, node, "final_mass", recorded_mass, mass,
-                     _observe(recorded_mass, mass - 1e-5, mass + 1e-5))]
+                     _observe(recorded_mass, mass - 1e-5, mass + 1e-5))] + \
+            _bonus_prob_obs(s, node, float(r[t]) / mass if mass > 0 else None)
     if variant.bonus == "parent-row":
         row = sd.row(parent, variant, request_rows=True)
     else:
@@ -506,7 +515,18 @@ def _bonus_obs(sd: _StepData, variant: RuleVariant) -> list[_Obs]:
         k = int(np.nonzero(p > 0)[0][-1])
     got = int(ids[k])
     return [_Obs(s.step, node, "bonus_token", float(t), float(got), _LOG_MATCH if got == t else _LOG_SLIP),
-            _Obs(s.step, node, "final_mass", recorded_mass, mass, _observe(recorded_mass, mass - 1e-4, mass + 1e-4))]
+            _Obs(s.step, node, "final_mass", recorded_mass, mass, _observe(recorded_mass, mass - 1e-4, mass + 1e-4))] + \
+        _bonus_prob_obs(s, node, float(p[k]) / mass if got == t else None)
+
+
+def _bonus_prob_obs(s: Step, node: int, expected: float | None) -> list[_Obs]:
+    """The bonus's recorded ``token_prob`` (the verifier's own row value) against the family's
+    residual probability of the token (None: the family draws another token, already a slip)."""
+    b = s.bonus
+    if b is None or b.token_prob is None or expected is None:
+        return []
+    return [_Obs(s.step, node, "bonus_prob", float(b.token_prob), expected,
+                 _observe(float(b.token_prob), expected, expected))]
 
 
 # -- fitting -------------------------------------------------------------------------------------
@@ -533,31 +553,58 @@ def _closeness(obs: list[_Obs]) -> float:
     return out
 
 
-def _fit_temperature(family: Family, data: list[_StepData]) -> tuple[FamilyFit, list[_Obs]]:
-    lo, hi = TEMPERATURE_RANGE
-    grid = np.geomspace(lo, hi, _GRID)
-
-    def objective(t: float):
-        fit, obs = _fit_at(family, data, float(t))
-        return fit.loglik - 1e-3 * _closeness(obs), fit, obs
-
-    scored = [objective(t) for t in grid]
-    i = max(range(len(grid)), key=lambda k: scored[k][0])
-    a, b = math.log(grid[max(i - 1, 0)]), math.log(grid[min(i + 1, len(grid) - 1)])
-    best = scored[i]
+def _golden(f, a: float, b: float, iterations: int):
+    """The best ``(value, ...)`` of ``f`` (maximised on its first item) seen by a golden-section
+    search on ``[a, b]`` (log T)."""
     g = (math.sqrt(5) - 1) / 2
     c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = objective(math.exp(c)), objective(math.exp(d))
-    for _ in range(14):  # golden-section on log T inside the best grid cell's neighbours
+    fc, fd = f(c), f(d)
+    best = max(fc, fd, key=lambda x: x[0])
+    for _ in range(iterations):
         if fc[0] >= fd[0]:
             b, d, fd = d, c, fc
             c = b - g * (b - a)
-            fc = objective(math.exp(c))
+            fc = f(c)
         else:
             a, c, fc = c, d, fd
             d = a + g * (b - a)
-            fd = objective(math.exp(d))
-    for cand in (fc, fd):
+            fd = f(d)
+        best = max(best, fc, fd, key=lambda x: x[0])
+    return best
+
+
+def _fit_temperature(family: Family, data: list[_StepData]) -> tuple[FamilyFit, list[_Obs]]:
+    """``T`` by maximum likelihood: the log grid, then two golden-section searches inside the
+    best grid cell's neighbours: one on the likelihood (tie-broken by closeness), one on the
+    closeness alone. The likelihood is a step function of ``T`` (a field matches within float
+    tolerance or not) whose top is a narrow plateau around the true ``T``; the closeness (how
+    far the recorded probabilities lie from the family's) is smooth and leads onto it."""
+    lo, hi = TEMPERATURE_RANGE
+    grid = np.geomspace(lo, hi, _GRID)
+    seen: dict[float, tuple] = {}
+
+    def evaluate(log_t: float):
+        if log_t not in seen:
+            fit, obs = _fit_at(family, data, float(math.exp(log_t)))
+            seen[log_t] = (fit, obs, _closeness(obs))
+        return seen[log_t]
+
+    def objective(log_t: float):
+        fit, obs, close = evaluate(log_t)
+        return fit.loglik - 1e-3 * close, fit, obs
+
+    def closeness(log_t: float):
+        fit, obs, close = evaluate(log_t)
+        return -close, fit, obs
+
+    scored = [objective(math.log(t)) for t in grid]
+    i = max(range(len(grid)), key=lambda k: scored[k][0])
+    j = max(range(len(grid)), key=lambda k: -seen[math.log(grid[k])][2])
+    best = scored[i]
+    for centre, f in ((i, objective), (j, closeness)):
+        a, b = math.log(grid[max(centre - 1, 0)]), math.log(grid[min(centre + 1, len(grid) - 1)])
+        got = _golden(f, a, b, 40)
+        cand = objective(math.log(got[1].parameter))
         if cand[0] > best[0]:
             best = cand
     return best[1], best[2]
@@ -579,12 +626,25 @@ def _threshold_interval(data: list[_StepData]) -> tuple[float, float]:
 
 
 def _fit_threshold(family: Family, data: list[_StepData]) -> tuple[FamilyFit, list[_Obs]]:
+    """``t`` of SGLang's rule. Where the decisions admit an interval ``(a, b]`` of ``t``, the
+    likelihood is flat over it (every ``t`` in it gives the same verdicts), so the parameter's
+    cost is its Occam factor under a log-uniform prior on :data:`THRESHOLD_RANGE`:
+    ``log(range / width)`` in log ``t``, not BIC's ``(1/2) log n`` (which assumes a peak
+    narrowing with ``n``); elsewhere (no interval, a grid value) BIC."""
     a, b = _threshold_interval(data)
-    cands = [float(x) for x in np.geomspace(0.05, 4.0, 32)]
+    lo_r, hi_r = THRESHOLD_RANGE
+    cands = [float(x) for x in np.geomspace(lo_r, hi_r, 32)]
+    mid = None
     if a < b:
-        cands.append((a + b) / 2 if math.isfinite(b) else 2 * a)
+        mid = (a + b) / 2 if math.isfinite(b) else 2 * a
+        cands.append(mid)
     fits = [_fit_at(family, data, t) for t in cands]
-    return max(fits, key=lambda f: f[0].loglik)
+    fit, obs = max(fits, key=lambda f: (f[0].loglik, f[0].parameter == mid))  # ties: the interval's middle
+    if mid is not None and fit.parameter == mid:
+        width = math.log(min(b, hi_r) / max(a, lo_r)) if min(b, hi_r) > max(a, lo_r) else 0.0
+        if width > 0:
+            fit = dataclasses.replace(fit, penalty=max(0.0, math.log(math.log(hi_r / lo_r) / width)))
+    return fit, obs
 
 
 def _greedy_limit(fit: FamilyFit | None) -> bool:

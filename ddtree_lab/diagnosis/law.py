@@ -28,10 +28,14 @@ request, so the same run gives the same figures.
 Source: the losslessness of sequential multi-draft rejection on a tree (SpecInfer, Miao et
 al. 2024, Sec. 4; DDTree's target-only rule), the randomised PIT for discrete laws
 (Brockwell 2007).
+
+When the law is rejected, the findings say which rule family's law fits the outputs best
+(:mod:`.lawfit`: rule inference's families, fitted to the outputs alone), or that none does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -234,5 +238,21 @@ def check_law(run: Run, steps: list[Step] | None = None) -> CheckResult:
                                  "ddtree-lab render RUN --step S --request R --format decisions  # one step's walk, decision by decision"))
     for st, rq, _, _ in sample.impossible:
         result.per_step[(st, rq)] = "unknown"
+    if found:  # the law is rejected: which rule family's law the outputs fit instead (.lawfit)
+        family = _family_sentence(run, steps)
+        found = [dataclasses.replace(f, evidence=f"{f.evidence}; {family}") for f in found]
     result.findings = group_findings(found)
     return result
+
+
+def _family_sentence(run: Run, steps: list[Step]) -> str:
+    from .lawfit import fit_output_law
+
+    vocab = run.vocab_size or max((int(s.node_token_ids.max()) + 1 for s in steps if s.node_token_ids is not None),
+                                  default=0)
+    try:
+        fit = fit_output_law(steps, vocab)
+    except ValueError as exc:  # no step it can score: said, never a pass
+        return f"rule families' laws not fitted ({exc})"
+    return "rule families' laws: " + fit.sentence() + (f"; not tried: {'; '.join(fit.not_tried)}" if fit.not_tried
+                                                       else "")

@@ -144,7 +144,18 @@ def _fast_ok(step: Step) -> bool:
     if k != len(decisions) or step.bonus.node != cur or not _walk_follows_rule(step):
         return False
     ok, _, _ = _bonus_coins(step)
-    return ok
+    return ok and _bonus_prob_follows_rows(step)
+
+
+def _bonus_prob_follows_rows(step: Step) -> bool:
+    """Whether the bonus's recorded ``token_prob`` is its residual probability in the stored
+    row prefix (a verifier that drew from rows of its own logs that row's value)."""
+    b, prefix, mass = step.bonus, step.final_row_prefix, step.final_mass
+    if b is None or b.token_prob is None or prefix is None or mass is None or not mass > 0:
+        return True  # nothing recorded to compare: _bonus_coins decided
+    rejected = {d.token for d in step.decisions if d.parent == b.node and d.verdict == "reject"}
+    want = 0.0 if b.token in rejected else float(prefix[b.token].double()) / mass
+    return abs(float(b.token_prob) - want) <= 1e-6 + 1e-5 * abs(want)
 
 
 def verifier_step(step: Step, vocab: int) -> tuple[list[str] | None, str | None, int | None, str] | None:

@@ -52,6 +52,7 @@ from typing import Callable, Mapping
 
 import torch
 
+from ..io.decoding_mode import mode_of, request_temperatures
 from ..sampling import SamplingParams
 from ..step import Run, Step
 from ..verify import BonusDraw, WalkEvent, events_of
@@ -451,7 +452,9 @@ def step_view(step: Step, texts: Run | Mapping[int, str] | None = None, collapse
     bonus = (_bonus_view(step, draw, lookup, greedy, p_known) if draw is not None
              else _recorded_bonus(step, bonus_parent, lookup))
     hidden = collapse_nodes(nodes, collapse_unvisited, max_depth, min_target_p, min_drafter_q, keep, max_children)
-    mode = _mode(params) if params is not None else "sampling parameters not recorded"
+    stated = _file_temperature(step, texts) if params is None else None
+    mode = _mode(params) if params is not None else (
+        "sampling parameters not recorded" if stated is None else f"T={stated[0]:g} ({mode_of(stated[0])}, {stated[1]})")
     if bonus is None:
         outcome = f"accepted {step.accept_length}, bonus token not recorded"
     elif bonus.token >= 0:
@@ -463,7 +466,7 @@ def step_view(step: Step, texts: Run | Mapping[int, str] | None = None, collapse
     if step.lossy:
         title += f" · {lossy_mark(step.thresholds)}"
     threshold_single, threshold_acc = step.thresholds
-    missing = _missing(step, params, p_known, has_log, bonus, tokens, ranks, logws, child_probs)
+    missing = _missing(step, params, p_known, has_log, bonus, tokens, ranks, logws, child_probs, stated)
     on_show = {t for t in tokens if t >= 0} | {d.token for d in step.decisions}
     if bonus is not None:
         on_show |= {t for t, *_ in bonus.top} | ({bonus.token} if bonus.token >= 0 else set())
@@ -504,8 +507,20 @@ def _recorded_bonus(step: Step, node: int, lookup) -> BonusView | None:
     return BonusView(node, token, lookup(token), "recorded", None, False, None, None, None)
 
 
+def _file_temperature(step: Step, texts) -> tuple[float, str] | None:
+    """The temperature a run that records no sampling parameters states for ``step``'s request
+    in its metadata, and where from (:mod:`ddtree_lab.io.decoding_mode`; ``info`` prints the
+    same), or None: not stated, or ``texts`` is not the step's :class:`Run`."""
+    if not isinstance(texts, Run):
+        return None
+    for request, t, where in request_temperatures(texts):
+        if request == step.request and t is not None:
+            return t, where
+    return None
+
+
 def _missing(step: Step, params, p_known: bool, has_log: bool, bonus: BonusView | None, tokens, ranks, logws,
-             child_probs) -> list[str]:
+             child_probs, stated: tuple[float, str] | None = None) -> list[str]:
     """What the view cannot show because the step does not record it (StepView.missing)."""
     out = []
     if step.rows is None:
@@ -516,7 +531,8 @@ def _missing(step: Step, params, p_known: bool, has_log: bool, bonus: BonusView 
         unread = sum(1 for p in child_probs[1:] if math.isnan(p))
         out.append(f"target p of {unread} nodes whose parent's row the walk never read (level {step.level!r})")
     if params is None:
-        out.append("sampling parameters (greedy or sampled is not known)")
+        out.append("sampling parameters (greedy or sampled is not known)" if stated is None
+                   else f"sampling parameters other than the temperature (T={stated[0]:g} {stated[1]})")
     elif not params.is_greedy and step.coins is None:
         out.append("coins")
     if not has_log:
