@@ -196,21 +196,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verifier", default="reference",
                    help="reference, torch-lazy, triton, or a planted fault: " + ", ".join(PLANTED_FAULTS))
     from ..engines import DRAFT_MODES, ENGINE_FAULTS, ENGINES
+    from ..engines import vllm_rules
     from ..engines.sglang_rules import RULE_FAULTS, RULES
 
     p.add_argument("--engine", choices=ENGINES + ("list", "sglang:chain", "vllm:rejection-sampler")
-                   + tuple(f"sglang:{r}" for r in RULES),
+                   + tuple(f"sglang:{r}" for r in RULES) + tuple(f"vllm:{r}" for r in vllm_rules.RULES),
                    help="audit the engine's own verifier (vllm / vllm:rejection-sampler: its RejectionSampler in the "
                    "vLLM venv, scripts/setup_vllm.sh; sglang / sglang:chain: its kernels, --random cases are then "
-                   "chains; sglang:RULE: the rule end to end, its own draft sampling included, docs/ENGINES.md); "
+                   "chains; sglang:RULE / vllm:RULE: the rule end to end, its own draft sampling included, docs/ENGINES.md; "
+                   "vllm:RULE runs vLLM's new model runner in the vLLM venv); "
                    "list: the inventory of both engines with each rule's last verdict")
     p.add_argument("--draft", choices=DRAFT_MODES, default="target-only",
                    help="with --engine: no draft probabilities (target-only rule) or real ones from a noisy drafter")
-    p.add_argument("--engine-fault", choices=sorted(set(ENGINE_FAULTS) | set(RULE_FAULTS)),
-                   help="with --engine: plant this fault in the adapter (sglang:RULE: one of that rule's faults)")
+    p.add_argument("--engine-fault", choices=sorted(set(ENGINE_FAULTS) | set(RULE_FAULTS) | set(vllm_rules.RULE_FAULTS)),
+                   help="with --engine: plant this fault in the adapter (sglang:RULE / vllm:RULE: one of that rule's "
+                   "faults)")
     p.add_argument("--draws", type=int, default=None,
                    help="coin sets drawn (default 4000; sglang:RULE: per request, 400 for the DFlash 2 rules whose "
-                   "kernel runs in Triton's interpreter, 3000 for the others)")
+                   "kernel runs in Triton's interpreter, 3000 for the others; vllm:RULE: per request, 400)")
     p.add_argument("--seed", type=int, default=0, help="coin seed")
     p.add_argument("--alpha", type=float, default=1e-3, help="significance level")
     p.add_argument("--threshold-single", type=float, default=1.0, help="SGLang's threshold_single (1: exact)")

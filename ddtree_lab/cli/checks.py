@@ -19,7 +19,7 @@ def cmd_audit(args) -> int:
         return engine_list(args)
     if args.engine in ("sglang:chain", "vllm:rejection-sampler"):
         args.engine = args.engine.split(":")[0]
-    if args.engine is not None and args.engine.startswith("sglang:"):
+    if args.engine is not None and args.engine.startswith(("sglang:", "vllm:")):
         return engine_rule(args)
     if args.draws is None:
         args.draws = 4000
@@ -137,28 +137,39 @@ def engine_list(args) -> int:
 
 
 def engine_rule(args) -> int:
-    """``audit --engine sglang:RULE``: one SGLang rule end to end on its standard case (seed ``--seed``)."""
+    """``audit --engine sglang:RULE`` / ``vllm:RULE``: one engine rule end to end on its standard
+    case (seed ``--seed``); vLLM's rules run in a worker in the vLLM venv."""
     from ..engines import end_to_end as e2e
     from ..engines import sglang_rules as sr
+    from ..engines import vllm_rules as vr
 
-    rule = args.engine.split(":", 1)[1]
+    engine, rule = args.engine.split(":", 1)
+    rules = sr.RULES if engine == "sglang" else vr.RULES
     if args.source is not None or args.random is not None or args.step is not None:
         raise CLIError(f"--engine {args.engine} audits the rule on its own case: leave out the TRACE/BUNDLE, "
                        "--random and --step")
-    if args.engine_fault is not None and args.engine_fault not in sr.RULES[rule].faults:
-        raise CLIError(f"--engine-fault {args.engine_fault}: rule {rule} takes {', '.join(sr.RULES[rule].faults)}")
+    if args.engine_fault is not None and args.engine_fault not in rules[rule].faults:
+        raise CLIError(f"--engine-fault {args.engine_fault}: rule {rule} takes {', '.join(rules[rule].faults)}")
     if any(getattr(args, k, None) is not None for k in ("temperature", "top_k", "top_p", "min_p")):
         raise CLIError(f"--engine {args.engine}: the rule's case fixes its requests' parameters (docs/ENGINES.md)")
-    draws = args.draws if args.draws is not None else (400 if rule.startswith("dflash2") else 3000)
+    draws = args.draws if args.draws is not None else (400 if engine == "vllm" or rule.startswith("dflash2") else 3000)
     if draws < MIN_DRAWS:
         raise CLIError(f"--draws {draws}: need at least {MIN_DRAWS} draws per request")
     if not 0 < args.alpha < 1:
         raise CLIError(f"--alpha {args.alpha}: the significance level must be in (0, 1)")
+    name = args.engine + (f" + {args.engine_fault}" if args.engine_fault else "")
     try:
-        run = sr.run_rule(rule, args.engine_fault)
-        report = e2e.audit_rule(args.engine + (f" + {args.engine_fault}" if args.engine_fault else ""), run,
-                                sr.standard_case(rule, args.seed, args.engine_fault), sr.RULES[rule].law,
-                                draws=draws, seed=args.seed, alpha=args.alpha)
+        if engine == "sglang":
+            report = e2e.audit_rule(name, sr.run_rule(rule, args.engine_fault),
+                                    sr.standard_case(rule, args.seed, args.engine_fault), sr.RULES[rule].law,
+                                    draws=draws, seed=args.seed, alpha=args.alpha)
+        else:
+            from ..engines.vllm import VLLMWorker
+
+            with VLLMWorker() as worker:
+                report = e2e.audit_rule(name, vr.run_rule(rule, worker, args.engine_fault),
+                                        vr.standard_case(rule, args.seed, args.engine_fault), vr.RULES[rule].law,
+                                        draws=draws, seed=args.seed, alpha=args.alpha)
     except (ValueError, RuntimeError) as exc:
         raise CLIError(f"--engine {args.engine}: {exc}") from exc
     print(report.text(args.top))

@@ -97,14 +97,22 @@ ENTRY_POINTS = [
     Entry("vllm", "v1/sample/rejection_sampler.py:rejection_sample", "verify", "CPU (Triton interpreter) and CUDA",
           "the kernels RejectionSampler.forward launches (greedy, random, recovered tokens)",
           "vllm:rejection-sampler (through RejectionSampler.forward)"),
-    Entry("vllm", "v1/worker/gpu/spec_decode/dflash2/speculator.py:CandidateSampler.sample", "draft", "Triton kernels",
-          "DFlash 2 / LiLiCorr candidate walk (_selector_walk_kernel), realized scores cached as sparse draft logits",
-          f"{_NOT_HERE}: not attempted in this change (the new model runner's DFlash 2 walk)"),
-    Entry("vllm", "v1/worker/gpu/spec_decode/rejection_sampler_utils.py:rejection_sample", "verify", "Triton kernels",
-          "target logits, draft logits or None, draft tokens, temperatures, seeds, use_block_verification",
-          f"{_NOT_HERE}: not attempted in this change (the new model runner's sampler, block verification included)"),
-    Entry("vllm", "v1/worker/gpu/spec_decode/rejection_sampler.py:RejectionSampler.__call__", "verify", "Triton kernels",
-          "the new model runner's verify (calls rejection_sample)", f"{_NOT_HERE}: not attempted in this change"),
+    Entry("vllm", "v1/worker/gpu/spec_decode/dflash2/speculator.py:CandidateSampler.sample", "draft",
+          "CPU (Triton interpreter, with the lab's interpreter shims) and CUDA",
+          "candidate ids + lattice scores [reqs, gamma, K, K], temperatures, seeds, positions -> draft tokens, "
+          "realized scores cached as sparse pre-temperature draft logits (-inf elsewhere)",
+          "vllm:dflash2, vllm:dflash2-block"),
+    Entry("vllm", "v1/worker/gpu/spec_decode/rejection_sampler_utils.py:rejection_sample", "verify",
+          "CPU (Triton interpreter, with the lab's interpreter shims) and CUDA",
+          "processed target logits, pre-temperature draft logits or None (one-hot), draft tokens, temperatures, "
+          "seeds, positions, use_block_verification",
+          "vllm:dflash2, vllm:dflash2-block (draft logits); vllm:onehot, vllm:onehot-block (draft_logits=None)"),
+    Entry("vllm", "v1/worker/gpu/spec_decode/rejection_sampler.py:RejectionSampler.__call__", "verify",
+          "needs the new model runner's state", "logits, InputBatch (Sampler states, RequestState): "
+          "apply_sampling_params then rejection_sample, in chunks",
+          f"{_NOT_HERE}: needs the runner's InputBatch, RequestState and Sampler built from a VllmConfig, not "
+          "built here; its verify (rejection_sample) and its temperature / top-k / top-p ops are audited in "
+          "vllm:dflash2 and vllm:onehot"),
 ]
 
 #: Functions matching :data:`NAME_PATTERN` that are not entry points of their own, by reason.

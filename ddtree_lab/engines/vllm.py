@@ -13,6 +13,9 @@ recovered-token kernel, and its ``Sampler`` for the bonus token -- on a lab chai
 randomness: each request's ``torch.Generator`` is seeded from the lab's coins of that draw
 (vLLM's per-request seed path), so an audit is reproducible for a seed but not coin-for-coin
 comparable with the lab's verifiers: the audit is distributional.
+
+:meth:`VLLMWorker.rule` runs the new model runner's DFlash 2 walk and ``rejection_sample`` end to
+end in the same worker (:mod:`ddtree_lab.engines.vllm_rules`).
 """
 
 from __future__ import annotations
@@ -140,6 +143,50 @@ class VLLMWorker:
         out = load_file(f"{base}-out.safetensors")["output_token_ids"]
         for suffix in ("-in", "-out"):
             Path(f"{base}{suffix}.safetensors").unlink(missing_ok=True)
+        return out
+
+    def rule(self, rule: str, block: bool, tensors: dict, params: list[SamplingParams], seed: int,
+             fault: str | None = None, base_pos: int = 16) -> dict:
+        """Run the new model runner's speculative sampling end to end on ``R = len(params)`` rows
+        (:func:`ddtree_lab.engines.vllm_worker.run_rule_request`: DFlash 2's ``CandidateSampler``
+        walk or given one-hot drafts, then ``rejection_sample`` with ``use_block_verification=block``).
+
+        Args:
+            rule: ``"dflash2"`` or ``"onehot"``.
+            tensors: ``target_logits [gamma+1, V, V]`` float32, ``root [1]`` int64, and
+                ``candidate_ids [gamma, K]`` int64 + ``scores [gamma, K, K]`` float32 (dflash2) or
+                ``draft_tokens [gamma]`` int64 (+ ``fault_draft_logits [gamma, V]``) (onehot).
+            params: one :class:`SamplingParams` per row (temperature, top_k, top_p).
+            seed: the trial seed (vLLM's per-request seeds are drawn from it in the worker).
+            fault: a planted fault of ``vllm_worker.RULE_FAULTS``, or None.
+
+        Returns:
+            ``{"sampled": [R, gamma+1] int64, "num_sampled": [R] int32, "draft_tokens": [R, gamma]
+            int64, "about": what the worker ran (the speculator file's SHA-256, skipped
+            statements, interpreter shims)}``.
+
+        Raises:
+            RuntimeError: the worker failed (its error message).
+        """
+        from safetensors.torch import load_file, save_file
+
+        self._calls += 1
+        base = Path(self._dir.name) / f"call{self._calls}"
+        save_file({k: v.contiguous() for k, v in tensors.items()}, f"{base}-in.safetensors")
+        req = {"op": "rule", "inputs": f"{base}-in.safetensors", "output": f"{base}-out.safetensors", "rule": rule,
+               "block": bool(block), "fault": fault, "seed": int(seed), "base_pos": int(base_pos),
+               "temperature": [0.0 if p.is_greedy else float(p.temperature) for p in params],
+               "top_k": [int(p.top_k) for p in params], "top_p": [float(p.top_p) for p in params]}
+        self._stdin.write(json.dumps(req) + "\n")
+        self._stdin.flush()
+        reply = self._read()
+        if not reply.get("ok"):
+            raise RuntimeError(f"vLLM's new model runner sampling failed: {reply.get('error')}")
+        self.seconds += reply["seconds"]
+        out: dict = dict(load_file(f"{base}-out.safetensors"))
+        for suffix in ("-in", "-out"):
+            Path(f"{base}{suffix}.safetensors").unlink(missing_ok=True)
+        out["about"] = reply.get("about")
         return out
 
     def close(self) -> None:
