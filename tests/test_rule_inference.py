@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import ddtree_lab as dl
-from ddtree_lab.diagnosis.inference import MARGIN, families_for, infer_rule, row_interval
-from ddtree_lab.diagnosis.sampling import prob_interval
+from ddtree_lab.diagnosis.inference import MARGIN, families_for, infer_rule
+from ddtree_lab.diagnosis.sampling import prob_interval, row_interval
 from ddtree_lab.diagnosis.verifier import check_verifier
 from ddtree_lab.faults import RuleVariant
 
@@ -121,28 +121,37 @@ def test_cli_no_catalogue(tmp_path, capsys):
     assert "[verifier-greedy]" in out and "catalogue off" in out
 
 
-def test_row_interval_agrees_with_prob_interval():
+def test_row_interval_holds_every_exact_probability_and_prob_interval_reads_it():
+    """The whole-row bounds hold the exact rows (every filter, both orders); prob_interval is the
+    row read at one token, and a token outside the stored entries is bounded only when the
+    transform keeps none of them."""
     g = torch.Generator().manual_seed(1)
     vocab, m = 300, 64
     params = [dl.SamplingParams(temperature=0.8), dl.SamplingParams(temperature=1.3, top_p=0.8),
               dl.SamplingParams(temperature=0.7, top_k=20, top_p=0.9),
               dl.SamplingParams(temperature=1.1, top_k=30, top_p=0.7, order="top_p_then_top_k"),
               dl.SamplingParams(temperature=0.9, min_p=0.1)]
+    decided = 0
     for _ in range(8):
         logits = torch.randn(vocab, generator=g) * 3
         top = logits.topk(m)
         lse = float(torch.logsumexp(logits.double(), 0))
+        outside = next(t for t in range(vocab) if t not in set(top.indices.tolist()))
         for p in params:
             row = row_interval(top.indices, top.values, lse, p, vocab)
             exact = dl.target_probs(logits[None, None], p)[0, 0]
-            for token in top.indices[:30].tolist():
-                iv = prob_interval(top.indices, top.values, lse, token, p, vocab)
-                if iv is None or row is None:
-                    assert (iv is None) == (row is None)
-                    continue
+            if row is None:
+                assert prob_interval(top.indices, top.values, lse, int(top.indices[0]), p, vocab) is None
+                continue
+            decided += 1
+            for token in top.indices.tolist():
                 lo, hi = row.prob(token)
-                assert abs(lo - iv[0]) < 1e-9 and abs(hi - iv[1]) < 1e-9
                 assert lo - 2e-6 <= float(exact[token]) <= hi + 2e-6
+                assert prob_interval(top.indices, top.values, lse, token, p, vocab) == (lo, hi)
+            got = prob_interval(top.indices, top.values, lse, outside, p, vocab)
+            assert got == ((0.0, 0.0) if row.other == 0.0 else None)
+            assert float(exact[outside]) <= row.other + 2e-6
+    assert decided >= 20  # of 40 (None: a top-p cut the stored entries do not decide)
 
 
 def test_families_follow_the_request_and_bad_input_is_named():

@@ -40,7 +40,7 @@ likely as it (within one nat) are reported as tied, and then none is named alone
 rule reads the recorded rows (``child_probs``, the bonus row prefix); the families that change
 the rows recompute them from the stored top-M raw logits (level ``full``), exactly where the
 transform's support lies inside them and within proven bounds elsewhere (the bounds of
-:func:`ddtree_lab.diagnosis.sampling.prob_interval`, computed for a whole row at once).
+:func:`ddtree_lab.diagnosis.sampling.row_interval`, which the sampling check reads token by token).
 
 On a clean recording the target-only rule has no slip, so no family can beat it: inference
 never names a rule on a run whose decisions follow the target-only rule.
@@ -63,9 +63,9 @@ from ..faults import RuleVariant
 from ..problems import Problem
 from ..sampling import SamplingParams
 from ..step import Step
-from .sampling import ATOL, CUT_MARGIN, RTOL
+from .sampling import ATOL, RTOL, RowBounds, row_interval
 
-__all__ = ["Family", "FamilyFit", "RuleInference", "families_for", "infer_rule", "row_interval", "SLIP", "MARGIN",
+__all__ = ["Family", "FamilyFit", "RuleInference", "families_for", "infer_rule", "SLIP", "MARGIN",
            "TEMPERATURE_RANGE", "THRESHOLD_RANGE"]
 
 #: Probability of a slip (a recorded field the family does not predict) in the likelihood.
@@ -196,132 +196,6 @@ def families_for(params: SamplingParams | None) -> list[Family]:
 
 _TARGET_ONLY = Family("target-only", "the target-only rule", RuleVariant())
 
-# -- rows from the stored top-M raw logits -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Row:
-    """One row under a transform, over the stored ids: ``lo`` / ``hi`` bounds ``[M]``, the
-    bound ``other`` on any token outside the stored ids (0 when the transform keeps none)."""
-
-    ids: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    other: float
-
-    @property
-    def exact(self) -> bool:
-        return self.other == 0.0 and bool(np.all(self.hi - self.lo <= 1e-12 + 1e-9 * self.hi))
-
-    def prob(self, token: int) -> tuple[float, float]:
-        k = np.nonzero(self.ids == token)[0]
-        if k.size:
-            return float(self.lo[k[0]]), float(self.hi[k[0]])
-        return 0.0, self.other
-
-
-def _top_p_cut(e: np.ndarray, keep: np.ndarray, z_lo: float, z_hi: float, top_p: float) -> np.ndarray | None:
-    """The top-p keep mask over the stored entries under normalisers in ``[z_lo, z_hi]``, or
-    None when the cut is not decided inside them (as the sampling check decides it)."""
-    masks = []
-    for z in (z_lo, z_hi):
-        probs = np.where(keep, e / z, 0.0)
-        order = np.sort(probs)[::-1]
-        cum = np.cumsum(order)
-        reach = np.nonzero(cum >= top_p)[0]
-        if reach.size == 0:
-            return None
-        k = int(reach[0])
-        if abs(cum[k] - top_p) < CUT_MARGIN or (k > 0 and abs(cum[k - 1] - top_p) < CUT_MARGIN):
-            return None
-        masks.append(keep & (probs >= order[k]))
-    return masks[0] if bool(np.array_equal(masks[0], masks[1])) else None
-
-
-def row_interval(ids, logits, lse: float, cand: SamplingParams | str, vocab: int, twice: bool = False) -> _Row | None:
-    """Bounds on a whole row's probabilities under ``cand`` from its stored top-M raw logits.
-
-    Args:
-        ids, logits: ``[M]`` the row's top-M raw logits (descending; ties by ascending id),
-            tensors or arrays.
-        lse: the row's float64 log-sum-exp over the whole vocabulary.
-        cand: :class:`SamplingParams`, or ``"greedy"`` (one-hot at the argmax of the tokens
-            not banned: pass the request's parameters through ``twice=False``).
-        vocab: V.
-        twice: apply ``cand``'s top-p a second time to the renormalised row (exact rows only).
-
-    Returns:
-        the row's bounds (the same as :func:`ddtree_lab.diagnosis.sampling.prob_interval`
-        token by token), or None when a top-k tie or a top-p cut is not decided by the stored
-        entries.
-    """
-    ids_a = np.asarray(ids.tolist() if hasattr(ids, "tolist") else ids, dtype=np.int64)
-    m = ids_a.size
-    if isinstance(cand, str):
-        one = np.zeros(m)
-        one[0] = 1.0
-        return _Row(ids_a, one, one.copy(), 0.0)
-    lf = np.asarray(logits.tolist() if hasattr(logits, "tolist") else logits, dtype=np.float32)
-    t = float(cand.temperature)
-    l = lf.astype(np.float64)
-    s = (lf / np.float32(t)).astype(np.float64)
-    e = np.exp(s - s[0])
-    s1 = max(math.exp(lse - l[0]) - float(np.exp(l - l[0]).sum()), 0.0)
-    gap = float(l[-1] - l[0])
-    if t == 1.0:
-        tail = (s1, s1)
-    elif t < 1.0:
-        tail = (0.0, s1 * math.exp(gap * (1.0 / t - 1.0)))
-    else:
-        tail = (s1, max(vocab - m, 0) * math.exp(gap / t))
-    banned = set(cand.banned_token_ids)
-    allowed = np.array([i not in banned for i in ids_a.tolist()], dtype=bool)
-    if banned:
-        e = np.where(allowed, e, 0.0)
-        if len(banned & set(ids_a.tolist())) < len(banned):
-            tail = (0.0, tail[1])
-    tail_full, keep = tail, allowed
-    has_k = 0 < cand.top_k < vocab
-    if has_k:
-        kept = np.nonzero(allowed)[0]
-        if cand.top_k <= kept.size:
-            kth = s[kept[cand.top_k - 1]]
-            if float(s[-1]) == float(kth) and vocab > m:
-                return None
-            keep, tail = allowed & (s >= kth), (0.0, 0.0)
-        else:
-            tail = (0.0, tail[1])
-    if cand.top_p < 1.0:
-        if cand.order == "top_k_then_top_p" or not has_k:
-            base = float(e[keep].sum())
-            mask = _top_p_cut(e, keep, base + tail[0], base + tail[1], cand.top_p)
-        else:
-            full = float(e.sum())
-            mask = _top_p_cut(e, allowed, full + tail_full[0], full + tail_full[1], cand.top_p)
-            mask = None if mask is None else mask & keep
-        if mask is None:
-            return None
-        keep, tail = mask, (0.0, 0.0)
-    if cand.min_p:
-        top = float(e[keep].max()) if keep.any() else 0.0
-        keep = keep & (e >= cand.min_p * top)
-        tail = (0.0, 0.0) if float(e[-1]) < cand.min_p * top else (0.0, tail[1])
-    ek = np.where(keep, e, 0.0)
-    base = float(ek.sum())
-    lo, hi = ek / (base + tail[1]), ek / (base + tail[0])
-    row = _Row(ids_a, lo, hi, tail[1] / (base + tail[0]) if tail[1] > 0 else 0.0)
-    if twice and cand.top_p < 1.0:
-        if not row.exact:
-            return None
-        mask = _top_p_cut(lo, lo > 0, 1.0, 1.0, cand.top_p)
-        if mask is None:
-            return None
-        p = np.where(mask, lo, 0.0)
-        p = p / p.sum()
-        row = _Row(ids_a, p, p.copy(), 0.0)
-    return row
-
-
 # -- one step's observations under one family ----------------------------------------------------
 
 
@@ -350,7 +224,7 @@ class _StepData:
         self.ids, self.logits, self.lse = ids, logits, lse
         self._rows: dict = {}
 
-    def row(self, node: int, variant: RuleVariant, request_rows: bool = False) -> _Row | None:
+    def row(self, node: int, variant: RuleVariant, request_rows: bool = False) -> RowBounds | None:
         """Node ``node``'s row under ``variant`` (``request_rows``: the request's own) from the
         stored top-M logits, or None (not stored, or not decided by them)."""
         ids, logits, lse = self.ids, self.logits, self.lse
@@ -365,7 +239,7 @@ class _StepData:
                 allowed = [i for i in ids[node].tolist() if i not in set(p.banned_token_ids)]
                 one = np.zeros(len(allowed))
                 one[0] = 1.0
-                got = _Row(np.asarray(allowed, dtype=np.int64), one, one.copy(), 0.0)
+                got = RowBounds(np.asarray(allowed, dtype=np.int64), one, one.copy(), 0.0)
             else:
                 cand = p if request_rows else variant_params(p, variant)
                 got = row_interval(ids[node], logits[node], float(lse[node]), cand, self.vocab,
@@ -610,18 +484,19 @@ def _fit_temperature(family: Family, data: list[_StepData]) -> tuple[FamilyFit, 
     return best[1], best[2]
 
 
-def _threshold_interval(data: list[_StepData]) -> tuple[float, float]:
-    """The ``t`` that SGLang's ``u <= S / t`` admits on every recorded decision."""
+def threshold_interval(decisions) -> tuple[float, float]:
+    """The ``t`` that SGLang's lossy rule ``u <= S / t`` (``threshold_acc``) admits on every one
+    of ``decisions`` (:class:`~ddtree_lab.verify.Decision`; those without a positive coin are
+    skipped): ``(lo, hi)``, ``hi`` infinite when no decision accepted."""
     lo, hi = 0.0, float("inf")
-    for sd in data:
-        for d in sd.decisions:
-            if d.coin is None or d.coin <= 0:
-                continue
-            r = d.cumulative_mass / d.coin
-            if d.verdict == "accept":
-                hi = min(hi, r)
-            else:
-                lo = max(lo, r)
+    for d in decisions:
+        if d.coin is None or d.coin <= 0:
+            continue
+        r = d.cumulative_mass / d.coin
+        if d.verdict == "accept":
+            hi = min(hi, r)
+        else:
+            lo = max(lo, r)
     return lo, hi
 
 
@@ -631,7 +506,7 @@ def _fit_threshold(family: Family, data: list[_StepData]) -> tuple[FamilyFit, li
     cost is its Occam factor under a log-uniform prior on :data:`THRESHOLD_RANGE`:
     ``log(range / width)`` in log ``t``, not BIC's ``(1/2) log n`` (which assumes a peak
     narrowing with ``n``); elsewhere (no interval, a grid value) BIC."""
-    a, b = _threshold_interval(data)
+    a, b = threshold_interval(d for sd in data for d in sd.decisions)
     lo_r, hi_r = THRESHOLD_RANGE
     cands = [float(x) for x in np.geomspace(lo_r, hi_r, 32)]
     mid = None

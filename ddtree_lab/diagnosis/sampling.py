@@ -13,15 +13,16 @@ T = 0.8, the rows are T = 1").
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 import math
 
-import torch
+import numpy as np
 
 from ..sampling import SamplingParams
 from ..step import Run, Step
 from .common import CheckResult, Finding, group_findings, next_command
 
-__all__ = ["check_sampling", "sampling_step", "prob_interval", "candidates"]
+__all__ = ["check_sampling", "sampling_step", "prob_interval", "row_interval", "RowBounds", "candidates", "tail_bounds"]
 
 #: The recorded probability may sit this far outside a candidate's interval (float32 rows).
 ATOL, RTOL = 2e-5, 1e-3
@@ -48,26 +49,142 @@ def candidates(p: SamplingParams) -> dict[str, SamplingParams | str]:
     return out
 
 
-def _top_p_keep(e: torch.Tensor, z_lo: float, z_hi: float, top_p: float, keep: torch.Tensor):
-    """The top-p keep mask over the stored entries under normalisers in ``[z_lo, z_hi]``, or None
-    when the cut is not decided inside the stored entries."""
+def tail_bounds(s1: float, gap: float, t: float, rest: int) -> tuple[float, float]:
+    """Bounds on the softmax mass at temperature ``t`` of the ``rest`` entries a top-M row does
+    not store, in units of ``exp(s_0)`` (the row's top scaled logit). ``s1``: their mass at T = 1
+    in units of ``exp(l_0)`` (from the stored log-sum-exp); ``gap = l_{M-1} - l_0 <= 0``: no
+    unstored logit lies above the M-th. At T < 1 each unstored term shrinks by at least
+    ``exp(gap (1/t - 1))``; at T > 1 each is at most ``exp(gap / t)``."""
+    if t == 1.0:
+        return (s1, s1)
+    if t < 1.0:
+        return (0.0, s1 * math.exp(gap * (1.0 / t - 1.0)))
+    return (s1, max(rest, 0) * math.exp(gap / t))
+
+
+# -- rows from the stored top-M raw logits -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowBounds:
+    """One row under a transform, over the stored ids: ``lo`` / ``hi`` bounds ``[M]``, the
+    bound ``other`` on any token outside the stored ids (0 when the transform keeps none)."""
+
+    ids: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    other: float
+
+    @property
+    def exact(self) -> bool:
+        return self.other == 0.0 and bool(np.all(self.hi - self.lo <= 1e-12 + 1e-9 * self.hi))
+
+    def prob(self, token: int) -> tuple[float, float]:
+        k = np.nonzero(self.ids == token)[0]
+        if k.size:
+            return float(self.lo[k[0]]), float(self.hi[k[0]])
+        return 0.0, self.other
+
+
+def _top_p_cut(e: np.ndarray, keep: np.ndarray, z_lo: float, z_hi: float, top_p: float) -> np.ndarray | None:
+    """The top-p keep mask over the stored entries under normalisers in ``[z_lo, z_hi]``, or
+    None when the cut is not decided inside them (as the sampling check decides it)."""
     masks = []
     for z in (z_lo, z_hi):
-        probs = torch.where(keep, e / z, torch.zeros_like(e))
-        order = torch.sort(probs, descending=True, stable=True)
-        cum = order.values.cumsum(0)
-        reach = (cum >= top_p).nonzero()
-        if reach.numel() == 0:
+        probs = np.where(keep, e / z, 0.0)
+        order = np.sort(probs)[::-1]
+        cum = np.cumsum(order)
+        reach = np.nonzero(cum >= top_p)[0]
+        if reach.size == 0:
             return None
         k = int(reach[0])
-        if abs(float(cum[k]) - top_p) < CUT_MARGIN or (k > 0 and abs(float(cum[k - 1]) - top_p) < CUT_MARGIN):
+        if abs(cum[k] - top_p) < CUT_MARGIN or (k > 0 and abs(cum[k - 1] - top_p) < CUT_MARGIN):
             return None
-        masks.append(keep & (probs >= order.values[k]))
-    return masks[0] if bool((masks[0] == masks[1]).all()) else None
+        masks.append(keep & (probs >= order[k]))
+    return masks[0] if bool(np.array_equal(masks[0], masks[1])) else None
 
 
-def prob_interval(ids: torch.Tensor, logits: torch.Tensor, lse: float, token: int, cand, vocab: int):
-    """``(lo, hi)`` bounds of ``token``'s probability under ``cand`` from one stored row, or None.
+def row_interval(ids, logits, lse: float, cand: SamplingParams | str, vocab: int, twice: bool = False) -> RowBounds | None:
+    """Bounds on a whole row's probabilities under ``cand`` from its stored top-M raw logits.
+
+    Args:
+        ids, logits: ``[M]`` the row's top-M raw logits (descending; ties by ascending id),
+            tensors or arrays.
+        lse: the row's float64 log-sum-exp over the whole vocabulary.
+        cand: :class:`SamplingParams`, or ``"greedy"`` (one-hot at the argmax of the tokens
+            not banned: pass the request's parameters through ``twice=False``).
+        vocab: V.
+        twice: apply ``cand``'s top-p a second time to the renormalised row (exact rows only).
+
+    Returns:
+        the row's bounds (:func:`prob_interval` reads one token from them), or None when a
+        top-k tie or a top-p cut is not decided by the stored entries.
+    """
+    ids_a = np.asarray(ids.tolist() if hasattr(ids, "tolist") else ids, dtype=np.int64)
+    m = ids_a.size
+    if isinstance(cand, str):
+        one = np.zeros(m)
+        one[0] = 1.0
+        return RowBounds(ids_a, one, one.copy(), 0.0)
+    lf = np.asarray(logits.tolist() if hasattr(logits, "tolist") else logits, dtype=np.float32)
+    t = float(cand.temperature)
+    l = lf.astype(np.float64)
+    s = (lf / np.float32(t)).astype(np.float64)
+    e = np.exp(s - s[0])
+    s1 = max(math.exp(lse - l[0]) - float(np.exp(l - l[0]).sum()), 0.0)
+    tail = tail_bounds(s1, float(l[-1] - l[0]), t, vocab - m)
+    banned = set(cand.banned_token_ids)
+    allowed = np.array([i not in banned for i in ids_a.tolist()], dtype=bool)
+    if banned:
+        e = np.where(allowed, e, 0.0)
+        if len(banned & set(ids_a.tolist())) < len(banned):
+            tail = (0.0, tail[1])
+    tail_full, keep = tail, allowed
+    has_k = 0 < cand.top_k < vocab
+    if has_k:
+        kept = np.nonzero(allowed)[0]
+        if cand.top_k <= kept.size:
+            kth = s[kept[cand.top_k - 1]]
+            if float(s[-1]) == float(kth) and vocab > m:
+                return None
+            keep, tail = allowed & (s >= kth), (0.0, 0.0)
+        else:
+            tail = (0.0, tail[1])
+    if cand.top_p < 1.0:
+        if cand.order == "top_k_then_top_p" or not has_k:
+            base = float(e[keep].sum())
+            mask = _top_p_cut(e, keep, base + tail[0], base + tail[1], cand.top_p)
+        else:
+            full = float(e.sum())
+            mask = _top_p_cut(e, allowed, full + tail_full[0], full + tail_full[1], cand.top_p)
+            mask = None if mask is None else mask & keep
+        if mask is None:
+            return None
+        keep, tail = mask, (0.0, 0.0)
+    if cand.min_p:
+        top = float(e[keep].max()) if keep.any() else 0.0
+        keep = keep & (e >= cand.min_p * top)
+        tail = (0.0, 0.0) if float(e[-1]) < cand.min_p * top else (0.0, tail[1])
+    ek = np.where(keep, e, 0.0)
+    base = float(ek.sum())
+    lo, hi = ek / (base + tail[1]), ek / (base + tail[0])
+    row = RowBounds(ids_a, lo, hi, tail[1] / (base + tail[0]) if tail[1] > 0 else 0.0)
+    if twice and cand.top_p < 1.0:
+        if not row.exact:
+            return None
+        mask = _top_p_cut(lo, lo > 0, 1.0, 1.0, cand.top_p)
+        if mask is None:
+            return None
+        p = np.where(mask, lo, 0.0)
+        p = p / p.sum()
+        row = RowBounds(ids_a, p, p.copy(), 0.0)
+    return row
+
+
+
+def prob_interval(ids, logits, lse: float, token: int, cand, vocab: int) -> tuple[float, float] | None:
+    """``(lo, hi)`` bounds of ``token``'s probability under ``cand`` from one stored row, or None
+    (:func:`row_interval` read at one token).
 
     Args:
         ids, logits: ``[M]`` the row's top-M raw logits (descending; ties by ascending id).
@@ -76,67 +193,14 @@ def prob_interval(ids: torch.Tensor, logits: torch.Tensor, lse: float, token: in
         cand: :class:`SamplingParams` or ``"greedy"`` (one-hot at the argmax).
         vocab: V.
     """
-    ids_l = ids.tolist()
-    if cand == "greedy":
-        return (1.0, 1.0) if token == ids_l[0] else (0.0, 0.0)
-    m, t = len(ids_l), float(cand.temperature)
-    l = logits.double()
-    s = (logits / torch.tensor(t, dtype=torch.float32)).double()
-    e = torch.exp(s - s[0])
-    s1 = max(math.exp(lse - float(l[0])) - float(torch.exp(l - l[0]).sum()), 0.0)  # tail at T = 1 (units of e)
-    gap = float(l[-1] - l[0])
-    if t == 1.0:
-        tail = (s1, s1)
-    elif t < 1.0:
-        tail = (0.0, s1 * math.exp(gap * (1.0 / t - 1.0)))
-    else:
-        tail = (s1, max(vocab - m, 0) * math.exp(gap / t))
-    banned = set(cand.banned_token_ids)
-    all_m = torch.tensor([i not in banned for i in ids_l], dtype=torch.bool)  # a banned entry is -inf
-    if banned:
-        e = torch.where(all_m, e, torch.zeros_like(e))
-        if len(banned & set(ids_l)) < len(banned):  # a banned token in the tail: its mass unknown
-            tail = (0.0, tail[1])
-    tail_full = tail
-    keep = all_m
-    has_k = 0 < cand.top_k < vocab
-    if has_k:
-        kept = all_m.nonzero().flatten()  # the stored entries not banned, descending
-        if cand.top_k <= kept.numel():
-            kth = s[kept[cand.top_k - 1]]
-            if float(s[-1]) == float(kth) and vocab > m:
-                return None  # ties with the k-th logit may reach past the stored entries
-            keep = all_m & (s >= kth)
-            tail = (0.0, 0.0)
-        else:
-            tail = (0.0, tail[1])  # the tail is partly cut by top-k
-    if cand.top_p < 1.0:
-        if cand.order == "top_k_then_top_p" or not has_k:
-            base = float(e[keep].sum())
-            mask = _top_p_keep(e, base + tail[0], base + tail[1], cand.top_p, keep)
-        else:  # top-p on the whole tempered row, then top-k among the survivors
-            full = float(e.sum())
-            mask = _top_p_keep(e, full + tail_full[0], full + tail_full[1], cand.top_p, all_m)
-            mask = None if mask is None else mask & keep
-        if mask is None:
-            return None
-        keep, tail = mask, (0.0, 0.0)
-    if cand.min_p:
-        top = float(e[keep].max()) if keep.any() else 0.0
-        keep = keep & (e >= cand.min_p * top)
-        if float(e[-1]) < cand.min_p * top:
-            tail = (0.0, 0.0)
-        else:
-            tail = (0.0, tail[1])
-    if token in banned:
+    row = row_interval(ids, logits, lse, cand, vocab)
+    if row is None:
+        return None
+    if not isinstance(cand, str) and token in set(cand.banned_token_ids):
         return (0.0, 0.0)
-    if token not in ids_l:
-        return (0.0, 0.0) if tail == (0.0, 0.0) else None
-    k = ids_l.index(token)
-    if not bool(keep[k]):
-        return (0.0, 0.0)
-    base = float(e[keep].sum())
-    return float(e[k]) / (base + tail[1]), float(e[k]) / (base + tail[0])
+    if not bool(np.any(row.ids == token)):  # outside the stored entries: bounded only when the transform keeps none
+        return (0.0, 0.0) if row.other == 0.0 else None
+    return row.prob(token)
 
 
 def sampling_step(step: Step, vocab: int) -> tuple[int, dict[str, int], int | None, str] | None:

@@ -26,7 +26,7 @@ from ..step import Run, Step
 from ..verify import verify_sampled
 from ..verify.walking import children_of
 from .common import CheckResult, Finding, engine_emitted, group_findings, next_command
-from .inference import RuleInference, infer_rule
+from .inference import RuleInference, infer_rule, threshold_interval
 
 __all__ = ["check_verifier", "verifier_step", "engine_finding"]
 
@@ -44,20 +44,6 @@ def _try(fn):
         return fn()
     except ValueError:  # a candidate walk that reaches a row the step does not store
         return None
-
-
-def _threshold_interval(step: Step) -> tuple[float, float]:
-    """Feasible ``threshold_acc`` of SGLang's rule ``u <= S / t`` from the recorded decisions."""
-    lo, hi = 0.0, float("inf")
-    for d in step.decisions:
-        if d.coin is None or d.coin <= 0:
-            continue
-        r = d.cumulative_mass / d.coin
-        if d.verdict == "accept":
-            hi = min(hi, r)
-        else:
-            lo = max(lo, r)
-    return lo, hi
 
 
 def _walk_follows_rule(step: Step) -> bool:
@@ -273,7 +259,7 @@ def check_verifier(run: Run, steps: list[Step] | None = None, catalogue: bool = 
             result.note = f"step {s.step}, request {s.request}: {exc}"
             continue
         result.checked += 1
-        lo, hi = _threshold_interval(s)
+        lo, hi = threshold_interval(s.decisions)
         a, b = bounds.get(s.request, (0.0, float("inf")))
         bounds[s.request] = (max(a, lo), min(b, hi))
         if got is not None:

@@ -24,10 +24,10 @@ import torch
 
 from ..audit import AuditCase, AuditReport, audit
 from ..buffers import DDTreeVerifyInput, encode_retrieve, tree_attention_mask
-from ..sampling import SamplingParams, normalize_params, target_probs
+from ..sampling import SamplingParams, apply_bans_batch, normalize_params, target_probs
 from ..verify import VerifyOutput
 
-__all__ = ["ENGINE_FAULTS", "DRAFT_MODES", "check_chain", "chain_case", "random_chain_case", "drafter_probs",
+__all__ = ["ENGINE_FAULTS", "DRAFT_MODES", "check_chain", "engine_inputs", "chain_case", "random_chain_case", "drafter_probs",
            "real_draft_case", "output_from_rows", "fault_params", "audit_engine"]
 
 #: Faults the adapters can plant in their own input (to show the audit catches them).
@@ -180,6 +180,22 @@ def fault_params(params: SamplingParams, fault: str | None) -> SamplingParams:
     if fault not in ENGINE_FAULTS:
         raise ValueError(f"unknown engine fault {fault!r}; known: {', '.join(ENGINE_FAULTS)}")
     return params if params.is_greedy else dataclasses.replace(params, temperature=1.0)
+
+
+def engine_inputs(logits: torch.Tensor, params, bs: int, target=None) -> tuple[torch.Tensor, list[SamplingParams]]:
+    """What an engine adapter hands the engine's verify: ``[bs, N, V]`` logits with the banned
+    tokens at -inf (the engine's logits processors run before its verify) and one
+    :class:`SamplingParams` per request. ``target``: an adapter's fixed ``(row [N, V], params)``,
+    which replaces ``logits`` and ``params`` for every request.
+
+    Raises:
+        ValueError / TypeError: what :func:`~ddtree_lab.sampling.normalize_params` refuses.
+    """
+    if target is not None:
+        row, p0 = target
+        logits, params = row[None].expand(bs, -1, -1), [p0] * bs
+    items = normalize_params(params, bs, logits.shape[-1])
+    return apply_bans_batch(logits, items), items
 
 
 def lab_rows(logits: torch.Tensor, params, num_nodes=None) -> torch.Tensor:

@@ -54,7 +54,7 @@ import torch
 from ..audit import AuditReport, fit_counts
 from ..sampling import SamplingParams, target_probs
 
-__all__ = ["SelectorDraft", "LogitsDraft", "RuleCase", "RuleReport", "RULE_LAWS", "target_rows", "draft_paths",
+__all__ = ["SelectorDraft", "LogitsDraft", "Rule", "RuleCase", "RuleReport", "RULE_LAWS", "target_rows", "draft_paths",
            "exact_rule_law", "audit_rule", "random_selector_case", "random_logits_case"]
 
 #: The ideal rules whose exact law the audit computes (module docstring).
@@ -288,6 +288,17 @@ def exact_rule_law(case: RuleCase, request: int, rule: str) -> dict:
         p = [rows[i, lasts[i]] for i in range(case.gamma + 1)]
         (_token_wise if rule == "token-wise" else _block)(law, weight, drafts, p, q)
     return law
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One engine rule (``sglang_rules.RULES``, ``vllm_rules.RULES``): its draft side, verify, the ideal law it must match, its planted faults."""
+
+    name: str
+    draft: str
+    verify: str
+    law: str
+    faults: tuple
 
 
 @dataclass

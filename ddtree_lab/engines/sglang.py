@@ -24,10 +24,10 @@ from __future__ import annotations
 import torch
 
 from ..buffers import DDTreeVerifyInput
-from ..sampling import SamplingParams, apply_bans_batch, normalize_params
+from ..sampling import SamplingParams
 from ..sglang.kernels import sglang_unavailable_reason  # re-exported: open_engine asks it per kernel
 from ..verify import VerifyOutput
-from .common import check_chain, fault_params, lab_rows
+from .common import check_chain, engine_inputs, fault_params, lab_rows
 
 __all__ = ["KERNELS", "SGLangVerifier", "verifier", "sglang_unavailable_reason"]
 
@@ -75,11 +75,7 @@ class SGLangVerifier:
         from ..sglang import kernels as sk
 
         bs = vi.batch_size
-        if self.target is not None:
-            row, p0 = self.target
-            logits, params = row[None].expand(bs, -1, -1), [p0] * bs
-        items = normalize_params(params, bs, logits.shape[-1])
-        logits = apply_bans_batch(logits, items)  # the engine's logits processors run before its verify
+        logits, items = engine_inputs(logits, params, bs, self.target)
         kernel = self._which(items)
         if kernel == "greedy":
             bad = [b for b, p in enumerate(items) if not p.is_greedy]

@@ -42,28 +42,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
 
-from .end_to_end import LogitsDraft, RuleCase, SelectorDraft
+from .end_to_end import LogitsDraft, Rule, RuleCase, SelectorDraft
 
 __all__ = ["RULES", "RULE_FAULTS", "Rule", "rule_sources", "sglang_rules_unavailable_reason", "run_rule", "standard_case"]
 
 #: SGLang's top-k "off" value (``sampling_params.TOP_K_ALL``).
 TOP_K_ALL = 1 << 30
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One engine rule: its draft side, verify, the ideal law it must match, its planted faults."""
-
-    name: str
-    draft: str
-    verify: str
-    law: str
-    faults: tuple
 
 
 RULES = {

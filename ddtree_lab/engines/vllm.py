@@ -31,9 +31,9 @@ from typing import IO
 import torch
 
 from ..buffers import DDTreeVerifyInput
-from ..sampling import SamplingParams, apply_bans_batch, normalize_params
+from ..sampling import SamplingParams
 from ..verify import VerifyOutput
-from .common import check_chain, fault_params, output_from_rows
+from .common import check_chain, engine_inputs, fault_params, output_from_rows
 
 __all__ = ["VLLM_VENV_ENV", "vllm_python", "vllm_unavailable_reason", "VLLMWorker", "VLLMVerifier", "verifier",
            "seeds_from_coins"]
@@ -247,11 +247,7 @@ class VLLMVerifier:
                  final_coins: torch.Tensor) -> VerifyOutput:
         k = check_chain(vi, "vLLM's RejectionSampler")
         bs = vi.batch_size
-        if self.target is not None:
-            row, p0 = self.target
-            logits, params = row[None].expand(bs, -1, -1), [p0] * bs
-        items = normalize_params(params, bs, logits.shape[-1])
-        logits = apply_bans_batch(logits, items)  # the engine's logits processors run before its verify
+        logits, items = engine_inputs(logits, params, bs, self.target)
         for b, p in enumerate(items):
             if p.min_p:
                 raise ValueError(f"request {b}: min_p = {p.min_p}: vLLM's rejection sampler applies no min-p to "

@@ -32,25 +32,12 @@ itself needs the runner's ``InputBatch`` and ``Sampler`` states and is not run
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ..sampling import SamplingParams
-from .end_to_end import LogitsDraft, RuleCase, SelectorDraft, draft_paths
+from .end_to_end import LogitsDraft, Rule, RuleCase, SelectorDraft, draft_paths
 
 __all__ = ["RULES", "RULE_FAULTS", "Rule", "run_rule", "standard_case", "vllm_rules_unavailable_reason"]
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One vLLM rule: its draft side, verify, the ideal law it must match, its planted faults."""
-
-    name: str
-    draft: str
-    verify: str
-    law: str
-    faults: tuple
 
 
 RULES = {
