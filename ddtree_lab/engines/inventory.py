@@ -298,7 +298,8 @@ def inventory_table(inv: dict, verdicts: dict | None = None) -> str:
         for e, line in info["entries"]:
             row = f"| {engine} | `{e.name}` (line {line}) | {e.role} | {e.runs} | {e.takes} | {e.audit} |"
             if verdicts is not None:
-                named = set(re.findall(r"\b(?:sglang|vllm):[a-z0-9-]+", e.audit))
+                # an entry not audited here gets no verdict, even where its note names a rule
+                named = set() if e.audit.startswith(_NOT_HERE) else set(re.findall(r"\b(?:sglang|vllm):[a-z0-9-]+", e.audit))
                 rules = [k for k in verdicts if k in named]
                 row += " " + ("; ".join(f"{k}: {verdicts[k]['verdict']}" for k in rules) or "-") + " |"
             lines.append(row)
