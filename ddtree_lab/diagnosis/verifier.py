@@ -328,7 +328,12 @@ def _engine_inference(run: Run, steps: list[Step], found: list[Finding]) -> list
     emitted on all its converted steps (:func:`~ddtree_lab.diagnosis.inference.engine_walk`), and
     the finding gets the inference's figures; a request whose tokens leave the tree says so."""
     out = []
-    done: dict[int, RuleInference | str] = {}
+    done: dict[int | None, RuleInference | str] = {}
+
+    def vocab_of(s: Step) -> int:
+        tokens = s.node_token_ids
+        return int(tokens.max()) + 1 if tokens is not None else 0
+
     for f in found:
         if f.request not in done:
             mine = sorted((s for s in steps if s.request == f.request and engine_emitted(s) is not None
@@ -338,8 +343,7 @@ def _engine_inference(run: Run, steps: list[Step], found: list[Finding]) -> list
                 done[f.request] = "rule inference: not run (a greedy request: SGLang's greedy kernel is checked token for token)"
             else:
                 try:
-                    done[f.request] = infer_rule(mine, run.vocab_size or max(int(s.node_token_ids.max()) + 1 for s in mine),
-                                                 engine=True)
+                    done[f.request] = infer_rule(mine, run.vocab_size or max(map(vocab_of, mine)), engine=True)
                 except ValueError as exc:
                     done[f.request] = f"rule inference: not run ({exc})"
         inf = done[f.request]
