@@ -340,7 +340,7 @@ def _engine_inference(run: Run, steps: list[Step], found: list[Finding]) -> list
                            and s.params is not None and not s.params.is_greedy and s.coins is not None
                            and s.child_probs is not None), key=lambda s: s.step)
             if not mine:
-                done[f.request] = "rule inference: not run (a greedy request: SGLang's greedy kernel is checked token for token)"
+                done[f.request] = "rule inference: not run (no sampled step of the request stores its coins and rows)"
             else:
                 try:
                     done[f.request] = infer_rule(mine, run.vocab_size or max(map(vocab_of, mine)), engine=True)
