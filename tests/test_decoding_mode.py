@@ -161,3 +161,43 @@ def test_a_greedy_reference_run_against_plain_greedy_decoding(target, tmp_path):
     assert finding.evidence.startswith(f"generated token {pos - prompt_len} (position {pos}, prompt included) is "
                                        f"{recorded} ({target.token_text(recorded)!r}), the target's argmax there is "
                                        f"{want} ({target.token_text(want)!r}; margin ")
+
+
+SAMPLED = ROOT / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors"
+
+
+def test_a_sampled_reference_run_gets_its_rows_from_the_model_and_the_output_law(target, tmp_path):
+    """A sampled reference trace records no rows: with the model, each step's rows are recomputed
+    (one tree forward at its prefix), they equal what the lab recorded live for the same steps,
+    the output-law check runs on them, and a bonus token the target gives probability ~0 is named."""
+    from ddtree_lab.diagnosis.law import check_law_with_model, steps_with_model_rows
+
+    live = dl.load(SAMPLED)
+    request = live.steps[0].request
+    doc = reference_layout(live, request=request, rounds=8)
+    path = tmp_path / "sampled.json"
+    path.write_text(json.dumps({"responses": [{"ddtree_tb32": doc}], "args": {"temperature": 0.8}}))
+    run = dl.load(path)
+    assert run.source == "ddtree reference" and not run.problems and len(run.steps) == 8
+    rebuilt, notes = steps_with_model_rows(run, target, run.steps)
+    assert len(rebuilt) == 8 and notes == []
+    recorded = sorted(live.for_request(request), key=lambda s: s.step)[:8]
+    for got, want in zip(rebuilt, recorded):
+        assert got.params.temperature == 0.8 and got.bonus is not None and got.bonus.node == want.bonus.node
+        assert torch.allclose(got.child_probs, want.child_probs, atol=2e-4), (got.step, got.child_probs, want.child_probs)
+    result = diagnose(run, model=(target, None))
+    (law,) = [r for r in result.results if r.check == "output-law"]
+    assert law.ran and law.checked == 8 and law.findings == [], law.line()
+    assert "rows recomputed by the target for 8 sampled step(s)" in law.note
+    # plant round 3's bonus: the token the target gives the least probability at that node
+    node = rebuilt[3].bonus.node
+    cache, _, _ = target.prefill(list(doc["output_ids"][0][: rebuilt[3].prefix_len]))
+    row = target.tree_forward(cache, rebuilt[3].verify_input()).logits[node].float()
+    pos = doc["num_input_tokens"] + sum(doc["acceptance_lengths"][:4])  # round 3's bonus = round 4's root
+    doc["output_ids"][0][pos] = int(row.argmin())
+    path.write_text(json.dumps({"responses": [{"ddtree_tb32": doc}], "args": {"temperature": 0.8}}))
+    planted = check_law_with_model(dl.load(path), target, dl.load(path).steps)
+    assert planted is not None and planted.ran
+    (finding,) = planted.findings
+    assert finding.step == 3 and "has target p" in finding.evidence, finding.evidence
+    assert "not enough draws" in planted.not_run  # 8 rounds: the statistical tests say they could not run

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ddtree_lab as dl
-from ddtree_lab.diagnosis.inference import MARGIN, families_for, infer_rule
+from ddtree_lab.diagnosis.inference import MARGIN, engine_walk, families_for, infer_rule
 from ddtree_lab.diagnosis.sampling import prob_interval, row_interval
 from ddtree_lab.diagnosis.verifier import check_verifier
 from ddtree_lab.faults import RuleVariant
@@ -168,3 +168,47 @@ def test_families_follow_the_request_and_bad_input_is_named():
         RuleVariant(rows="temperature")
     with pytest.raises(ValueError, match="'child' goes with the per-child tests"):
         RuleVariant(coin="child")
+
+
+def _as_sglang(clean: dl.Run, engine: dl.Run) -> dl.Run:
+    """Steps as an SGLang recording converts them: the output is the lab's target-only walk on
+    the recorded rows and coins, SGLang's own emitted tokens are in ``extra`` (here: those of
+    ``engine``, the same steps verified by a planted rule)."""
+    steps = []
+    for c, e in zip(clean.steps, engine.steps):
+        agrees = c.emitted == e.emitted
+        steps.append(c.replace(extra={"source": "sglang", "sglang_emitted": list(e.emitted),
+                                      "sglang_accept_length": e.accept_length,
+                                      "verdict": "agrees" if agrees else "differs", "call": c.step, "row": 0}))
+    return dl.Run(metadata=dict(clean.metadata), steps=steps, token_texts={})
+
+
+@pytest.mark.parametrize("family, variant", [("threshold", RuleVariant(accept="threshold", threshold_acc=0.5)),
+                                             ("root-coin", RuleVariant(coin="root"))])
+def test_rule_inference_runs_on_an_engines_own_verdicts(family, variant):
+    """An SGLang recording records SGLang's emitted tokens only: inference fits the families to
+    the verdicts and bonus tokens they imply (not to the lab's walk), and names the planted rule."""
+    clean, planted = planted_run(None, FILTERED, steps=24, seed=3), planted_run(variant, FILTERED, steps=24, seed=3)
+    run = _as_sglang(clean, planted)
+    assert any(s.extra["verdict"] == "differs" for s in run.steps)
+    got = infer_rule(run.steps, 48, engine=True)
+    assert got.best is not None and got.best.family.name == family and got.explains, \
+        [(f.family.name, f.score) for f in got.fits[:4]]
+    # only the engine's verdicts and bonus tokens are scored, not the lab's numbers
+    walks = [engine_walk(s) for s in run.steps]
+    assert all(w is not None for w in walks)
+    assert got.baseline.observations == sum(len(w[0]) + (w[1] is not None) for w in walks if w is not None)
+    (finding,) = check_verifier(run).findings
+    assert "rule inference on SGLang's own verdicts: " in finding.evidence
+    assert got.best.describe(FILTERED) in finding.evidence
+    # the lab's own (clean) walk is not what was fitted: on it, no family beats the target-only rule
+    assert infer_rule(clean.steps, 48).best is None
+
+
+def test_an_engine_walk_that_leaves_the_tree_is_named():
+    clean = planted_run(None, FILTERED, steps=2, seed=3)
+    s = clean.steps[0]
+    bad = s.replace(extra={"source": "sglang", "sglang_emitted": [47, 47, 47], "sglang_accept_length": 2,
+                           "verdict": "differs"})
+    with pytest.raises(ValueError, match="step 0, request 0: the engine's emitted tokens .* do not follow the recorded tree"):
+        infer_rule([bad], 48, engine=True)

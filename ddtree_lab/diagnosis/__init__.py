@@ -52,7 +52,7 @@ from .drafter import check_drafter_hits, check_drafter_inputs
 from .forward import check_tree_forward
 from .greedy import check_greedy, check_greedy_decoding
 from .invariants import check
-from .law import check_law
+from .law import check_law, check_law_with_model
 from .mode import MODE_UNKNOWN, explain_mode
 from .sampling import check_sampling
 from .verifier import check_verifier
@@ -264,6 +264,9 @@ def diagnose(run: Run, model=None, step: int | None = None, request: int | None 
         tick("greedy-decoding")
         results.append(check_greedy_decoding(run, target) if step is None else
                        CheckResult("greedy-decoding", ran=False, why="compares whole requests (no --step)"))
+        law = check_law_with_model(run, target, steps)  # a run without rows (DDTree reference): rows recomputed
+        if law is not None:
+            results = [law if r.check == "output-law" else r for r in results]
     _fold_consequences(results)
     explain_mode(results, run, steps)
     return Diagnosis(results, time.perf_counter() - t0, list(run.problems))

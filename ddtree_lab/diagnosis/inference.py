@@ -63,6 +63,8 @@ from ..faults import RuleVariant
 from ..problems import Problem
 from ..sampling import SamplingParams
 from ..step import Step
+from ..verify import BonusDraw, Decision
+from .common import engine_emitted
 from .sampling import ATOL, RTOL, RowBounds, row_interval
 
 __all__ = ["Family", "FamilyFit", "RuleInference", "families_for", "infer_rule", "SLIP", "MARGIN",
@@ -72,6 +74,11 @@ __all__ = ["Family", "FamilyFit", "RuleInference", "families_for", "infer_rule",
 SLIP = 1e-3
 #: A family is named when its log-likelihood beats the target-only rule's by this (ratio 100).
 MARGIN = math.log(100.0)
+
+#: On an engine's own walk (:func:`engine_walk`), a verdict whose coin lies within this of the
+#: running mass ``S_k`` the lab sums is undecided: the engine sums in its own order and float32
+#: rounding there decides the verdict, not the rule.
+EDGE = 2e-6
 #: The temperatures searched (log grid, then golden-section refinement).
 TEMPERATURE_RANGE = (0.05, 4.0)
 #: The thresholds ``threshold_acc`` searched (log grid), and the range of its log-uniform prior.
@@ -203,13 +210,61 @@ def _near(recorded: float, lo: float, hi: float) -> bool:
     return lo - ATOL - RTOL * abs(lo) <= recorded <= hi + ATOL + RTOL * abs(hi)
 
 
+def engine_walk(step: Step) -> tuple[list[Decision], BonusDraw | None] | None:
+    """The decisions an engine's own output implies on a step converted from its recording (an
+    SGLang recording: the step's ``output`` is the lab's walk on the recorded rows and coins,
+    the engine's emitted tokens are in ``extra``, :func:`~ddtree_lab.diagnosis.common.engine_emitted`).
+
+    Along the engine's accepted path, in sibling order (``retrieve_next_sibling``), the children
+    before the accepted one are rejected and the accepted one accepted; at the last node every
+    child is rejected; the bonus is the engine's last emitted token. Only those verdicts and the
+    bonus token are the engine's: the coin, target probability and running mass ``S_k`` (float32)
+    filled in are the recorded coins and rows the engine was given, which rule inference does not
+    score on such a step (``_StepData.verdicts_only``).
+
+    Returns:
+        ``(decisions, bonus)``, or None: not an engine's step, or its tokens leave the tree.
+    """
+    emitted = engine_emitted(step)
+    nt, ns, tokens = step.retrieve_next_token, step.retrieve_next_sibling, step.node_token_ids
+    if emitted is None or nt is None or ns is None or tokens is None or step.coins is None or step.child_probs is None:
+        return None
+    accepted = int(step.extra.get("sglang_accept_length", len(emitted) - 1))
+    nt_l, ns_l, tok_l = nt.tolist(), ns.tolist(), tokens.tolist()
+    coins, cp = step.coins.tolist(), step.child_probs.double().tolist()
+    node, depth, out = 0, 1, []
+
+    def visit(parent: int, target: int | None) -> int | None:
+        child, mass = nt_l[parent], 0.0
+        while child >= 0:
+            mass = float(np.float32(mass + cp[child]))
+            hit = target is not None and tok_l[child] == target
+            out.append(Decision(step.request, depth, parent, child, tok_l[child], cp[child], mass, coins[parent],
+                                "accept" if hit else "reject"))
+            if hit:
+                return child
+            child = ns_l[child]
+        return None
+
+    for tok in emitted[:accepted]:
+        got = visit(node, tok)
+        if got is None:
+            return None
+        node, depth = got, depth + 1
+    visit(node, None)
+    bonus = None
+    if len(emitted) > accepted:
+        kind = "residual" if nt_l[node] >= 0 else "leaf"
+        bonus = BonusDraw(step.request, node, int(emitted[accepted]), kind, float("nan"), step.final_coin, float("nan"))
+    return out, bonus
+
+
 class _StepData:
     """What a step records for the score, read once (tensors to lists)."""
 
-    def __init__(self, step: Step, vocab: int):
+    def __init__(self, step: Step, vocab: int, engine: bool = False):
         self.step = step
         self.vocab = vocab
-        self.decisions = list(step.decisions)
         coins = step.coins
         assert coins is not None and step.child_probs is not None  # infer_rule checks them
         self.coins = coins.tolist()
@@ -217,6 +272,16 @@ class _StepData:
         tokens, parents, logws = step.node_token_ids, step.parents, step.node_logws
         self.tokens = tokens.tolist() if tokens is not None else []
         self.parents = parents.tolist() if parents is not None else []
+        #: an engine's own walk records only its verdicts and bonus token (:func:`engine_walk`)
+        self.verdicts_only = engine
+        if engine:
+            walk = engine_walk(step)
+            if walk is None:
+                raise ValueError(f"step {step.step}, request {step.request}: the engine's emitted tokens "
+                                 f"{engine_emitted(step)} do not follow the recorded tree")
+            self.decisions, self.bonus = walk
+        else:
+            self.decisions, self.bonus = list(step.decisions), step.bonus
         self.logws = logws.tolist() if logws is not None else None
         self.params = step.params
         ids, logits, lse = step.row_logit_ids, step.row_logits, step.row_logsumexp
@@ -302,13 +367,19 @@ def _score(sd: _StepData, variant: RuleVariant) -> list[_Obs]:
         obs.append(_Obs(s.step, node, "cumulative_mass", d.cumulative_mass, s_lo if mass_known else None,
                         (_LOG_MATCH if edge else _observe(d.cumulative_mass, s_lo, s_hi)) if mass_known else _LOG_HALF))
         verdict = _verdict(variant, u, p_lo, p_hi, s_lo, s_hi, sd, d) if known and mass_known else None
+        if sd.verdicts_only and mass_known and abs(u - s_lo) <= EDGE:
+            verdict = None  # the engine sums S_k its own way: at u ~ S its float rounding decides
         if verdict is None:
             lp = _LOG_HALF
         else:
             lp = _LOG_MATCH if verdict == d.verdict or (edge and d.verdict == "accept") else _LOG_SLIP
         obs.append(_Obs(s.step, node, "verdict", 1.0 if d.verdict == "accept" else 0.0,
                         None if verdict is None else float(verdict == "accept"), lp))
-    obs.extend(_bonus_obs(sd, variant))
+    bonus = _bonus_obs(sd, variant)
+    if sd.verdicts_only:  # the engine records its verdicts and bonus token, not the lab's numbers
+        obs = [o for o in obs if o.field == "verdict"]
+        bonus = [o for o in bonus if o.field == "bonus_token"]
+    obs.extend(bonus)
     return obs
 
 
@@ -340,7 +411,7 @@ def _verdict(variant: RuleVariant, u: float, p_lo: float, p_hi: float, s_lo: flo
 
 def _bonus_obs(sd: _StepData, variant: RuleVariant) -> list[_Obs]:
     """The bonus token and residual mass under ``variant``, given the recorded walk."""
-    s, b = sd.step, sd.step.bonus
+    s, b = sd.step, sd.bonus
     if b is None or b.token < 0 or s.final_coin is None:
         return []
     node, t = b.node, b.token
@@ -526,7 +597,7 @@ def _greedy_limit(fit: FamilyFit | None) -> bool:
     return fit is not None and fit.family.name == "temperature" and (fit.parameter or 1.0) <= 0.1
 
 
-def infer_rule(steps: list[Step], vocab: int, families: list[Family] | None = None) -> RuleInference:
+def infer_rule(steps: list[Step], vocab: int, families: list[Family] | None = None, engine: bool = False) -> RuleInference:
     """Fit every rule family to one request's recorded decisions (module docstring).
 
     Args:
@@ -534,6 +605,8 @@ def infer_rule(steps: list[Step], vocab: int, families: list[Family] | None = No
             ones that agree with the target-only rule too: a rule must explain them as well).
         vocab: V (the tail bound of the stored top-M logits).
         families: the families to try (default :func:`families_for` of the request's parameters).
+        engine: the steps are converted from an engine's recording: fit the engine's own walk
+            (:func:`engine_walk`: its verdicts and bonus token), not the lab's.
 
     Returns:
         :class:`RuleInference` (``best`` None: no family beats the target-only rule).
@@ -550,7 +623,7 @@ def infer_rule(steps: list[Step], vocab: int, families: list[Family] | None = No
     for s in steps:
         if s.coins is None or s.child_probs is None or s.output is None:
             raise ValueError(f"step {s.step}, request {s.request}: no coins, verify rows or output recorded")
-    data = [_StepData(s, vocab) for s in steps]
+    data = [_StepData(s, vocab, engine) for s in steps]
     params = steps[0].params
     fams = families_for(params) if families is None else families
     not_tried = []

@@ -45,7 +45,7 @@ from ..step import Run, Step
 from ..verify.walking import children_of
 from .common import CheckResult, Finding, engine_emitted, group_findings, next_command
 
-__all__ = ["check_law", "law_observations", "outcome", "LawSample", "LAW_ALPHA", "MIN_DRAWS", "P_ZERO"]
+__all__ = ["check_law", "check_law_with_model", "steps_with_model_rows", "law_observations", "outcome", "LawSample", "LAW_ALPHA", "MIN_DRAWS", "P_ZERO"]
 
 #: Each of the four tests flags at p-value below this (fixed; four tests per run).
 LAW_ALPHA = 1e-5
@@ -256,3 +256,90 @@ def _family_sentence(run: Run, steps: list[Step]) -> str:
         return f"rule families' laws not fitted ({exc})"
     return "rule families' laws: " + fit.sentence() + (f"; not tried: {'; '.join(fit.not_tried)}" if fit.not_tried
                                                        else "")
+
+
+def steps_with_model_rows(run: Run, target, steps: list[Step]) -> tuple[list[Step], list[str]]:
+    """The sampled steps of a run that records no target rows (DDTree reference traces), each
+    with its rows recomputed by the target: one prefill of the ids before the step's root (the
+    request's prompt and generated ids, ``prefix_len`` of them) and one tree forward of the
+    recorded tree, the rows under the request's temperature (:func:`ddtree_lab.target_probs`),
+    the buffers compiled from the tree, and the bonus draw at the accepted path's last node.
+
+    A request is sampled when its file states, or the user stated, a temperature above 0
+    (:mod:`ddtree_lab.io.decoding_mode`); its parameters are that temperature alone (the
+    reference's sampler applies no top-k / top-p). What could not be rebuilt is said, one
+    line per request.
+
+    Returns:
+        ``(steps, notes)``: the rebuilt steps (for :func:`check_law`) and why others were left.
+    """
+    from ..buffers import compile_retrieve
+    from ..io.decoding_mode import request_temperatures, temperature_value
+    from ..sampling import SamplingParams, target_probs
+    from ..step import TargetRows
+    from ..verify import BonusDraw
+
+    temps = {r: temperature_value(t) for r, t, _ in request_temperatures(run)}
+    reqs = {int(r.get("request", i)): r for i, r in enumerate(run.metadata.get("requests") or [])}
+    vocab = int(target.vocab_size)
+    out, notes = [], []
+    for r in sorted({s.request for s in steps}):
+        t, meta = temps.get(r), reqs.get(r, {})
+        if t is None or t == 0.0:
+            continue
+        seq = list(meta.get("prompt_token_ids") or []) + list(meta.get("generated_token_ids") or [])
+        if not meta.get("prompt_token_ids"):
+            notes.append(f"request {r}: no prompt token ids (rows not recomputed)")
+            continue
+        outside = next((x for x in seq if not 0 <= int(x) < vocab), None)
+        if outside is not None:
+            notes.append(f"request {r}: token id {outside} is outside the target's vocabulary: not a run of this target")
+            continue
+        params = SamplingParams(temperature=float(t))
+        for s in sorted((s for s in steps if s.request == r), key=lambda s: s.step):
+            tree, o = s.tree, s.output
+            if tree is None or o is None or s.prefix_len is None or not 0 < s.prefix_len < len(seq):
+                notes.append(f"step {s.step}, request {r}: no tree, output or prefix (rows not recomputed)")
+                continue
+            if int(tree.node_token_ids[0, 0]) != int(seq[s.prefix_len]):
+                notes.append(f"step {s.step}, request {r}: the root token {int(tree.node_token_ids[0, 0])} is not the "
+                             f"request's token at position {s.prefix_len} ({int(seq[s.prefix_len])})")
+                continue
+            n = int(tree.num_nodes[0])
+            cache, _, _ = target.prefill([int(x) for x in seq[: s.prefix_len]])
+            vi = compile_retrieve(tree, s.prefix_len)
+            rows = target_probs(target.tree_forward(cache, vi).logits[:n].float().cpu()[None], params)[0]
+            parents, tokens = tree.parents[0, :n], tree.node_token_ids[0, :n]
+            child = torch.zeros(n, dtype=torch.float32)
+            child[1:] = rows[parents[1:], tokens[1:]]
+            path = [int(i) for i in o.accept_index[0].tolist() if i >= 0] or [0]
+            bonus_token = int(o.bonus_token[0])
+            node = path[-1]
+            kids = (parents == node).nonzero().flatten().tolist()
+            mass = max(0.0, 1.0 - float(child[kids].double().sum()))
+            if bonus_token < 0:
+                notes.append(f"step {s.step}, request {r}: no bonus token recorded")
+                continue
+            bonus = BonusDraw(r, node, bonus_token, "residual" if kids else "leaf", mass, None,
+                              float(rows[node, bonus_token]) / mass if mass > 0 else float("nan"))
+            out.append(s.replace(params=params, buffers=vi.compact(),
+                                 output=dataclasses.replace(o, bonus=[bonus]),
+                                 rows=TargetRows(kind="full", child_probs=child,
+                                                 final_row_prefix=rows[node, : bonus_token + 1].clone(), final_mass=mass)))
+    return out, notes
+
+
+def check_law_with_model(run: Run, target, steps: list[Step]) -> CheckResult | None:
+    """:func:`check_law` on :func:`steps_with_model_rows`, for a run whose steps record no rows
+    and no sampling parameters (DDTree reference traces); None for any other run (the
+    recorded rows are the ones to test)."""
+    if any(s.params is not None or s.child_probs is not None for s in steps):
+        return None
+    rebuilt, notes = steps_with_model_rows(run, target, steps)
+    if not rebuilt:
+        return None if not notes else CheckResult("output-law", ran=False, why="with the model: " + "; ".join(notes))
+    result = check_law(run, rebuilt)
+    said = (f"rows recomputed by the target for {len(rebuilt)} sampled step(s) (a tree forward at each step's "
+            "prefix; the reference records none)")
+    result.note = "; ".join(x for x in (said, result.note, *notes) if x)
+    return result

@@ -66,10 +66,10 @@ def explain_mode(results: list[CheckResult], run: Run, steps: list[Step]) -> Non
             "sampling": (f"{s}, but the file records no raw logits (the check reads the top-M logits of level full)"
                          if s else f"{g}: no sampled step") + u,
             "output-law": (f"{s}, but the file records no target rows (the law is computed from them; "
-                           "recomputing them with --model is not implemented)" if s else f"{g}: greedy steps follow a point law (the greedy checks)") + u,
+                           "with --model the target recomputes them)" if s else f"{g}: greedy steps follow a point law (the greedy checks)") + u,
             "greedy-decoding": (f"{s}: only greedy requests are compared with plain greedy decoding" if not g
                                 else "") + u,
         }
     for r in results:
-        if r.check in reasons and not r.ran and reasons[r.check] and not r.why.startswith("needs the model"):
+        if r.check in reasons and not r.ran and reasons[r.check] and not r.why.startswith(("needs the model", "with the model")):
             r.why = reasons[r.check]

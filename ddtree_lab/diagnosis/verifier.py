@@ -18,6 +18,8 @@ decisions no family explains as :class:`~ddtree_lab.problems.Problem` s on the f
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..faults import verify_p_over_q
@@ -307,7 +309,7 @@ def check_verifier(run: Run, steps: list[Step] | None = None, catalogue: bool = 
         result.per_step[(s.step, s.request)] = fault or named or "unknown"
         findings.append(Finding("verifier", kind, fault, s.step, s.request, node, evidence, sure,
                                 next_command("verifier", s.step, s.request), problems=tuple(problems)))
-    found = findings + found_engine
+    found = findings + _engine_inference(run, steps, found_engine)
     result.ran = result.checked > 0
     if not result.ran:
         result.why = (f"no step stores the verify rows, coins and decisions ({len(skipped)} step(s) without them: "
@@ -318,6 +320,40 @@ def check_verifier(run: Run, steps: list[Step] | None = None, catalogue: bool = 
         result.note = (result.note + "; " if result.note else "") + "catalogue off: rules named by inference alone"
     result.findings = group_findings(found)
     return result
+
+
+def _engine_inference(run: Run, steps: list[Step], found: list[Finding]) -> list[Finding]:
+    """Rule inference on an engine's own walk (an SGLang recording): for each sampled request
+    with a departing step, the families are fitted to the verdicts and bonus tokens the engine
+    emitted on all its converted steps (:func:`~ddtree_lab.diagnosis.inference.engine_walk`), and
+    the finding gets the inference's figures; a request whose tokens leave the tree says so."""
+    out = []
+    done: dict[int | None, RuleInference | str] = {}
+
+    def vocab_of(s: Step) -> int:
+        tokens = s.node_token_ids
+        return int(tokens.max()) + 1 if tokens is not None else 0
+
+    for f in found:
+        if f.request not in done:
+            mine = sorted((s for s in steps if s.request == f.request and engine_emitted(s) is not None
+                           and s.params is not None and not s.params.is_greedy and s.coins is not None
+                           and s.child_probs is not None), key=lambda s: s.step)
+            if not mine:
+                done[f.request] = "rule inference: not run (no sampled step of the request stores its coins and rows)"
+            else:
+                try:
+                    done[f.request] = infer_rule(mine, run.vocab_size or max(map(vocab_of, mine)), engine=True)
+                except ValueError as exc:
+                    done[f.request] = f"rule inference: not run ({exc})"
+        inf = done[f.request]
+        step = next((s for s in steps if s.step == f.step and s.request == f.request), None)
+        if isinstance(inf, str) or step is None:
+            extra = f"; {inf}" if isinstance(inf, str) else ""
+        else:
+            extra = _inference_evidence(step, inf).replace("; rule inference:", "; rule inference on SGLang's own verdicts:", 1)
+        out.append(dataclasses.replace(f, evidence=f.evidence + extra))
+    return out
 
 
 def _name(step: Step, pick: list[str], unknown: str | None, inf: RuleInference | None, thresholds) -> tuple:
