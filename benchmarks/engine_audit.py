@@ -128,6 +128,9 @@ def main() -> None:
     ap.add_argument("--sweep-draws-vllm", type=int, default=60, help="sweep draws per request, vLLM new-runner rules")
     ap.add_argument("--rules", default="all", help="comma-separated engine:rule names, or all")
     args = ap.parse_args()
+    from ddtree_lab.threads import configure_threads
+
+    configure_threads()  # DDTREE_LAB_THREADS, else the cores and their load (the header says what it chose)
     from ddtree_lab.engines import sglang_rules as sr
     from ddtree_lab.engines import vllm_rules as vr
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 from types import SimpleNamespace
 
@@ -179,6 +180,21 @@ def _no_overflow_checks():
         builder.options = old
 
 
+class _Once(logging.Filter):
+    """SGLang's ``CandidateSelector`` warns that flashinfer is unavailable (true on a CPU: its
+    torch path runs) each time one is built, once per batch here: the warning is let through
+    the first time only."""
+
+    seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.seen and "flashinfer is unavailable" in record.getMessage())
+
+
+_ONCE = _Once()
+logging.getLogger("ddtree_lab_source.sglang.srt.models.dflash").addFilter(_ONCE)
+
+
 def _run_dflash2(case: RuleCase, copies: int, seed: int, block: bool, fault: str | None, device: str = "cpu") -> list:
     ep = _entry_points("dflash2")
     d = case.draft
@@ -190,6 +206,7 @@ def _run_dflash2(case: RuleCase, copies: int, seed: int, block: bool, fault: str
     temps, top_ks, top_ps = _sglang_params(case, copies)
     bs, g, k, v = temps.shape[0], case.gamma, d.candidate_ids.shape[1], case.vocab_size
     selector = ep["CandidateSelector"](hidden_size=1, vocab_size=v, state_rank=1, top_k=k)
+    _ONCE.seen = True
     torch.manual_seed(seed)
     temps, top_ks, top_ps = temps.to(device), top_ks.to(device), top_ps.to(device)
     cand = d.candidate_ids[None].expand(bs, -1, -1).contiguous().to(device)
