@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-__all__ = ["Finding", "CheckResult", "SURE", "next_command", "group_findings", "engine_emitted"]
+if TYPE_CHECKING:
+    from ..step import Step
+
+__all__ = ["Finding", "CheckResult", "SURE", "next_command", "group_findings", "engine_emitted", "outcome"]
 
 #: How sure a finding is: ``high`` (a named fault reproduces the recorded data exactly),
 #: ``medium`` (an invariant of the rule is broken, the cause is one of a few), ``low`` (a
@@ -118,3 +122,31 @@ def engine_emitted(step) -> list[int] | None:
     if extra.get("source") != "sglang" or "sglang_emitted" not in extra:
         return None
     return list(extra["sglang_emitted"])
+
+
+def outcome(step: Step) -> tuple[list[int], int] | None:
+    """``(accepted path of node indices, bonus token)`` the verifier that ran produced: the
+    step's output, or for a step converted from an SGLang recording (whose ``output`` is the
+    lab's walk) SGLang's emitted tokens followed down the tree; None when they leave it."""
+    from ..verify.walking import children_of
+
+    emitted = engine_emitted(step)
+    if emitted is None:
+        return (step.accepted_path or [0]), step.bonus_token
+    if not emitted:
+        return None
+    next_token, next_sibling, node_token_ids = step.retrieve_next_token, step.retrieve_next_sibling, step.node_token_ids
+    if next_token is None or next_sibling is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no verify buffers recorded to follow the engine's "
+                         "emitted tokens down")
+    if node_token_ids is None:
+        raise ValueError(f"step {step.step}, request {step.request}: no tree recorded to follow the engine's emitted "
+                         "tokens down")
+    nt, ns, tokens = next_token.tolist(), next_sibling.tolist(), node_token_ids.tolist()
+    path = [0]
+    for t in emitted[:-1]:
+        nxt = next((c for c in children_of(step.request, nt, ns, path[-1], step.num_nodes) if tokens[c] == t), None)
+        if nxt is None:
+            return None
+        path.append(nxt)
+    return path, emitted[-1]

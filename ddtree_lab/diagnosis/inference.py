@@ -64,7 +64,8 @@ from ..problems import Problem
 from ..sampling import SamplingParams
 from ..step import Step
 from ..verify import BonusDraw, Decision
-from .common import engine_emitted
+from ..verify.walking import children_of
+from .common import engine_emitted, outcome
 from .sampling import ATOL, RTOL, RowBounds, row_interval
 
 __all__ = ["Family", "FamilyFit", "RuleInference", "families_for", "infer_rule", "SLIP", "MARGIN",
@@ -225,37 +226,32 @@ def engine_walk(step: Step) -> tuple[list[Decision], BonusDraw | None] | None:
     Returns:
         ``(decisions, bonus)``, or None: not an engine's step, or its tokens leave the tree.
     """
-    emitted = engine_emitted(step)
-    nt, ns, tokens = step.retrieve_next_token, step.retrieve_next_sibling, step.node_token_ids
-    if emitted is None or nt is None or ns is None or tokens is None or step.coins is None or step.child_probs is None:
+    if engine_emitted(step) is None or step.coins is None or step.child_probs is None:
         return None
-    accepted = int(step.extra.get("sglang_accept_length", len(emitted) - 1))
-    nt_l, ns_l, tok_l = nt.tolist(), ns.tolist(), tokens.tolist()
+    try:
+        got = outcome(step)
+    except ValueError:  # no buffers or tree to follow the tokens down
+        return None
+    if got is None:
+        return None
+    path, bonus_token = got
+    nt, ns = step.retrieve_next_token, step.retrieve_next_sibling
+    assert nt is not None and ns is not None and step.node_token_ids is not None  # outcome followed them
+    nt_l, ns_l, tok_l = nt.tolist(), ns.tolist(), step.node_token_ids.tolist()
     coins, cp = step.coins.tolist(), step.child_probs.double().tolist()
-    node, depth, out = 0, 1, []
-
-    def visit(parent: int, target: int | None) -> int | None:
-        child, mass = nt_l[parent], 0.0
-        while child >= 0:
+    out = []
+    for depth, parent in enumerate(path, start=1):
+        nxt = path[depth] if depth < len(path) else None
+        mass = 0.0
+        for child in children_of(step.request, nt_l, ns_l, parent, step.num_nodes):
             mass = float(np.float32(mass + cp[child]))
-            hit = target is not None and tok_l[child] == target
             out.append(Decision(step.request, depth, parent, child, tok_l[child], cp[child], mass, coins[parent],
-                                "accept" if hit else "reject"))
-            if hit:
-                return child
-            child = ns_l[child]
-        return None
-
-    for tok in emitted[:accepted]:
-        got = visit(node, tok)
-        if got is None:
-            return None
-        node, depth = got, depth + 1
-    visit(node, None)
-    bonus = None
-    if len(emitted) > accepted:
-        kind = "residual" if nt_l[node] >= 0 else "leaf"
-        bonus = BonusDraw(step.request, node, int(emitted[accepted]), kind, float("nan"), step.final_coin, float("nan"))
+                                "accept" if child == nxt else "reject"))
+            if child == nxt:
+                break
+    node = path[-1]
+    bonus = BonusDraw(step.request, node, int(bonus_token), "residual" if nt_l[node] >= 0 else "leaf", float("nan"),
+                      step.final_coin, float("nan"))
     return out, bonus
 
 

@@ -43,9 +43,9 @@ import torch
 
 from ..step import Run, Step
 from ..verify.walking import children_of
-from .common import CheckResult, Finding, engine_emitted, group_findings, next_command
+from .common import CheckResult, Finding, group_findings, next_command, outcome
 
-__all__ = ["check_law", "check_law_with_model", "steps_with_model_rows", "law_observations", "outcome", "LawSample", "LAW_ALPHA", "MIN_DRAWS", "P_ZERO"]
+__all__ = ["check_law", "check_law_with_model", "steps_with_model_rows", "law_observations", "LawSample", "LAW_ALPHA", "MIN_DRAWS", "P_ZERO"]
 
 #: Each of the four tests flags at p-value below this (fixed; four tests per run).
 LAW_ALPHA = 1e-5
@@ -68,32 +68,6 @@ class LawSample:
     impossible: list[tuple[int, int, int | None, str]] = field(default_factory=list)
     steps: int = 0
     undecided: int = 0
-
-
-def outcome(step: Step) -> tuple[list[int], int] | None:
-    """``(accepted path of node indices, bonus token)`` the verifier that ran produced: the
-    step's output, or for a step converted from an SGLang recording (whose ``output`` is the
-    lab's walk) SGLang's emitted tokens followed down the tree; None when they leave it."""
-    emitted = engine_emitted(step)
-    if emitted is None:
-        return (step.accepted_path or [0]), step.bonus_token
-    if not emitted:
-        return None
-    next_token, next_sibling, node_token_ids = step.retrieve_next_token, step.retrieve_next_sibling, step.node_token_ids
-    if next_token is None or next_sibling is None:
-        raise ValueError(f"step {step.step}, request {step.request}: no verify buffers recorded to follow the engine's "
-                         "emitted tokens down")
-    if node_token_ids is None:
-        raise ValueError(f"step {step.step}, request {step.request}: no tree recorded to follow the engine's emitted "
-                         "tokens down")
-    nt, ns, tokens = next_token.tolist(), next_sibling.tolist(), node_token_ids.tolist()
-    path = [0]
-    for t in emitted[:-1]:
-        nxt = next((c for c in children_of(step.request, nt, ns, path[-1], step.num_nodes) if tokens[c] == t), None)
-        if nxt is None:
-            return None
-        path.append(nxt)
-    return path, emitted[-1]
 
 
 def law_observations(step: Step, sample: LawSample) -> bool:
