@@ -311,3 +311,19 @@ def test_round_tree_text_marks_the_accepted_path():
     assert "root (not recorded)" in rs.round_tree_text(read_reference_traces(REF / "fork_traces.json"), 0, 0)
     with pytest.raises(KeyError, match="no round 9"):
         rs.round_tree_text(traces, step=9, request=0)
+
+
+def test_a_json_file_that_is_not_json_is_named_so(tmp_path):
+    """An empty, cut or non-JSON .json file is refused as that, not as 'JSON that is neither ...'."""
+    import ddtree_lab as dl
+
+    rec = (ROOT / "fixtures" / "sglang_cpu_recording.json").read_text()
+    cases = {"empty.json": ("", "an empty file"), "cut.json": (rec[: len(rec) // 2], "not valid JSON at line"),
+             "text.jsonl": ('{"a": 1}\ngarbage\n', "not valid JSON at record 2")}
+    for name, (text, want) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(Exception, match=want):
+            dl.load(tmp_path / name)
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    with pytest.raises(Exception, match="JSON that is neither an SGLang recording"):
+        dl.load(tmp_path / "other.json")

@@ -84,6 +84,26 @@ def find_source(path: str | Path) -> Source:
                            f"(registered sources: {', '.join(source_names())})")
 
 
+def _json_problem(p: Path) -> str | None:
+    """Why a ``.json`` / ``.jsonl`` file is not JSON at all (empty, cut, not text), or None."""
+    import json
+
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"a .{p.suffix.lower()[1:]} file that cannot be read as text ({exc})"
+    if not text.strip():
+        return "an empty file"
+    lines = [text] if p.suffix.lower() == ".json" else [ln for ln in text.splitlines() if ln.strip()]
+    for k, line in enumerate(lines, 1):
+        try:
+            json.loads(line)
+        except json.JSONDecodeError as exc:
+            where = f"line {exc.lineno}" if p.suffix.lower() == ".json" else f"record {k}"
+            return f"not valid JSON at {where} ({exc.msg}; a file cut short?)"
+    return None
+
+
 def _looks_like(p: Path) -> str:
     """What an unclaimed file looks like, in words (for the error; it decides nothing)."""
     if p.is_dir():
@@ -96,6 +116,9 @@ def _looks_like(p: Path) -> str:
         return ("an append-only file whose first segment is "
                 + ("damaged or cut" if doc is None else f"of format {doc.get('format')!r}"))
     if p.suffix.lower() in (".json", ".jsonl"):
+        bad = _json_problem(p)
+        if bad is not None:
+            return bad
         return "JSON that is neither an SGLang recording, DDTree reference tree traces nor an engine acceptance summary"
     meta = safetensors_metadata(p)
     if meta is None:
