@@ -185,8 +185,8 @@ def compile_retrieve(tree: DDTreeBuildResult, prefix_len: int | torch.Tensor) ->
     Args:
         tree: the result of :func:`ddtree_lab.build_tree` (nodes in tree order).
         prefix_len: tokens already in the target's KV cache before the root, an int or
-            ``[bs]`` int64; the root sits at position ``prefix_len``, a node at depth ``d``
-            at ``prefix_len + d``.
+            ``[bs]`` int64 (any device; the positions come out on the tree's); the root sits
+            at position ``prefix_len``, a node at depth ``d`` at ``prefix_len + d``.
 
     Returns:
         :class:`DDTreeVerifyInput`.
@@ -200,6 +200,7 @@ def compile_retrieve(tree: DDTreeBuildResult, prefix_len: int | torch.Tensor) ->
     else:
         prefix = check_tensor("prefix_len", prefix_len, dtype=torch.int64, ndim=1)
         check_shape("prefix_len", prefix, (bs,))
+        prefix = prefix.to(tree.parents.device)  # a host tensor beside a tree built on a GPU
     if (prefix < 0).any():
         raise ValueError(f"prefix_len must be >= 0, got {prefix.tolist()}")
     retrieve_index, next_token, next_sibling = encode_retrieve(tree.parents, tree.num_nodes)

@@ -209,13 +209,14 @@ def normalize_params(
 def check_logits_rows(logits: torch.Tensor, num_nodes: torch.Tensor | None = None, name: str = "target logits") -> None:
     """Raise ValueError at the first row (request, node) with NaN or with every entry -inf.
 
-    Rows at or past ``num_nodes[b]`` (padding) are not checked.
+    Rows at or past ``num_nodes[b]`` (padding) are not checked. ``num_nodes`` may sit on
+    another device than ``logits`` (the host, where trees are built).
     """
     bad_nan = torch.isnan(logits).any(-1)
     bad_inf = torch.isneginf(logits).all(-1)
     bad_pos = torch.isposinf(logits).any(-1)
     if num_nodes is not None:
-        real = torch.arange(logits.shape[1], device=logits.device)[None, :] < num_nodes[:, None]
+        real = torch.arange(logits.shape[1], device=logits.device)[None, :] < num_nodes.to(logits.device)[:, None]
         bad_nan &= real
         bad_inf &= real
         bad_pos &= real
@@ -308,8 +309,8 @@ def target_probs(
     Args:
         logits: ``[bs, N, V]`` float32 / float16 / bfloat16 target logits of the tree nodes.
         params: one :class:`SamplingParams` for all requests or one per request.
-        num_nodes: optional ``[bs]`` int64; padding rows (``i >= num_nodes[b]``) are not
-            checked and come back all zero.
+        num_nodes: optional ``[bs]`` int64 (any device); padding rows (``i >= num_nodes[b]``)
+            are not checked and come back all zero.
 
     Returns:
         ``[bs, N, V]`` float32 probabilities, transforms applied in each request's ``order``
@@ -327,6 +328,6 @@ def target_probs(
     for b, p in enumerate(items):
         out[b] = filtered_probs(logits[b].float(), p)
     if num_nodes is not None:
-        pad = torch.arange(n, device=logits.device)[None, :] >= num_nodes[:, None]
+        pad = torch.arange(n, device=logits.device)[None, :] >= num_nodes.to(logits.device)[:, None]
         out[pad] = 0.0
     return out

@@ -60,11 +60,35 @@ def test_a_broken_tree_is_refused():
         au.AuditCase(dataclasses.replace(case.verify_input, retrieve_next_token=nt), case.logits, case.params)
 
 
+def _large_vocab_case() -> au.AuditCase:
+    """A 9-node tree over V=4096 at T=0.8, top-k 50, top-p 0.9 whose children sit inside the
+    filtered support (their logits raised by 8 at their parent's row). With random logits alone
+    every child had p = 0 after top-k / top-p: every verdict was a rejection, so a lossy
+    threshold could not show (seen on an H200, where the GPU test below first ran)."""
+    case = au.random_case(2, num_nodes=9, vocab_size=4096, params=dl.SamplingParams(0.8, top_k=50, top_p=0.9))
+    logits = case.logits.clone()
+    tokens = case.verify_input.node_token_ids[0].tolist()
+    for parent, kids in case.children().items():
+        for c in kids:
+            logits[parent, tokens[c]] += 8.0
+    return dataclasses.replace(case, logits=logits)
+
+
+def test_the_large_vocab_case_gives_its_children_mass_and_the_reference_sees_a_lossy_threshold():
+    case = _large_vocab_case()
+    p = case.probs()
+    tokens = case.verify_input.node_token_ids[0].tolist()
+    root_mass = sum(float(p[0, tokens[c]]) for c in case.children()[0])
+    assert 0.3 < root_mass < 0.95  # accepts and rejects both happen at the root
+    assert not au.audit(case, "reference", draws=4000, chunk=1000).rejected
+    assert au.audit(case, "reference", draws=4000, chunk=1000, threshold_acc=0.5).rejected
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU only: the Triton interpreter on a CPU takes "
                     "seconds per verify call, too slow for thousands of draws (tests/GPU_ONLY.md)")
 def test_triton_backend_passes_the_audit_on_a_gpu():
-    case = au.random_case(2, num_nodes=9, vocab_size=4096, params=dl.SamplingParams(0.8, top_k=50, top_p=0.9))
-    case = dataclasses.replace(case, logits=case.logits.cuda())
+    case = _large_vocab_case()
+    case = dataclasses.replace(case, logits=case.logits.cuda())  # the tree stays on the host, as the session's
     report = au.audit(case, "triton", draws=4000, chunk=1000)
     assert not report.rejected, report.text()
     assert au.audit(case, "triton", draws=4000, chunk=1000, threshold_acc=0.5).rejected
