@@ -62,7 +62,8 @@ def test_dry_run_checks_imports_arguments_files_and_the_summary_columns(dry):
         assert m and int(m.group(1)) > 0, name
     for name in ("tree-build-cuda", "live-step-cuda", "verify-bench", "tree-cost-cuda"):
         assert re.search(rf"^dry-run: {name}: benchmarks/\S+\.py parses its options$", dry, re.M), name
-    assert re.search(r"^dry-run: files: 9 files under \S+/ can be written$", dry, re.M)  # 8 logs + summary.tsv
+    # 8 logs + summary.tsv + tree_cost_cuda.json
+    assert re.search(r"^dry-run: files: 10 files under \S+/ can be written$", dry, re.M)
     # the summary the real run prints and writes (summary.tsv) has these columns, in this order
     assert "summary columns: check status secs last_line" in dry
     script = SCRIPT.read_text()

@@ -104,6 +104,26 @@ def test_cost_model_interpolates_and_scales():
         CostModel((4, 2), {1: (1.0, 1.0)})
 
 
+def test_a_cost_model_round_trips_through_json_and_a_bad_file_names_its_field():
+    import json
+
+    cm = CostModel((1, 11), {1: (1.0, 2.0), 8: (2.0, 6.0)}, draft_seconds=0.5, device="cuda:0")
+    back = CostModel.from_dict(json.loads(json.dumps(cm.to_dict())))
+    assert back == cm and back.forward_seconds(6, 8) == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="'seconds' is missing"):
+        CostModel.from_dict({"num_rows": [1, 2]})
+    with pytest.raises(ValueError, match="do not parse"):
+        CostModel.from_dict({"num_rows": [1, 2], "seconds": {"1": ["fast", 2.0]}})
+    with pytest.raises(ValueError, match="draft_seconds must be >= 0"):
+        CostModel.from_dict({"num_rows": [1], "seconds": {"1": [1.0]}, "draft_seconds": -1})
+    with pytest.raises(ValueError, match="batch sizes must be >= 1"):
+        CostModel.from_dict({"num_rows": [1], "seconds": {"0": [1.0]}})
+    with pytest.raises(ValueError, match=r"seconds\[1\] must hold 2"):
+        CostModel.from_dict({"num_rows": [1, 2], "seconds": {"1": [1.0]}})
+    with pytest.raises(ValueError, match="JSON object"):
+        CostModel.from_dict([1, 2])  # pyright: ignore[reportArgumentType]
+
+
 @pytest.mark.parametrize("name", list(POLICIES))
 @pytest.mark.parametrize("budget", [0, 1, 3, 7, 20])
 def test_every_policy_round_trips_compile_and_decode(name, budget):

@@ -117,6 +117,36 @@ class CostModel:
         """Seconds of one round: drafter + a tree forward over ``n`` rows."""
         return self.draft_seconds + self.forward_seconds(n, batch_size)
 
+    def to_dict(self) -> dict:
+        """JSON-ready fields (``seconds`` keyed by the batch size as text)."""
+        return {"num_rows": list(self.num_rows), "seconds": {str(k): list(v) for k, v in self.seconds.items()},
+                "draft_seconds": self.draft_seconds, "device": self.device}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostModel":
+        """The inverse of :meth:`to_dict` (a cost model measured elsewhere, e.g. on a GPU by
+        ``benchmarks/tree_cost.py --json``).
+
+        Raises:
+            ValueError: a missing or mistyped field, named (and what ``__post_init__`` refuses).
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"a cost model must be a JSON object, got {type(d).__name__}")
+        for f in ("num_rows", "seconds"):
+            if f not in d:
+                raise ValueError(f"cost model: field {f!r} is missing")
+        try:
+            num_rows = tuple(int(n) for n in d["num_rows"])
+            seconds = {int(k): tuple(float(x) for x in v) for k, v in dict(d["seconds"]).items()}
+            draft = float(d.get("draft_seconds", 0.0))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"cost model: num_rows / seconds / draft_seconds do not parse as numbers: {e}") from None
+        if not draft >= 0:
+            raise ValueError(f"cost model: draft_seconds must be >= 0, got {draft}")
+        if any(b < 1 for b in seconds):
+            raise ValueError(f"cost model: batch sizes must be >= 1, got {sorted(seconds)}")
+        return cls(num_rows, seconds, draft, str(d.get("device", "unknown")))
+
 
 @dataclass(frozen=True)
 class PolicyContext:
