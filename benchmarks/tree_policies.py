@@ -33,7 +33,18 @@ and the smallest at which it beats the chain's best budget. The live runs' own w
 (tokens generated / seconds, the 8 prompts as one batch) is printed too: it shares the CPU
 with whatever else runs, the cost model is the figure to compare policies by.
 
-    DDTREE_LAB_THREADS=1 python benchmarks/tree_policies.py [--prompts 8] [--new-tokens 64]
+    DDTREE_LAB_THREADS=1 python benchmarks/tree_policies.py [--prompts 8] [--new-tokens 64] [--live-workers 2]
+
+**Another device's cost.** ``--cost-model FILE`` takes a cost model measured elsewhere
+(``benchmarks/tree_cost.py --json``; ``scripts/gpu_check.sh`` writes one on a GPU) instead of
+timing this CPU: the recordings, exact E[tau] and live tau still come from this CPU (tau does
+not depend on the device), the seconds, tok/s and break-even budgets from that device. Only the
+``cost`` policy builds other trees under another cost model, so ``--live-policies cost`` is the
+live grid such a run needs:
+
+    python benchmarks/tree_policies.py --cost-model benchmarks/tree_cost.h200.json --live-policies cost \
+        --out benchmarks/tree_policies.h200.out.txt --json benchmarks/tree_policies.h200.json \
+        --figure benchmarks/tree_policies.h200.html
 
 Writes ``--out`` (the table), ``benchmarks/tree_policies.json`` (the rows, read by
 ``labs/04_topk_topp_tuner.ipynb``) and ``benchmarks/tree_policies.html`` (the plotly figure;
@@ -53,7 +64,7 @@ from pathlib import Path
 import torch
 
 from ddtree_lab.analysis.counterfactual import measure_cost_model, step_counterfactuals, step_prefix_ids
-from ddtree_lab.analysis.policies import POLICIES, PolicyContext
+from ddtree_lab.analysis.policies import POLICIES, CostModel, PolicyContext
 from ddtree_lab.sampling import SamplingParams
 from ddtree_lab.session import LiveSession
 
@@ -101,6 +112,59 @@ def live(target, drafter, prompts, new_tokens, temperature, policy, budget, cm, 
                  "step_s": sum(session.stage_totals.values()) / max(session.num_steps, 1)}
 
 
+def read_cost_model(path: str) -> tuple[dict, CostModel]:
+    """``(document, CostModel)`` of a ``benchmarks/tree_cost.py --json`` file; exits with a
+    message naming the file and what is wrong (missing, not JSON, no or a bad ``cost_model``)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"tree_policies: --cost-model {path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SystemExit(f"tree_policies: --cost-model {path}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict) or "cost_model" not in doc:
+        raise SystemExit(f"tree_policies: --cost-model {path}: no 'cost_model' field (write it with "
+                         "benchmarks/tree_cost.py --json)")
+    try:
+        return doc, CostModel.from_dict(doc["cost_model"])
+    except ValueError as e:
+        raise SystemExit(f"tree_policies: --cost-model {path}: {e}") from None
+
+
+_WORKER: dict = {}
+
+
+def _worker_init():
+    from ddtree_lab.models import load_default_target
+    from ddtree_lab.models.loading import load_drafter
+    from ddtree_lab.threads import configure_threads
+
+    configure_threads()
+    _WORKER["target"] = load_default_target(dtype=torch.float32)
+    _WORKER["drafter"] = load_drafter(_WORKER["target"])
+
+
+def _worker_live(job):
+    (temp, name, b), prompts, new_tokens, cm = job
+    _, row = live(_WORKER["target"], _WORKER["drafter"], prompts, new_tokens, temp, name, b, cm, "light")
+    return (temp, name, b), row
+
+
+def live_in_workers(configs, workers, prompts, new_tokens, cm) -> dict:
+    """The live grid over ``workers`` processes (spawned; each loads the target and the drafter
+    once): ``{(temperature, policy, budget): row}``. Seeds are per configuration, so a
+    configuration's tau does not depend on which worker ran it or in what order."""
+    import multiprocessing
+
+    rows = {}
+    with multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init) as pool:
+        jobs = [(c, prompts, new_tokens, cm) for c in configs]
+        for i, (key, row) in enumerate(pool.imap_unordered(_worker_live, jobs)):
+            rows[key] = row
+            print(f"  live {i + 1}/{len(configs)}: T={key[0]} {key[1]} B={key[2]}: tau {row['tau']:.3f} "
+                  f"({row['wall_s']:.0f} s)", flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=8)
@@ -113,10 +177,22 @@ def main():
     ap.add_argument("--deadline-minutes", type=float, default=None,
                     help="start no live run after this many minutes since the start (the rest are listed as "
                          "not run); default: no deadline")
+    ap.add_argument("--cost-model", default=None,
+                    help="a cost model measured elsewhere (benchmarks/tree_cost.py --json, e.g. on a GPU by "
+                         "scripts/gpu_check.sh) instead of measuring one on this CPU")
+    ap.add_argument("--live-policies", default=",".join(POLICIES),
+                    help="policies to run live (default all); with --cost-model only 'cost' builds other trees")
+    ap.add_argument("--live-workers", type=int, default=1,
+                    help="run the live grid in this many processes (one torch thread each); default 1")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "tree_policies.out.txt"))
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "tree_policies.json"))
     ap.add_argument("--figure", default=str(ROOT / "benchmarks" / "tree_policies.html"))
     args = ap.parse_args()
+    given = read_cost_model(args.cost_model) if args.cost_model else None  # a bad file fails before the model loads
+    live_names = [n for n in args.live_policies.split(",") if n]
+    unknown = [n for n in live_names if n not in POLICIES]
+    if unknown:
+        raise SystemExit(f"tree_policies: --live-policies names no policy {unknown} (policies: {list(POLICIES)})")
     lines: list[str] = []
 
     def out(text=""):
@@ -146,19 +222,28 @@ def main():
     prefix = step_prefix_ids(recorded[temps[0]], first) + [int(first.node_token_ids[0])]
     drafts = [s.timings["draft"] + s.timings["build"] for r in recorded.values() for s in r.steps]
     t_draft_batch = statistics.median(drafts)  # a round of the recorded batch of len(prompts) requests
-    # the per-stream figures are batch-size-1 costs: the drafter's round at bs 1, measured on one prompt
-    solo, _ = live(target, drafter, prompts[:1], SOLO_TOKENS, temps[0], "ddtree", RECORDED_BUDGET, None, "light")
-    t_draft = statistics.median(s.timings["draft"] + s.timings["build"] for s in solo.steps)
-    cm = measure_cost_model(target, prefix, first.draft, NUM_ROWS, repeats=args.repeats, draft_seconds=t_draft,
-                            batch_sizes=BATCH_SIZES)
+    elsewhere = None
+    if given is not None:  # measured on another device: its drafter round (bs 1) comes with it
+        elsewhere, cm = given
+        t_draft = cm.draft_seconds
+        solo_rounds = None
+        batch_rounds = [r["draft_s"] for r in elsewhere.get("rounds", {}).values() if r["batch_size"] == len(prompts)]
+        t_draft_batch = statistics.median(batch_rounds) if batch_rounds else None
+    else:
+        # the per-stream figures are batch-size-1 costs: the drafter's round at bs 1, measured on one prompt
+        solo, _ = live(target, drafter, prompts[:1], SOLO_TOKENS, temps[0], "ddtree", RECORDED_BUDGET, None, "light")
+        solo_rounds = len(solo.steps)
+        t_draft = statistics.median(s.timings["draft"] + s.timings["build"] for s in solo.steps)
+        cm = measure_cost_model(target, prefix, first.draft, NUM_ROWS, repeats=args.repeats, draft_seconds=t_draft,
+                                batch_sizes=BATCH_SIZES)
     plain_tps = 1.0 / cm.forward_seconds(1)
-    plain_batch_tps = len(prompts) / cm.forward_seconds(1, len(prompts)) if len(prompts) in BATCH_SIZES else None
+    plain_batch_tps = len(prompts) / cm.forward_seconds(1, len(prompts)) if len(prompts) in cm.seconds else None
     load_at_cost = os.getloadavg()[0]  # the cost model is only as good as the CPU was quiet
 
     # -- live grid: measured one configuration first ------------------------------------------------
     # cheapest budgets first, both temperatures, so that a deadline leaves comparable pairs
-    configs = [(t, n, b) for b in sorted(BUDGETS, key=lambda b: (b not in (8, 32), b)) for t in temps for n in names
-               if (t, n, b) not in live_rows]
+    configs = [(t, n, b) for b in sorted(BUDGETS, key=lambda b: (b not in (8, 32), b)) for t in temps
+               for n in live_names if (t, n, b) not in live_rows]
     estimate = per_run * len(configs) / 60
     live_budgets = BUDGETS
     if estimate > args.live_minutes:
@@ -167,7 +252,15 @@ def main():
     out("# Does a tree pay here? Tree policies x budgets: exact counterfactual E[tau], live tau, bias, cost")
     out(f"machine: {platform.processor() or platform.machine()}, 2 cores shared with other jobs, torch threads "
         f"{torch.get_num_threads()}; target {target.name} fp32 on CPU; drafter {drafter.name} (the lab's default)")
-    out(f"load average (1 min) while the cost model was measured: {load_at_cost:.1f} on {os.cpu_count()} cores")
+    if elsewhere is None:
+        out(f"load average (1 min) while the cost model was measured: {load_at_cost:.1f} on {os.cpu_count()} cores")
+    else:
+        out(f"COST MEASURED ELSEWHERE: {elsewhere.get('device_name')} ({args.cost_model}: {elsewhere.get('weights')} "
+            f"weights, {elsewhere.get('dtype')}, torch {elsewhere.get('torch')}, median of {elsewhere.get('repeats')}). "
+            "The recordings, the exact E[tau] and the live tau come from this CPU (tau does not depend on the "
+            "device); the seconds, tok/s and break-even from that device. Live runs: policies "
+            f"{live_names} only (the others' trees do not depend on the cost model: their live tau is the CPU "
+            "table's); the wall tok/s column is left empty (this CPU's wall clock).")
     out(f"prompts: {len(prompts)} held-out prompts x {args.new_tokens} new tokens, one batch per run (topics and "
         f"templates never in the drafter's 620 training prompts, fixtures/drafters/dflash_prompts.json): {prompts}")
     out(f"policies {names}; budgets {BUDGETS}; temperatures {temps}; seed 1")
@@ -175,15 +268,24 @@ def main():
         f"{estimate:.0f} min -> live runs at budgets {live_budgets}" +
         ("" if live_budgets == BUDGETS else f" only (over the {args.live_minutes:.0f}-minute limit); "
          "counterfactuals for the whole grid"))
-    out(f"cost model (this CPU, median of {args.repeats}, prefix {len(prefix) - 1} tokens): drafter + build "
-        f"{t_draft * 1e3:.1f} ms per round at bs 1 (median over {len(solo.steps)} rounds of one prompt), "
-        f"{t_draft_batch * 1e3:.1f} ms per round of the batch of {len(prompts)} (median over the recorded rounds)")
-    for bs in BATCH_SIZES:
+    if elsewhere is None:
+        out(f"cost model (this CPU, median of {args.repeats}, prefix {len(prefix) - 1} tokens): drafter + build "
+            f"{t_draft * 1e3:.1f} ms per round at bs 1 (median over {solo_rounds} rounds of one prompt), "
+            f"{t_draft_batch * 1e3:.1f} ms per round of the batch of {len(prompts)} (median over the recorded rounds)")
+    else:
+        out(f"cost model ({cm.device}): drafter + build {t_draft * 1e3:.2f} ms per round at bs 1 (the median over the "
+            "live-step budgets at bs 1)" + ("" if t_draft_batch is None else
+                                            f", {t_draft_batch * 1e3:.2f} ms at bs {len(prompts)}"))
+        for r in elsewhere.get("rounds", {}).values():
+            model_round = r["draft_s"] + cm.forward_seconds(1 + r["budget"], r["batch_size"])
+            out(f"  the lab's whole live step there, bs {r['batch_size']} B={r['budget']}: {r['step_s'] * 1e3:.1f} ms "
+                f"(the cost model's round {model_round * 1e3:.1f} ms; the rest is compile, verify, record, commit)")
+    for bs in sorted(cm.seconds):
         out(f"  target tree forward, bs {bs}: " + ", ".join(f"N={n} {s * 1e3:.1f} ms"
                                                           for n, s in zip(cm.num_rows, cm.seconds[bs])))
     out(f"plain decoding (1 / t_forward(N=1, bs 1)): {plain_tps:.2f} tok/s per stream: the reference for the "
         "exp / live tok/s columns (batch-size-1 costs)")
-    if plain_batch_tps is not None:
+    if plain_batch_tps is not None and elsewhere is None:
         out(f"plain decoding of the batch of {len(prompts)} ({len(prompts)} / t_forward(N=1, bs {len(prompts)})): "
             f"{plain_batch_tps:.2f} tok/s: the reference for the wall tok/s column (the live runs' batch)")
 
@@ -201,22 +303,30 @@ def main():
 
     t0 = time.perf_counter()
     not_run = []
-    last = per_run
-    for i, (temp, name, b) in enumerate(configs):
-        if args.deadline_minutes is not None and (time.perf_counter() - start + last) / 60 > args.deadline_minutes:
-            not_run.append((temp, name, b))
-            continue
-        _, row = live(target, drafter, prompts, args.new_tokens, temp, name, b, cm, "light")
-        last = row["wall_s"]
-        live_rows[(temp, name, b)] = row
-        print(f"  live {i + 1}/{len(configs)}: T={temp} {name} B={b}: tau {row['tau']:.3f} ({row['wall_s']:.0f} s)",
-              flush=True)
+    if args.live_workers > 1:
+        out(f"live runs: {len(configs)} configurations in {args.live_workers} worker processes (one torch thread "
+            "each, so the configurations share the CPU two at a time: the wall tok/s column reads low)")
+        live_rows.update(live_in_workers(configs, args.live_workers, prompts, args.new_tokens, cm))
+    else:
+        last = per_run
+        for i, (temp, name, b) in enumerate(configs):
+            if args.deadline_minutes is not None and (time.perf_counter() - start + last) / 60 > args.deadline_minutes:
+                not_run.append((temp, name, b))
+                continue
+            _, row = live(target, drafter, prompts, args.new_tokens, temp, name, b, cm, "light")
+            last = row["wall_s"]
+            live_rows[(temp, name, b)] = row
+            print(f"  live {i + 1}/{len(configs)}: T={temp} {name} B={b}: tau {row['tau']:.3f} ({row['wall_s']:.0f} s)",
+                  flush=True)
     live_minutes = (time.perf_counter() - t0) / 60
     if not_run:
         out(f"live runs NOT made (the {args.deadline_minutes:.0f}-minute deadline; their bias is '-'): " +
             ", ".join(f"T={t} {n} B={b}" for t, n, b in not_run))
 
     # -- the table ----------------------------------------------------------------------------------
+    def wall_tps(lv):  # this CPU's wall clock: not shown beside another device's costs
+        return None if (lv is None or elsewhere is not None) else lv["wall_tok_s"]
+
     records = []
     for temp in temps:
         res = cf[temp]
@@ -249,12 +359,12 @@ def main():
             out(f"{name:<8} {b:>3} {nodes:>6.1f} {f(e, 9)} {sum(r.covered for r in rs):>4}/{len(rs):<3} "
                 f"{f(lv and lv['tau'], 8)} {('-' if bias is None else f'{bias:+.3f}'):>7} "
                 f"{f(lv and lv['nodes'], 10, 1)} {step_ms:>8.1f} {f(t, 9, 2)} {f(t and t / plain_tps, 7, 2)} "
-                f"{f(t and t / chain_best, 7, 2)} {f(live_tps, 10, 2)} {f(lv and lv['wall_tok_s'], 10, 2)}")
+                f"{f(t and t / chain_best, 7, 2)} {f(live_tps, 10, 2)} {f(wall_tps(lv), 10, 2)}")
             records.append({"temperature": temp, "policy": name, "budget": b, "nodes": nodes, "cf_tau": e,
                             "covered": sum(r.covered for r in rs), "steps": len(rs),
                             "live_tau": lv and lv["tau"], "bias": bias, "live_nodes": lv and lv["nodes"],
                             "round_ms": step_ms, "expected_tok_s": t, "live_tau_tok_s": live_tps,
-                            "live_wall_tok_s": lv and lv["wall_tok_s"], "live_step_s": lv and lv["step_s"],
+                            "live_wall_tok_s": wall_tps(lv), "live_step_s": lv and lv["step_s"],
                             "by_depth": lv and lv["by_depth"]})
         out(f"break-even (expected tok/s; plain decoding {plain_tps:.2f} tok/s, the chain's best "
             f"{chain_best:.2f} tok/s):")
@@ -271,6 +381,7 @@ def main():
                 f"{min(biases):+.3f} .. {max(biases):+.3f} over {len(biases)} live configurations")
     out(f"\nlive grid {live_minutes:.1f} min; total {(time.perf_counter() - start) / 60:.1f} min")
     meta = {"not_run_live": [list(c) for c in not_run], "target": target.name, "drafter": drafter.name, "prompts": prompts, "new_tokens": args.new_tokens,
+            "cost_from": args.cost_model, "cost_device": (elsewhere or {}).get("device_name", "this CPU"),
             "plain_tok_s": plain_tps, "plain_batch_tok_s": plain_batch_tps, "draft_seconds_batch": t_draft_batch,
             "live_budgets": live_budgets, "recorded_budget": RECORDED_BUDGET,
             "cost_model": {"num_rows": list(cm.num_rows), "seconds": {str(k): list(v) for k, v in cm.seconds.items()},
