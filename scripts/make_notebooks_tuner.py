@@ -146,8 +146,7 @@ from ddtree_lab.views.policies import PolicyPicker, load_policy_records
 
 bench = Path("..") / "benchmarks" / "tree_policies.json"
 meta, rows = load_policy_records(bench) if bench.exists() else (None, None)
-cm = (policies.CostModel(tuple(meta["cost_model"]["num_rows"]), {int(k): tuple(v) for k, v in meta["cost_model"]["seconds"].items()},
-                         meta["cost_model"]["draft_seconds"], meta["cost_model"]["device"]) if meta else
+cm = (policies.CostModel.from_dict(meta["cost_model"]) if meta else
       counterfactual.measure_cost_model(target, counterfactual.step_prefix_ids(run, run.steps[0]) + [int(run.steps[0].node_token_ids[0])],
                                         run.steps[0].draft, (1, 9, 33), repeats=1))
 context = policies.PolicyContext(cost_model=cm)
@@ -155,6 +154,22 @@ sub = dl.Run(metadata=run.metadata, steps=run.steps[:12], token_texts=run.token_
 results = counterfactual.run_counterfactuals(sub, list(policies.POLICIES), [4, 8, 16, 32], target=target, context=context)
 picker = PolicyPicker(results, texts=run, rows=rows, plain_tok_s=meta and meta["plain_tok_s"])
 picker"""),
+    ("md", """### The same steps, a GPU's cost
+
+Whether a tree pays depends on what a wider forward costs. `benchmarks/tree_policies.h200.json`
+holds the same exact E[τ] (the recordings and the target are this CPU's; τ does not depend on
+the device) with the cost measured on one NVIDIA H200 (`scripts/gpu_check.sh`, eager PyTorch
+and transformers in fp32, the architecture timed with random weights). There a tree forward
+is bound by kernel launches, not by N: up to N = 129 rows its cost moves less with N than
+between two runs, so the comparison with plain decoding turns around (the dashed line). Which
+budget is best there is inside that noise; `docs/BENCHMARKS.md` gives both runs. The `cost`
+policy builds other trees under that cost model: its markers are its own live runs."""),
+    ("code", """from ddtree_lab.views.policies import tokens_per_second_figure
+
+h200 = Path("..") / "benchmarks" / "tree_policies.h200.json"
+meta_h200, rows_h200 = load_policy_records(h200)
+tokens_per_second_figure(rows_h200, meta_h200["plain_tok_s"],
+                         title=f"Expected tokens/s against budget, cost measured on {meta_h200['cost_device']}")"""),
     ("md", """### Your own policy in about twenty lines
 
 A policy is a plain function `(draft, anchor_token_id, budget, context) -> DDTreeBuildResult`.
