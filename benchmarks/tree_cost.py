@@ -82,6 +82,18 @@ def rounds(target, budgets, sizes, tokens: int) -> dict:
     return out
 
 
+def int_list(flag: str, text: str, least: int) -> list[int]:
+    """``"1,5,9"`` -> ``[1, 5, 9]``; exits naming ``flag`` on a non-integer, a value below
+    ``least`` or an order that is not strictly increasing."""
+    try:
+        vals = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"tree_cost: {flag} must be comma-separated integers, got {text!r}") from None
+    if any(v < least for v in vals) or any(b <= a for a, b in zip(vals, vals[1:])):
+        raise SystemExit(f"tree_cost: {flag} must be strictly increasing integers >= {least}, got {text!r}")
+    return vals
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -113,8 +125,13 @@ def main() -> int:
     from ddtree_lab.threads import configure_threads
 
     configure_threads()
-    rows = [int(x) for x in args.rows.split(",")]
-    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    rows = int_list("--rows", args.rows, 1)
+    sizes = int_list("--batch-sizes", args.batch_sizes, 1)
+    budgets = int_list("--round-budgets", args.round_budgets, 1)
+    for flag, v, least in (("--repeats", args.repeats, 1), ("--warmup-passes", args.warmup_passes, 0),
+                           ("--round-tokens", args.round_tokens, 1)):
+        if v < least:
+            raise SystemExit(f"tree_cost: {flag} must be >= {least}, got {v}")
     run = load(RUN)
     first = run.steps[0]
     prefix = step_prefix_ids(run, first)
@@ -143,7 +160,6 @@ def main() -> int:
           ", ".join(f"bs {bs} x{f:.2f}" for bs, f in zip(sizes, flat)) + f" ({time.perf_counter() - t0:.1f} s)")
     measured = {}
     if args.rounds:
-        budgets = [int(x) for x in args.round_budgets.split(",")]
         measured = rounds(target, budgets, (1, 8), args.round_tokens)
         print(f"live steps ({target.name}, default DFlash drafter, greedy, level light, {args.round_tokens} tokens, "
               "median over the steps after the first; ms):")

@@ -183,12 +183,15 @@ def main():
     ap.add_argument("--live-policies", default=",".join(POLICIES),
                     help="policies to run live (default all); with --cost-model only 'cost' builds other trees")
     ap.add_argument("--live-workers", type=int, default=1,
-                    help="run the live grid in this many processes (one torch thread each); default 1")
+                    help="run the live grid in this many processes (one torch thread each; --deadline-minutes "
+                         "applies to one process only); default 1")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "tree_policies.out.txt"))
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "tree_policies.json"))
     ap.add_argument("--figure", default=str(ROOT / "benchmarks" / "tree_policies.html"))
     args = ap.parse_args()
     given = read_cost_model(args.cost_model) if args.cost_model else None  # a bad file fails before the model loads
+    if args.live_workers < 1:
+        raise SystemExit(f"tree_policies: --live-workers must be >= 1, got {args.live_workers}")
     live_names = [n for n in args.live_policies.split(",") if n]
     unknown = [n for n in live_names if n not in POLICIES]
     if unknown:
@@ -305,7 +308,7 @@ def main():
     not_run = []
     if args.live_workers > 1:
         out(f"live runs: {len(configs)} configurations in {args.live_workers} worker processes (one torch thread "
-            "each, so the configurations share the CPU two at a time: the wall tok/s column reads low)")
+            f"each, so the configurations share the CPU {args.live_workers} at a time: a wall tok/s reads low)")
         live_rows.update(live_in_workers(configs, args.live_workers, prompts, args.new_tokens, cm))
     else:
         last = per_run
@@ -384,8 +387,7 @@ def main():
             "cost_from": args.cost_model, "cost_device": (elsewhere or {}).get("device_name", "this CPU"),
             "plain_tok_s": plain_tps, "plain_batch_tok_s": plain_batch_tps, "draft_seconds_batch": t_draft_batch,
             "live_budgets": live_budgets, "recorded_budget": RECORDED_BUDGET,
-            "cost_model": {"num_rows": list(cm.num_rows), "seconds": {str(k): list(v) for k, v in cm.seconds.items()},
-                           "draft_seconds": cm.draft_seconds, "device": cm.device}}
+            "cost_model": cm.to_dict()}
     Path(args.json).write_text(json.dumps({"meta": meta, "rows": records}, indent=1) + "\n")
     from ddtree_lab.views.policies import tokens_per_second_figure
 
