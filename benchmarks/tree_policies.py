@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -119,15 +120,28 @@ def read_cost_model(path: str) -> tuple[dict, CostModel]:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise SystemExit(f"tree_policies: --cost-model {path}: no such file") from None
+    except OSError as e:
+        raise SystemExit(f"tree_policies: --cost-model {path}: cannot be read ({e.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SystemExit(f"tree_policies: --cost-model {path}: not valid JSON ({e})") from None
     if not isinstance(doc, dict) or "cost_model" not in doc:
         raise SystemExit(f"tree_policies: --cost-model {path}: no 'cost_model' field (write it with "
                          "benchmarks/tree_cost.py --json)")
     try:
-        return doc, CostModel.from_dict(doc["cost_model"])
+        cm = CostModel.from_dict(doc["cost_model"])
     except ValueError as e:
         raise SystemExit(f"tree_policies: --cost-model {path}: {e}") from None
+    if cm.draft_seconds <= 0:
+        raise SystemExit(f"tree_policies: --cost-model {path}: no drafter cost (draft_seconds {cm.draft_seconds}); "
+                         "write it with benchmarks/tree_cost.py --rounds --json")
+    rounds = doc.get("rounds", {})
+    need = {"batch_size": int, "budget": int, "draft_s": float, "step_s": float}
+    if not isinstance(rounds, dict) or not all(
+            isinstance(r, dict) and all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
+                                        for k in need) for r in rounds.values()):
+        raise SystemExit(f"tree_policies: --cost-model {path}: 'rounds' must map to objects with numeric "
+                         f"{sorted(need)} (as benchmarks/tree_cost.py --rounds writes them)")
+    return doc, cm
 
 
 _WORKER: dict = {}
@@ -190,6 +204,15 @@ def main():
     ap.add_argument("--figure", default=str(ROOT / "benchmarks" / "tree_policies.html"))
     args = ap.parse_args()
     given = read_cost_model(args.cost_model) if args.cost_model else None  # a bad file fails before the model loads
+    if args.prompts < 1 or args.new_tokens < 1:
+        raise SystemExit(f"tree_policies: --prompts and --new-tokens must be >= 1, got {args.prompts}, {args.new_tokens}")
+    try:
+        temps = [float(t) for t in args.temperatures.split(",")]
+    except ValueError:
+        raise SystemExit(f"tree_policies: --temperatures must be comma-separated numbers, got {args.temperatures!r}") \
+            from None
+    if any(not (t >= 0 and math.isfinite(t)) for t in temps):
+        raise SystemExit(f"tree_policies: --temperatures must be finite and >= 0, got {args.temperatures!r}")
     if args.live_workers < 1:
         raise SystemExit(f"tree_policies: --live-workers must be >= 1, got {args.live_workers}")
     live_names = [n for n in args.live_policies.split(",") if n]
@@ -209,7 +232,6 @@ def main():
     target = load_default_target(dtype=torch.float32)
     drafter = load_drafter(target)
     prompts = json.loads((ROOT / "fixtures" / "drafters" / "dflash_prompts.json").read_text())["held_out"][: args.prompts]
-    temps = [float(t) for t in args.temperatures.split(",")]
     names = list(POLICIES)
 
     # -- the recorded trajectories (DDTree, budget 32, full rows), the first live configuration --
@@ -253,7 +275,7 @@ def main():
         live_budgets = [int(b) for b in args.reduced_budgets.split(",")]
         configs = [c for c in configs if c[2] in live_budgets]
     out("# Does a tree pay here? Tree policies x budgets: exact counterfactual E[tau], live tau, bias, cost")
-    out(f"machine: {platform.processor() or platform.machine()}, 2 cores shared with other jobs, torch threads "
+    out(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores shared with other jobs, torch threads "
         f"{torch.get_num_threads()}; target {target.name} fp32 on CPU; drafter {drafter.name} (the lab's default)")
     if elsewhere is None:
         out(f"load average (1 min) while the cost model was measured: {load_at_cost:.1f} on {os.cpu_count()} cores")
@@ -282,7 +304,8 @@ def main():
         for r in elsewhere.get("rounds", {}).values():
             model_round = r["draft_s"] + cm.forward_seconds(1 + r["budget"], r["batch_size"])
             out(f"  the lab's whole live step there, bs {r['batch_size']} B={r['budget']}: {r['step_s'] * 1e3:.1f} ms "
-                f"(the cost model's round {model_round * 1e3:.1f} ms; the rest is compile, verify, record, commit)")
+                f"(the cost model's round {model_round * 1e3:.1f} ms, timed apart; the step adds compile, verify, "
+                "record and commit)")
     for bs in sorted(cm.seconds):
         out(f"  target tree forward, bs {bs}: " + ", ".join(f"N={n} {s * 1e3:.1f} ms"
                                                           for n, s in zip(cm.num_rows, cm.seconds[bs])))

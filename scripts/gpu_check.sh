@@ -23,7 +23,10 @@ ONLY=""
 while (( $# )); do
   case "$1" in
     --dry-run) DRY=1 ;;
-    --only) ONLY=${2:?--only needs a comma-separated list of check names}; shift ;;
+    --only)
+      if [[ -z "${2:-}" || "$2" == --* ]]; then echo "gpu_check: --only needs a comma-separated list of check names" >&2; exit 2; fi
+      ONLY=$2; shift ;;
+    --only=*) ONLY=${1#--only=}; [[ -n "$ONLY" ]] || { echo "gpu_check: --only= needs check names" >&2; exit 2; } ;;
     *) echo "gpu_check: unknown argument '$1' (use --dry-run, --only NAME[,NAME...])" >&2; exit 2 ;;
   esac
   shift
@@ -39,7 +42,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # tree-cost-cuda (issue 27's GPU cost model, read by benchmarks/tree_policies.py --cost-model):
 # with GPU_CHECK_MODEL_DIR set (a directory with the default target's config.json and tokenizer
 # files) it times the architecture with random weights, for a device the 98 MB GGUF cannot reach.
-COST_WEIGHTS=${GPU_CHECK_MODEL_DIR:+--weights random --model-dir $GPU_CHECK_MODEL_DIR}
+COST_WEIGHTS=""
+[[ -n "${GPU_CHECK_MODEL_DIR:-}" ]] && COST_WEIGHTS="--weights random --model-dir $(printf '%q' "$GPU_CHECK_MODEL_DIR")"
 # triton-verify leaves out the sm80/sm90/sm100 compile test: it compiles on the host with ptxas
 # (minutes, no device needed) and CI runs it; on an H200 it alone outran the check's limit.
 # name | limit in seconds | command
@@ -115,6 +119,10 @@ if [[ $DRY == 1 ]]; then
       (( flags_ok )) && note "$name: $script parses its options"
     fi
   done
+  if [[ -n "${GPU_CHECK_MODEL_DIR:-}" ]]; then
+    [[ -f "$GPU_CHECK_MODEL_DIR/config.json" ]] && note "model dir: $GPU_CHECK_MODEL_DIR has a config.json (random weights for tree-cost-cuda)" \
+      || miss "model dir: GPU_CHECK_MODEL_DIR=$GPU_CHECK_MODEL_DIR has no config.json"
+  fi
   # every file it writes: the output folder and each file in it can be created
   dir_made=0; [[ -d "$OUT_DIR" ]] || dir_made=1
   if mkdir -p "$OUT_DIR" 2>/dev/null; then

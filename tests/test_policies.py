@@ -114,12 +114,18 @@ def test_a_cost_model_round_trips_through_json_and_a_bad_file_names_its_field():
         CostModel.from_dict({"num_rows": [1, 2]})
     with pytest.raises(ValueError, match="do not parse"):
         CostModel.from_dict({"num_rows": [1, 2], "seconds": {"1": ["fast", 2.0]}})
-    with pytest.raises(ValueError, match="draft_seconds must be >= 0"):
+    with pytest.raises(ValueError, match="draft_seconds must be a finite number >= 0"):
         CostModel.from_dict({"num_rows": [1], "seconds": {"1": [1.0]}, "draft_seconds": -1})
     with pytest.raises(ValueError, match="batch sizes must be >= 1"):
         CostModel.from_dict({"num_rows": [1], "seconds": {"0": [1.0]}})
     with pytest.raises(ValueError, match=r"seconds\[1\] must hold 2"):
         CostModel.from_dict({"num_rows": [1, 2], "seconds": {"1": [1.0]}})
+    with pytest.raises(ValueError, match="start at >= 1"):
+        CostModel.from_dict({"num_rows": [0, 5], "seconds": {"1": [1.0, 2.0]}})
+    with pytest.raises(ValueError, match="not finite"):
+        CostModel.from_dict({"num_rows": [1, 5], "seconds": {"1": [1.0, float("inf")]}})
+    with pytest.raises(ValueError, match="finite number"):
+        CostModel.from_dict({"num_rows": [1], "seconds": {"1": [1.0]}, "draft_seconds": float("nan")})
     with pytest.raises(ValueError, match="JSON object"):
         CostModel.from_dict([1, 2])  # pyright: ignore[reportArgumentType]
 

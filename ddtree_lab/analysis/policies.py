@@ -141,10 +141,15 @@ class CostModel:
             draft = float(d.get("draft_seconds", 0.0))
         except (TypeError, ValueError) as e:
             raise ValueError(f"cost model: num_rows / seconds / draft_seconds do not parse as numbers: {e}") from None
-        if not draft >= 0:
-            raise ValueError(f"cost model: draft_seconds must be >= 0, got {draft}")
+        if not (draft >= 0 and math.isfinite(draft)):
+            raise ValueError(f"cost model: draft_seconds must be a finite number >= 0, got {draft}")
         if any(b < 1 for b in seconds):
             raise ValueError(f"cost model: batch sizes must be >= 1, got {sorted(seconds)}")
+        if num_rows and num_rows[0] < 1:
+            raise ValueError(f"cost model: num_rows must start at >= 1 (the root), got {list(num_rows)}")
+        bad = [bs for bs, v in seconds.items() if not all(math.isfinite(x) for x in v)]
+        if bad:
+            raise ValueError(f"cost model: seconds[{bad[0]}] holds a value that is not finite")
         return cls(num_rows, seconds, draft, str(d.get("device", "unknown")))
 
 
