@@ -122,7 +122,7 @@ def test_a_cost_model_round_trips_through_json_and_a_bad_file_names_its_field():
         CostModel.from_dict({"num_rows": [1, 2], "seconds": {"1": [1.0]}})
     with pytest.raises(ValueError, match="start at >= 1"):
         CostModel.from_dict({"num_rows": [0, 5], "seconds": {"1": [1.0, 2.0]}})
-    with pytest.raises(ValueError, match="not finite"):
+    with pytest.raises(ValueError, match="finite non-negative seconds"):
         CostModel.from_dict({"num_rows": [1, 5], "seconds": {"1": [1.0, float("inf")]}})
     with pytest.raises(ValueError, match="finite number"):
         CostModel.from_dict({"num_rows": [1], "seconds": {"1": [1.0]}, "draft_seconds": float("nan")})

@@ -85,11 +85,18 @@ class CostModel:
     def __post_init__(self):
         if len(self.num_rows) < 1 or any(b <= a for a, b in zip(self.num_rows, self.num_rows[1:])):
             raise ValueError(f"CostModel.num_rows must be non-empty and strictly increasing, got {self.num_rows}")
+        if self.num_rows[0] < 1:
+            raise ValueError(f"CostModel.num_rows must start at >= 1 (the root), got {list(self.num_rows)}")
         if not self.seconds:
             raise ValueError("CostModel.seconds is empty")
+        if any(b < 1 for b in self.seconds):
+            raise ValueError(f"CostModel batch sizes must be >= 1, got {sorted(self.seconds)}")
         for bs, secs in self.seconds.items():
-            if len(secs) != len(self.num_rows) or any(not (s >= 0) for s in secs):
-                raise ValueError(f"CostModel.seconds[{bs}] must hold {len(self.num_rows)} non-negative seconds, got {secs}")
+            if len(secs) != len(self.num_rows) or any(not (s >= 0 and math.isfinite(s)) for s in secs):
+                raise ValueError(f"CostModel.seconds[{bs}] must hold {len(self.num_rows)} finite non-negative seconds, "
+                                 f"got {secs}")
+        if not (self.draft_seconds >= 0 and math.isfinite(self.draft_seconds)):
+            raise ValueError(f"CostModel.draft_seconds must be a finite number >= 0, got {self.draft_seconds}")
 
     def forward_seconds(self, n: int, batch_size: int = 1) -> float:
         """Seconds of one target tree forward over ``n`` rows at ``batch_size``.
@@ -141,15 +148,6 @@ class CostModel:
             draft = float(d.get("draft_seconds", 0.0))
         except (TypeError, ValueError) as e:
             raise ValueError(f"cost model: num_rows / seconds / draft_seconds do not parse as numbers: {e}") from None
-        if not (draft >= 0 and math.isfinite(draft)):
-            raise ValueError(f"cost model: draft_seconds must be a finite number >= 0, got {draft}")
-        if any(b < 1 for b in seconds):
-            raise ValueError(f"cost model: batch sizes must be >= 1, got {sorted(seconds)}")
-        if num_rows and num_rows[0] < 1:
-            raise ValueError(f"cost model: num_rows must start at >= 1 (the root), got {list(num_rows)}")
-        bad = [bs for bs, v in seconds.items() if not all(math.isfinite(x) for x in v)]
-        if bad:
-            raise ValueError(f"cost model: seconds[{bad[0]}] holds a value that is not finite")
         return cls(num_rows, seconds, draft, str(d.get("device", "unknown")))
 
 
