@@ -167,9 +167,12 @@ policy builds other trees under that cost model: its markers are its own live ru
     ("code", """from ddtree_lab.views.policies import tokens_per_second_figure
 
 h200 = Path("..") / "benchmarks" / "tree_policies.h200.json"
-meta_h200, rows_h200 = load_policy_records(h200)
-tokens_per_second_figure(rows_h200, meta_h200["plain_tok_s"],
-                         title=f"Expected tokens/s against budget, cost measured on {meta_h200['cost_device']}")"""),
+if h200.exists():
+    meta_h200, rows_h200 = load_policy_records(h200)
+    display(tokens_per_second_figure(rows_h200, meta_h200["plain_tok_s"],
+                                     title=f"Expected tokens/s against budget, cost measured on {meta_h200['cost_device']}"))
+else:
+    print(f"no H200 panel: {h200} is not here (it is in the repository's benchmarks/, beside labs/)")"""),
     ("md", """### Your own policy in about twenty lines
 
 A policy is a plain function `(draft, anchor_token_id, budget, context) -> DDTreeBuildResult`.

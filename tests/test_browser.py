@@ -80,12 +80,13 @@ def _free_port() -> int:
 def lab_server(tmp_path_factory):
     """JupyterLab serving a copy of labs/ on 127.0.0.1:PORT with a random token."""
     _require_browser()
-    # The copies sit in a labs/ folder beside a link to the repo's fixtures, so paths relative
-    # to labs/ (e.g. "../fixtures/traces/...") resolve as they do in the repo and in `make lab`.
+    # The copies sit in a labs/ folder beside links to the repo's fixtures and benchmarks, so paths
+    # relative to labs/ (e.g. "../fixtures/traces/...") resolve as they do in the repo and in `make lab`.
     base = tmp_path_factory.mktemp("lab")
     work = base / "labs"
     work.mkdir()
     (base / "fixtures").symlink_to(ROOT / "fixtures", target_is_directory=True)
+    (base / "benchmarks").symlink_to(ROOT / "benchmarks", target_is_directory=True)  # notebook 04's panels
     for nb in LABS.glob("*.ipynb"):
         shutil.copy(nb, work / nb.name)
     token, port = secrets.token_hex(16), _free_port()
