@@ -34,6 +34,7 @@ visible: a check that could not run never reads as passing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -198,7 +199,7 @@ def main() -> int:
                   f"{model_round * 1e3:>11.2f}  " +
                   " ".join(f"{k} {v * 1e3:.2f}" for k, v in r["stages_s"].items()))
         bs1 = [r["draft_s"] for r in measured.values() if r["batch_size"] == 1]
-        cm = type(cm)(cm.num_rows, cm.seconds, statistics.median(bs1), cm.device)
+        cm = dataclasses.replace(cm, draft_seconds=statistics.median(bs1))
     if args.json:
         doc = {"cost_model": cm.to_dict(), "device_name": name, "dtype": args.dtype, "weights": args.weights,
                "target": target.name, "torch": torch.__version__, "repeats": args.repeats, "rounds": measured}
