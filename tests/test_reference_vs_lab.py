@@ -128,3 +128,46 @@ def test_lab_and_reference_agree_on_every_round_both_ran(live):
         assert q["tau_common"][0] == q["tau_common"][1]
         assert q["explained"] is True and q["extra"] in (0, 1)
     assert any(q["extra"] == 1 for q in data["requests"])  # the fixture shows the difference at least once
+
+
+def _with_swapped_leaves(step, gap: float):
+    """``step`` (a reference round) as a lab step would hold it: log-weights filled in
+    (non-increasing in node order), then two leaves off the accepted path swapped in node
+    order with log-weights ``gap`` nats apart, as another machine's float sums might order them."""
+    import torch
+
+    n = step.num_nodes
+    parents = step.parents.tolist()
+    leaves = [i for i in range(1, n) if i not in parents and i not in step.accepted_path]
+    i, j = leaves[-2], leaves[-1]
+    logws = -torch.arange(n, dtype=torch.float32) * 0.25
+    logws[j] = logws[i] - gap
+    order = list(range(n))
+    order[i], order[j] = j, i
+    perm = torch.tensor(order)
+    swapped = {k: getattr(step, k)[perm] for k in ("node_token_ids", "parents", "depths", "ranks")}
+    return step.replace(node_logws=logws[perm], **swapped), (i, j)
+
+
+@pytest.mark.parametrize("gap, agree", [(3e-7, True), (0.5, False)])
+def test_a_tie_between_two_nodes_is_named_and_only_a_tie_agrees(gap, agree):
+    """Another machine may pop two nodes of near-equal log-weight in the other order (issue 34:
+    tokens 253 / 6110 at nodes 14 / 15): within TIE_TOLERANCE the round still agrees and the tie is
+    named with its nodes and gap; a gap past it is a difference."""
+    from ddtree_lab.views.compare import TIE_TOLERANCE, round_agreement
+
+    ref = load(DUMP)
+    step = ref.for_request(0)[2]
+    lab_step, (i, j) = _with_swapped_leaves(step, gap)
+    ok, ties = round_agreement(step, lab_step)
+    assert ok is agree and (gap <= TIE_TOLERANCE) is agree
+    assert [t["node"] for t in ties] == [i, j]
+    assert all(t["gap"] == pytest.approx(gap, abs=1e-6) for t in ties)  # float32 spacing at -7.75: 4.8e-7
+    lab = _lab_like(ref, set())
+    lab.steps[lab.steps.index(step)] = lab_step
+    data = reference_vs_lab(ref, lab)
+    q0 = data["requests"][0]
+    assert data["identical"] is agree and q0["first_difference"] == (None if agree else 2)
+    if agree:
+        assert [(t["round"], t["node"]) for t in q0["ties"]] == [(2, i), (2, j)]
+        assert f"round 2 node {i}" in reference_vs_lab_text(data)

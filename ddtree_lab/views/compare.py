@@ -35,7 +35,7 @@ from ..step import Run
 __all__ = ["settings_of", "tau_figure", "tau_distribution_figure", "calibration_figure", "acceptance_figure",
            "sibling_rank_figure", "throughput_figure", "sibling_quality_figure", "trees_html", "looks_greedy_html",
            "summary_rows", "summary_html", "OBSERVED", "EXPECTED", "DRAFTER", "STOPPING_RULE", "reference_vs_lab",
-           "reference_vs_lab_text"]
+           "reference_vs_lab_text", "round_agreement", "TIE_TOLERANCE"]
 
 #: hover boxes show whole trace names (plotly cuts them at 15 characters by default).
 HOVER = {"namelength": -1, "align": "left"}
@@ -306,18 +306,85 @@ def summary_html(run_or_steps) -> str:
     return f'<table class="ddtree-compare-summary"><tr>{head}</tr>{body}</table>'
 
 
-def _same_round(ref, lab) -> bool:
-    """A reference round and a lab step agree: the same tree (tokens, the root where the
-    reference records it, parents, depths), the same accepted path, the same bonus token where
-    the reference records it (its output ends at max_new_tokens, cutting the last bonus)."""
+#: two log-weights closer than this (nats) are a tie: the float32 log-probs and their sums come
+#: out of another machine's kernels (other BLAS, thread counts, vector widths) a few ulps apart,
+#: so nodes this close may leave the best-first heap in either order there.
+TIE_TOLERANCE = 1e-4
+
+
+def _paths(step) -> list[tuple[int, ...]]:
+    """Each node's token path from the root (root excluded: ``()``), in node order."""
+    tokens, parents = step.node_token_ids.tolist(), step.parents.tolist()
+    out: list[tuple[int, ...]] = []
+    for i in range(step.num_nodes):
+        out.append(() if i == 0 else out[parents[i]] + (tokens[i],))
+    return out
+
+
+def _path_logw(step, path: tuple[int, ...]) -> float | None:
+    """The lab drafter's log-weight of a token path: its node's ``node_logws`` when the lab's
+    tree holds it, else the sum of the step's draft top-k log-probs along it (None when a token
+    is outside the recorded top-k or the step has no draft top-k)."""
+    mine = _paths(step)
+    if path in mine and step.node_logws is not None:
+        return float(step.node_logws[mine.index(path)])
+    if step.draft_token_ids is None or step.draft_logprobs is None or len(path) > step.draft_token_ids.shape[-2]:
+        return None
+    ids, lps = step.draft_token_ids.reshape(-1, step.draft_token_ids.shape[-1]), \
+        step.draft_logprobs.reshape(-1, step.draft_logprobs.shape[-1])
+    total = 0.0
+    for depth, tok in enumerate(path):
+        hit = (ids[depth] == tok).nonzero()
+        if len(hit) == 0:
+            return None
+        total += float(lps[depth, int(hit[0, 0])])
+    return total
+
+
+def round_agreement(ref, lab, tolerance: float = TIE_TOLERANCE) -> tuple[bool, list[dict]]:
+    """Whether a reference round and a lab step agree, up to ties in the drafter's log-weights.
+
+    The two agree when they accept the same tokens (path and bonus, where the reference records
+    the bonus: its output ends at max_new_tokens, cutting the last one) and their trees are the
+    same node for node, except that where node ``i`` holds another token path on each side, the
+    two paths' log-weights (the lab's ``node_logws``, or its draft top-k for a path only the
+    reference built) differ by at most ``tolerance`` nats: a tie that the two machines' float
+    sums ordered differently (inside the tree, or at the budget's edge).
+
+    Args:
+        ref: a reference round (:class:`~ddtree_lab.step.Step`, ``node_logws`` may be NaN).
+        lab: the lab's step of the same round (its ``node_logws`` and draft top-k are read).
+        tolerance: the largest log-weight gap still called a tie, in nats.
+
+    Returns:
+        ``(agree, ties)``: ``ties`` lists each node index where the trees differ, as
+        ``{"node", "reference_tokens", "lab_tokens", "gap"}`` (``gap`` in nats, None when the
+        lab cannot weigh the reference's path); ``agree`` is False when a gap is over
+        ``tolerance`` or unknown, or the trees' sizes or the accepted tokens differ.
+    """
     if ref.tree is None or lab.tree is None or ref.output is None or lab.output is None:
-        return False
+        return False, []
     rt, lt = ref.node_token_ids.tolist(), lab.node_token_ids.tolist()
-    if rt[0] >= 0 and rt[0] != lt[0] or rt[1:] != lt[1:]:
-        return False
-    if ref.parents.tolist() != lab.parents.tolist() or ref.depths.tolist() != lab.depths.tolist():
-        return False
-    return ref.accepted_path == lab.accepted_path and (ref.bonus_token < 0 or ref.bonus_token == lab.bonus_token)
+    if rt[0] >= 0 and rt[0] != lt[0] or ref.num_nodes != lab.num_nodes:
+        return False, []
+    rp, lp = _paths(ref), _paths(lab)
+    ties, agree = [], True
+    for i, (a, b) in enumerate(zip(rp, lp)):
+        if a == b:
+            continue
+        wa, wb = _path_logw(lab, a), _path_logw(lab, b)
+        gap = None if wa is None or wb is None else abs(wa - wb)
+        ties.append({"node": i, "reference_tokens": list(a), "lab_tokens": list(b), "gap": gap})
+        agree = agree and gap is not None and gap <= tolerance
+    accepted_ref = [rp[i] for i in ref.accepted_path]
+    accepted_lab = [lp[i] for i in lab.accepted_path]
+    agree = agree and accepted_ref == accepted_lab and (ref.bonus_token < 0 or ref.bonus_token == lab.bonus_token)
+    return agree, ties
+
+
+def _same_round(ref, lab) -> bool:
+    """A reference round and a lab step agree up to ties (:func:`round_agreement`)."""
+    return round_agreement(ref, lab)[0]
 
 
 def reference_vs_lab(reference, lab, max_new_tokens: int | None = None) -> dict:
@@ -334,7 +401,9 @@ def reference_vs_lab(reference, lab, max_new_tokens: int | None = None) -> dict:
 
     Returns:
         ``{"requests": [{"request", "request_id", "reference_rounds", "lab_rounds", "common",
-        "identical" (common rounds that agree, :func:`_same_round`), "first_difference" (round
+        "identical" (common rounds that agree up to ties, :func:`round_agreement`), "ties" (the
+        nodes where agreeing rounds differ by a tie: ``{"round", "node", "reference_tokens",
+        "lab_tokens", "gap"}``), "first_difference" (round
         index or None), "tau_common": (reference, lab) mean τ over the common rounds,
         "tau_all": (reference, lab) mean τ over all rounds, "committed": (reference, lab) Σ τ,
         "extra": reference rounds minus lab rounds, "explained": bool or None}], "identical":
@@ -362,7 +431,9 @@ def reference_vs_lab(reference, lab, max_new_tokens: int | None = None) -> dict:
         if not ref or not mine:
             raise ValueError(f"request {rq}: no round on the {'reference' if not ref else 'lab'} side")
         common = min(len(ref), len(mine))
-        same = [_same_round(a, b) for a, b in zip(ref, mine)]
+        agreements = [round_agreement(a, b) for a, b in zip(ref, mine)]
+        same = [ok for ok, _ in agreements]
+        ties = [{"round": k, **t} for k, (ok, found) in enumerate(agreements) if ok for t in found]
         rt = [int(s.output.tau()[0]) for s in ref if s.output is not None]
         lt = [int(s.output.tau()[0]) for s in mine if s.output is not None]
         explained = None
@@ -376,7 +447,7 @@ def reference_vs_lab(reference, lab, max_new_tokens: int | None = None) -> dict:
                     "first_difference": next((k for k, ok in enumerate(same) if not ok), None),
                     "tau_common": (sum(rt[:common]) / common, sum(lt[:common]) / common),
                     "tau_all": (sum(rt) / len(rt), sum(lt) / len(lt)), "committed": (sum(rt), sum(lt)),
-                    "extra": len(ref) - len(mine), "explained": explained})
+                    "extra": len(ref) - len(mine), "explained": explained, "ties": ties})
     return {"requests": out, "identical": all_same, "max_new_tokens": max_new_tokens, "rule": STOPPING_RULE}
 
 
@@ -392,7 +463,12 @@ def reference_vs_lab_text(data: dict) -> str:
                if extra > 0 else f"the lab ran {-extra} more round{'s' if extra < -1 else ''}")
         check = "" if q["explained"] is None else \
             ("; as the stopping rule predicts" if q["explained"] else "; NOT what the stopping rule predicts")
+        ties = q.get("ties") or []
+        tied = "" if not ties else " (" + "; ".join(
+            f"round {t['round']} node {t['node']}: tokens {t['reference_tokens'][-1]} (reference) / "
+            f"{t['lab_tokens'][-1]} (lab) tie, log-weights {t['gap']:.1e} nats apart" for t in ties) + ")"
         lines.append(f"request {q['request_id']}: mean τ over the {q['common']} rounds both loops ran: {rc:.3f} "
-                     f"(reference) vs {lc:.3f} (lab), {q['identical']} of {q['common']} rounds identical; over all "
-                     f"rounds {ra:.3f} ({q['reference_rounds']}) vs {la:.3f} ({q['lab_rounds']}); {why}{check}")
+                     f"(reference) vs {lc:.3f} (lab), {q['identical']} of {q['common']} rounds identical up to "
+                     f"ties{tied}; over all rounds {ra:.3f} ({q['reference_rounds']}) vs {la:.3f} "
+                     f"({q['lab_rounds']}); {why}{check}")
     return "\n".join(lines)

@@ -407,7 +407,7 @@ def _stopping_note(reference, lab) -> tuple[str, dict | None]:
     lab_c = sum(q["tau_common"][1] * q["common"] for q in reqs) / n
     more = sum(max(q["extra"], 0) for q in reqs)
     return (STOPPING_RULE + f". Mean τ over the {n} rounds both loops ran: {ref_c:.3f} (reference) vs {lab_c:.3f} "
-            f"(lab), {sum(q['identical'] for q in reqs)} of {n} rounds identical; the reference ran {more} more "
+            f"(lab), {sum(q['identical'] for q in reqs)} of {n} rounds identical up to ties; the reference ran {more} more "
             f"round{'' if more == 1 else 's'} because it stops on committed tokens"), rounds
 
 
