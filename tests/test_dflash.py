@@ -247,7 +247,10 @@ def test_save_then_load_round_trips_in_fp16(tmp_path):
     drafter = DFlashDrafter.load(target, write_checkpoint(tmp_path / "a"))
     drafter.save(tmp_path / "b", record={"name": "tiny-dflash"})
     again = DFlashDrafter.load(target, tmp_path / "b")
-    assert again.name == "tiny-dflash" and again.model.config.to_dict() == drafter.model.config.to_dict()
+    saved = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert saved["vocab_size"] == target.vocab_size  # engines size the shared LM head from it
+    assert again.name == "tiny-dflash" and again.model.config.to_dict() == {**drafter.model.config.to_dict(),
+                                                                            "vocab_size": target.vocab_size}
     for k, v in drafter.model.state_dict().items():
         torch.testing.assert_close(again.model.state_dict()[k], v.half().float())
 
@@ -337,3 +340,23 @@ def test_tau_budget_figure_draws_one_line_per_drafter_and_temperature(tmp_path):
     path.write_text(json.dumps({"rows": [{"drafter": "x"}]}))
     with pytest.raises(ValueError, match="lacks"):
         load_tau_records(path)
+
+
+def test_a_vocab_size_other_than_the_targets_is_refused(tmp_path):
+    """The drafter shares the target's LM head: a config.json whose vocab_size says otherwise (an
+    engine would size the head from it) is refused with the two sizes named."""
+    target = TinyTarget()
+    path = write_checkpoint(tmp_path / "a")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["vocab_size"] = target.vocab_size + 1
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=f"vocab_size {target.vocab_size + 1} != the target's vocabulary "
+                                         rf"\({target.vocab_size}\)"):
+        DFlashDrafter.load(target, path)
+
+
+def test_the_shipped_drafters_config_names_the_embedded_targets_vocabulary():
+    from ddtree_lab.models.dflash import default_dflash_path
+
+    cfg = json.loads((default_dflash_path() / "config.json").read_text())
+    assert cfg["vocab_size"] == 49152 and cfg["architectures"] == ["DFlashDraftModel"]

@@ -375,7 +375,7 @@ class DFlashDrafter:
 
     Raises:
         ValueError: the drafter's hidden size differs from the target's, or the mask token id
-            is outside the target's vocabulary.
+            is outside the target's vocabulary, or the config's ``vocab_size`` is not the target's.
     """
 
     def __init__(self, target, model: DFlashDraftModel, name: str = "dflash", record: dict | None = None):
@@ -384,6 +384,10 @@ class DFlashDrafter:
             raise ValueError(f"drafter hidden size {cfg.hidden_size} != target hidden size {target.hidden_size}")
         if not 0 <= cfg.mask_token_id < target.vocab_size:
             raise ValueError(f"mask_token_id {cfg.mask_token_id} outside the target's vocabulary ({target.vocab_size})")
+        vocab = cfg.extra.get("vocab_size")
+        if vocab is not None and int(vocab) != int(target.vocab_size):
+            raise ValueError(f"drafter config.json: vocab_size {vocab} != the target's vocabulary ({target.vocab_size}); "
+                             "the drafter shares the target's embedding and LM head")
         n_target = getattr(getattr(getattr(target, "model", None), "config", None), "num_hidden_layers", None)
         if n_target is not None and any(not 0 <= l < n_target for l in cfg.target_layer_ids):
             raise ValueError(f"target_layer_ids {cfg.target_layer_ids} outside the target's {n_target} layers")
@@ -425,13 +429,17 @@ class DFlashDrafter:
         return cls(target, model, name=name or record.get("name", path.name), record=record)
 
     def save(self, path: str | Path, record: dict | None = None) -> None:
-        """Write ``config.json`` and fp16 ``model.safetensors`` (public layout), plus
-        ``model_card.json`` when ``record`` is given."""
+        """Write ``config.json`` (with the target's ``vocab_size``, which engines read to size the
+        shared LM head) and fp16 ``model.safetensors`` (public layout), plus ``model_card.json``
+        when ``record`` is given."""
         from safetensors.torch import save_file
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps(self.model.config.to_dict(), indent=1) + "\n")
+        config = self.model.config.to_dict()
+        # engines size the shared LM head from it (vLLM's qwen3_dflash assumes Qwen3's 151,936 without it)
+        config["vocab_size"] = int(self.target.vocab_size)
+        (path / "config.json").write_text(json.dumps(config, indent=1) + "\n")
         state = {k: v.detach().to(torch.float16).contiguous().cpu() for k, v in self.model.state_dict().items()}
         save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
         if record is not None:
