@@ -11,6 +11,8 @@ apart by their content, never by running anything from them; :data:`SOURCES` lis
 * ``"sglang recording (append-only)"`` and ``"sglang recording"`` -- the SGLang recorder's
   files (:mod:`.sglang_recording`): calls that did not return are steps without output; a
   ``NAME.json`` + ``NAME.safetensors`` recording is converted step by step;
+* ``"vllm recording"`` -- vLLM's real engine recorded from inside (:mod:`.vllm_recording`,
+  :mod:`ddtree_lab.vllm`): one chain step per engine step and request;
 * ``"ddtree reference"`` -- the DDTree reference's tree traces (:mod:`.ddtree_reference`);
 * ``"engine summary"`` -- an engine's per-request acceptance summary (:mod:`.acceptance`).
 

