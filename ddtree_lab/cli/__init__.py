@@ -256,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     _output(q, "-o", "--out", required=True, help="lab trace file to write (NAME.ddtrace.safetensors)")
     p.set_defaults(func=cmd_sglang)
 
+    from .vllm import add_vllm_parser
+
+    add_vllm_parser(sub, _output)
+
     p = sub.add_parser("lab", help="open JupyterLab on working copies of labs/ (as `make lab`)",
                        description=cmd_lab.__doc__)
     p.add_argument("--port", type=int, default=int(os.environ.get("DDTREE_LAB_PORT", "8888")),
