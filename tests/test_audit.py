@@ -97,6 +97,11 @@ def test_triton_backend_passes_the_audit_on_a_gpu():
 # -- real SmolLM2 steps -----------------------------------------------------------------------
 
 
+#: live child p against the trace's: test_decoding_mode's bound, 200x the 9.8e-7 gap measured on
+#: one machine, 10x below the 2e-3 at which the doctor's recorded-rows check calls a row wrong.
+ROWS_ATOL = 2e-4
+
+
 @pytest.fixture(scope="module")
 def real(target):
     """A real step of the T=0.8 fixture trace (request 1, step 27: the root's children hold a
@@ -106,10 +111,11 @@ def real(target):
     step = next(s for s in run.steps if s.step == 27 and s.request == 1)
     logits = au.step_logits(target, run, step)
     case = au.case_from_logits(step, logits, texts=run.token_texts)
-    # the recomputed rows are the recorded ones (the trace stores every child's p exactly)
+    # the recomputed rows are the recorded ones up to float noise: another machine's BLAS and
+    # vector widths move a float32 forward in its last bits, so not bit for bit (here 9.8e-7)
     p = case.probs()
     got = torch.stack([p[int(step.parents[i]), int(step.node_token_ids[i])] for i in range(1, step.num_nodes)])
-    assert torch.allclose(got, step.child_probs[1:], atol=1e-5)
+    assert torch.allclose(got, step.child_probs[1:], atol=ROWS_ATOL), float((got - step.child_probs[1:]).abs().max())
     root_mass = float(sum(p[0, int(step.node_token_ids[c])] for c in case.children()[0]))
     assert 0.2 < root_mass < 0.8
     return run, step, case
