@@ -6,8 +6,8 @@ from pathlib import Path
 
 from . import common
 from .common import (MIN_DRAWS, EXIT_PROBLEM, CLIError, bundle_module, check_bundle_dir, check_bundle_selection,
-                     check_new_output, check_out_file, check_suffix, count, find_step, kind_of, load_run, params_override,
-                     recording_step, select_steps, sglang_module, thread_note, write_output)
+                     check_new_output, check_out_file, check_suffix, count, find_step, inputs_of, kind_of, load_run,
+                     params_override, recording_step, select_steps, sglang_module, thread_note, write_output)
 
 
 
@@ -42,7 +42,7 @@ def cmd_audit(args) -> int:
         check_out_file(args.plot)
         check_suffix(args.plot, "html", (".html", ".htm"))
         for path in plot_paths(args.plot, args.random if args.random is not None else 1):
-            check_new_output(path, args.force, "--plot")
+            check_new_output(path, args.force, "--plot", inputs=inputs_of(args))
     overrides = [k for k in ("temperature", "top_k", "top_p", "min_p") if getattr(args, k, None) is not None]
     if overrides:  # before any trace or model is loaded
         from ..sampling import SamplingParams

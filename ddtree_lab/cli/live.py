@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from . import common
-from .common import CLIError, check_new_output, check_out_file, count, thread_note
+from .common import CLIError, check_new_output, check_out_file, count, inputs_of, thread_note
 
 
 
@@ -98,7 +98,7 @@ def cmd_record(args) -> int:
     from ..session import LiveSession
     out = Path(args.out)
     check_out_file(args.out)
-    check_new_output(args.out, args.force)
+    check_new_output(args.out, args.force, inputs=inputs_of(args))
     from ..io.append_trace import segment_name_problem
 
     why = segment_name_problem(args.out)

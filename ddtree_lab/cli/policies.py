@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import CLIError, check_new_output, count, load_model, load_run, progress
+from .common import CLIError, check_new_output, count, inputs_of, load_model, load_run, progress
 
 DEFAULT_BUDGETS = "4,8,16,32,64"
 
@@ -28,10 +28,11 @@ PARQUET_COLUMNS = ("run", "step", "request", "policy", "budget", "num_nodes", "t
                    "covered", "reason")
 
 
-def check_parquet_out(text: str, force: bool = False) -> Path:
+def check_parquet_out(text: str, force: bool = False, inputs: tuple[tuple[str, str], ...] = ()) -> Path:
     """The ``--parquet`` file: a ``.parquet`` name in an existing, writable directory, not
     replacing an existing file unless ``force`` (:func:`~ddtree_lab.cli.common.check_new_output`).
-    Checked before the run or the model is loaded.
+    Checked before the run or the model is loaded; ``inputs`` (the verb's, :func:`~ddtree_lab.cli.common.inputs_of`)
+    are never written over.
 
     Raises:
         CLIError: another suffix, a missing directory, an existing path without ``--force``.
@@ -39,7 +40,7 @@ def check_parquet_out(text: str, force: bool = False) -> Path:
     out = Path(text)
     if out.suffix != ".parquet":
         raise CLIError(f"--parquet {text}: give a file name ending in .parquet")
-    check_new_output(out, force, "--parquet")
+    check_new_output(out, force, "--parquet", inputs=inputs)
     return out
 
 
@@ -83,7 +84,7 @@ def cmd_compare_policies(args) -> int:
     budgets = _budgets(args.budgets)
     if args.max_steps is not None and args.max_steps < 1:
         raise CLIError(f"--max-steps {args.max_steps}: must be >= 1 (leave it out for every step)")
-    parquet = check_parquet_out(args.parquet, args.force) if args.parquet else None
+    parquet = check_parquet_out(args.parquet, args.force, inputs_of(args)) if args.parquet else None
     run = load_run(args.run)
     steps = [s for s in run.steps if s.draft is not None and s.draft.token_ids.numel() and s.tree is not None]
     if not steps:

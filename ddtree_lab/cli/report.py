@@ -13,7 +13,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .common import CLIError, check_new_output, check_out_file, check_suffix, count, find_step, load_run
+from .common import CLIError, check_new_output, check_out_file, check_suffix, count, find_step, inputs_of, load_run
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".zip")
 
@@ -160,11 +160,11 @@ def cmd_report(args) -> int:
         check_out_file(args.out)
         check_suffix(args.out, "markdown", (".md",))
         for p in (Path(args.out), *_picture_names(Path(args.out))):
-            check_new_output(p, args.force)
+            check_new_output(p, args.force, inputs=inputs_of(args))
     if args.archive:
         _archive_kind(args.archive)
         check_out_file(args.archive)
-        check_new_output(args.archive, args.force, "--archive")
+        check_new_output(args.archive, args.force, "--archive", inputs=inputs_of(args))
     run = load_run(args.trace)
     step = find_step(run, args.step, args.request, args.trace)
     svg, png, note = _tree_pictures(step, run)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from .common import (EXIT_PROBLEM, CLIError, bundle_module, check_new_output, check_out_file, check_suffix, count,
-                     find_step, kind_of, load_run, lossy_note, recording_step, select_steps, sglang_module,
+                     find_step, inputs_of, kind_of, load_run, lossy_note, recording_step, select_steps, sglang_module,
                      state_temperature_option, write_output)
 
 
@@ -117,7 +117,7 @@ def cmd_render(args) -> int:
     fmt = args.format
     if args.out:
         check_out_file(args.out)
-        check_new_output(args.out, args.force)
+        check_new_output(args.out, args.force, inputs=inputs_of(args))
     if fmt is None:
         suffix = Path(args.out).suffix.lower() if args.out else ".txt"
         fmt = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot", ".txt": "text", ".md": "decisions-md"}.get(suffix)
@@ -168,9 +168,7 @@ def cmd_bundle(args) -> int:
     out = Path(args.out)
     if not out.parent.exists():
         raise CLIError(f"{args.out}: parent directory {out.parent} does not exist")
-    if out.exists() and out.resolve() == Path(args.trace).resolve():
-        raise CLIError(f"-o {args.out}: is the source being read; write the bundle elsewhere")
-    check_new_output(out, args.force, files=bundle.FILES)
+    check_new_output(out, args.force, files=bundle.FILES, inputs=inputs_of(args))
     run = load_run(args.trace)
     step = find_step(run, args.step, args.request, args.trace)
     b = bundle.make_bundle(run, step)
@@ -314,7 +312,7 @@ def cmd_sglang(args) -> int:
     if args.sglang_cmd == "convert":
         out = Path(args.out)
         check_out_file(args.out)
-        check_new_output(args.out, args.force)
+        check_new_output(args.out, args.force, inputs=inputs_of(args))
         from ..io import convert
 
         path = convert(args.recording, out)
