@@ -15,6 +15,7 @@ from .common import (EXIT_PROBLEM, CLIError, bundle_module, check_new_output, ch
 def cmd_info(args) -> int:
     """Requests with prompts, parameters and mean tau; then each request's steps."""
     from ..io.append_trace import AppendRun  # the run with an index (info_lines)
+    from ..sampling import param_is_off
 
     run = load_run(args.trace)
     state_temperature_option(run, args, args.trace)
@@ -69,7 +70,7 @@ def cmd_info(args) -> int:
         prompt = r.get("prompt")
         p = steps[0].params if steps else None
         params = r.get("params") or (p.to_dict() if p else {})
-        shown = {k: v for k, v in params.items() if v not in (None, 0, 1.0) or k == "temperature"}
+        shown = {k: v for k, v in params.items() if not param_is_off(k, v)}
         mean = f"{sum(taus) / len(taus):.3f}" if taus else "-"
         rid = r.get("request_id", steps[0].request_id if steps else str(req))
         lossy = lossy_note(steps)
