@@ -55,3 +55,47 @@ def test_param_is_off_only_for_the_exact_off_values():
     assert [param_is_off("seed", v) for v in (None, 0, 1)] == [True, False, False]
     assert not param_is_off("temperature", 0.0) and not param_is_off("temperature", 1.0)
     assert param_is_off("order", "top_k_then_top_p") and not param_is_off("order", "top_p_then_top_k")
+
+
+@pytest.mark.parametrize("args, want", [
+    (["record", "--prompt", "hi", "--seed", "-1"], "--seed -1: must be in [0, "),
+    (["record", "--prompt", "hi", "--prompt", ""], '--prompt "" (the 2nd --prompt): empty prompt'),
+    (["record", "--prompt", "hi", "--temperature", "inf"], "--temperature inf: temperature must be finite"),
+    (["record", "--prompt", "hi", "--budget", "0"], "--budget 0: must be in [1, 65536]"),
+    (["compare-policies", str(SAMPLED), "--budgets", "0"], "--budgets 0: must be in [1, 65536]"),
+    (["compare-policies", str(SAMPLED), "--budgets", "4,-2"], "--budgets 4,-2: budget -2: must be in [1, 65536]"),
+    (["audit", str(SAMPLED), "--step", "4", "--request", "1", "--verifier", "bogus"],
+     "--verifier bogus: unknown verifier (reference, torch-lazy, triton, or a planted fault: "),
+    (["audit", str(SAMPLED), "--step", "4", "--request", "1", "--temperature", "inf"],
+     "--temperature inf: temperature must be finite"),
+    (["audit", "--engine", "vllm:onehot", "--engine-fault", "q-other-slot"],
+     "--engine-fault q-other-slot: --engine vllm:onehot takes "),
+    (["info", str(SAMPLED), "--temperature", "inf"], "--temperature inf: must be a finite number >= 0"),
+], ids=lambda x: " ".join(x)[:40] if isinstance(x, list) else None)
+def test_a_refused_option_is_named_with_its_value_in_one_line(args, want, tmp_path, capsys, no_model):
+    """Item 10: each refusal names its flag and the value given, before any model loads."""
+    if args[0] == "record":
+        args = args + ["-o", str(tmp_path / "r.ddtrace")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert want in err and len(err.strip().splitlines()) == 1 and "MODEL LOADED" not in err, err
+
+
+def test_the_seed_rule_is_the_coin_seeds_range(tmp_path, capsys, no_model):
+    """--seed S gives request b the coin seed S * 1000 + b, which SamplingParams keeps in [0, 2**63):
+    the largest S that fits passes the option checks (the model load comes next), one more is refused."""
+    top = (2**63 - 2) // 1000
+    out = str(tmp_path / "r.ddtrace")
+    assert main(["record", "--prompt", "a", "--prompt", "b", "--seed", str(top), "-o", out]) == 2
+    assert "MODEL LOADED" in capsys.readouterr().err
+    assert main(["record", "--prompt", "a", "--prompt", "b", "--seed", str(top + 1), "-o", out]) == 2
+    assert f"--seed {top + 1}: must be in [0, {top}]" in capsys.readouterr().err
+
+
+def test_budgets_that_cannot_be_scored_exit_with_the_could_not_check_status(capsys):
+    """Item 10: a budget whose tree leaves the recording, without --model, was exit 1 ("a check found
+    something") though nothing was checked: now 2, with a line on stderr saying why."""
+    assert main(["compare-policies", str(SAMPLED), "--policy", "chain", "--budgets", "64", "--max-steps", "1"]) == 2
+    io = capsys.readouterr()
+    assert "not scored" in io.out and "1 of 1 row not scored" in io.err and "--model" in io.err
+    assert main(["compare-policies", str(SAMPLED), "--policy", "ddtree", "--budgets", "4", "--max-steps", "1"]) == 0

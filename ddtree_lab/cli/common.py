@@ -366,6 +366,40 @@ def load_model(spec: str | None, quiet: bool = False):
     return target
 
 
+def check_budget(flag: str, budget: int, given: str | None = None) -> None:
+    """A draft-node budget B (``record --budget``, each of ``compare-policies --budgets``): in
+    ``[1, MAX_BUDGET]`` (:data:`ddtree_lab.build.MAX_BUDGET`), by the one rule of every verb.
+
+    Raises:
+        CLIError: out of range: one line naming the flag (and ``given``, the whole option text
+            where it holds several budgets).
+    """
+    from ..build import MAX_BUDGET
+
+    if not 1 <= budget <= MAX_BUDGET:
+        what = f"{flag} {given}: budget {budget}" if given is not None and given != str(budget) else f"{flag} {budget}"
+        raise CLIError(f"{what}: must be in [1, {MAX_BUDGET}] (draft nodes per tree)")
+
+
+def check_sampling_option(name: str, value, vocab: int | None = None) -> None:
+    """One sampling option (``temperature``, ``top_k``, ``top_p``, ``min_p``) alone, by the rule
+    of :class:`ddtree_lab.sampling.SamplingParams`; None (not given) passes.
+
+    Raises:
+        CLIError: the value breaks the rule: one line naming the flag and its value.
+    """
+    if value is None:
+        return
+    from ..sampling import SamplingParams
+
+    try:
+        why = SamplingParams(**{name: value}).problem(vocab)
+    except (ValueError, TypeError) as exc:
+        why = str(exc).removeprefix("SamplingParams: ")
+    if why is not None:
+        raise CLIError(f"--{name.replace('_', '-')} {value}: {why}")
+
+
 def params_override(args, base):
     import dataclasses
 
