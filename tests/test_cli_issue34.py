@@ -99,3 +99,83 @@ def test_budgets_that_cannot_be_scored_exit_with_the_could_not_check_status(caps
     io = capsys.readouterr()
     assert "not scored" in io.out and "1 of 1 row not scored" in io.err and "--model" in io.err
     assert main(["compare-policies", str(SAMPLED), "--policy", "ddtree", "--budgets", "4", "--max-steps", "1"]) == 0
+
+
+def test_lab_passes_the_token_in_the_environment_not_on_the_command_line(monkeypatch, capsys):
+    """Item 14: `--IdentityProvider.token=...` on Jupyter's command line showed the token to every
+    local user (`ps`); now it is JUPYTER_TOKEN in Jupyter's environment, the server still on 127.0.0.1."""
+    import os
+
+    seen = {}
+
+    def execve(path, argv, env):
+        seen.update(path=path, argv=list(argv), env=dict(env))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execve", execve)
+    from ddtree_lab.cli import labserver
+
+    monkeypatch.setattr(labserver, "working_copies", lambda labs, work: [])  # .lab/ left alone
+    monkeypatch.setattr(os, "execv", lambda *a: pytest.fail("os.execv: Jupyter started without the token's env"))
+    monkeypatch.setenv("DDTREE_LAB_TOKEN", "s3cr3t-token-of-this-test")
+    monkeypatch.setenv("JUPYTER_TOKEN_FILE", "/elsewhere")
+    jupyter = Path(cli.live.sys.executable).parent / "jupyter"
+    if not jupyter.exists():
+        pytest.skip("jupyter is not installed in this environment (the 'lab' extra)")
+    with pytest.raises(SystemExit):
+        main(["lab", "--port", "8890"])
+    out = capsys.readouterr().out
+    assert seen["argv"] and not any("s3cr3t" in a for a in seen["argv"]), seen["argv"]
+    assert "--ip=127.0.0.1" in seen["argv"] and not any("token" in a.lower() for a in seen["argv"])
+    assert seen["env"]["JUPYTER_TOKEN"] == "s3cr3t-token-of-this-test" and "JUPYTER_TOKEN_FILE" not in seen["env"]
+    assert "token=s3cr3t-token-of-this-test" in out  # the link the user opens still carries it
+
+
+def test_a_real_jupyter_server_takes_the_token_from_the_environment_and_argv_lacks_it(tmp_path):
+    """Item 14, end to end: Jupyter started as `ddtree-lab lab` starts it; /proc/PID/cmdline (what
+    `ps` shows every user) lacks the token, and the server accepts the token and refuses without it."""
+    import secrets
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    from ddtree_lab.cli import labserver
+
+    jupyter = Path(sys.executable).parent / "jupyter"
+    if not jupyter.exists():
+        pytest.skip("jupyter is not installed in this environment (the 'lab' extra)")
+    token, port = secrets.token_hex(16), labserver.free_port(18888)
+    cmd = labserver.jupyter_command(str(jupyter), port, tmp_path, as_root=os_is_root())
+    proc = subprocess.Popen(cmd, env=labserver.jupyter_env(token), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        url = f"http://127.0.0.1:{port}/api/status"
+        deadline = time.time() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}?token={token}", timeout=2).read()
+                break
+            except urllib.error.HTTPError:
+                raise
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, "jupyter did not start"
+                time.sleep(0.5)
+        argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert argv and not any(token.encode() in a for a in argv), argv
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=5).read()
+        assert refused.value.code == 403
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def os_is_root() -> bool:
+    import os
+
+    return hasattr(os, "geteuid") and os.geteuid() == 0

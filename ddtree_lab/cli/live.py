@@ -234,11 +234,12 @@ def cmd_lab(args) -> int:
     port = labserver.free_port(args.port)
     if port != args.port:
         print(f"[lab] port {args.port} is in use (another lab?): using {port}")
-    cmd = labserver.jupyter_command(jupyter, port, token, work, as_root=hasattr(os, "geteuid") and os.geteuid() == 0)
+    cmd = labserver.jupyter_command(jupyter, port, work, as_root=hasattr(os, "geteuid") and os.geteuid() == 0)
+    env = labserver.jupyter_env(token)  # the token in the environment, not in argv where `ps` shows it
     if args.dry_run:
         print(f"[lab] would copy labs/*.ipynb to {work}/ and serve the copies")
         print(f"[lab] open {labserver.lab_url(port, '<token>')}")
-        print(" ".join(cmd).replace(token, "<token>"))
+        print("JUPYTER_TOKEN=<token> " + " ".join(cmd))
         return 0
     if not Path(jupyter).exists():
         raise CLIError("jupyter is not installed (pip install 'ddtree-lab[lab]')")
@@ -246,5 +247,5 @@ def cmd_lab(args) -> int:
         print(f"[lab] {line}")
     print("[lab] working copies in .lab/ (git ignores them; labs/ stays as committed)")
     print(f"[lab] open {labserver.lab_url(port, token)}", flush=True)
-    os.execv(jupyter, cmd)
+    os.execve(jupyter, cmd, env)
     return 0  # pragma: no cover
