@@ -179,3 +179,28 @@ def os_is_root() -> bool:
     import os
 
     return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def test_report_heading_names_the_request_id_only_when_it_says_more_than_the_index(capsys):
+    """Item 9: the heading read "request 1 (`1`)"; an engine's own id (e.g. SGLang's) still shows."""
+    import dataclasses
+
+    from ddtree_lab.cli.report import report_markdown
+
+    assert main(["report", str(SAMPLED), "--step", "4", "--request", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "# DDTree verify step 4, request 1"
+    run = dl.load(str(SAMPLED))
+    step = dataclasses.replace(next(s for s in run.steps if (s.step, s.request) == (4, 1)), request_id="req-7f3a")
+    text = report_markdown(run, step, SAMPLED.name, None, "none", None, [], [])
+    assert text.splitlines()[0] == "# DDTree verify step 4, request 1 (`req-7f3a`)"
+
+
+def test_report_replay_lines_name_the_file_not_the_reporters_path(capsys):
+    """Item 9: without --archive the replay line pointed at the reporter's absolute path."""
+    assert main(["report", str(SAMPLED), "--step", "4", "--request", "1"]) == 0
+    text = capsys.readouterr().out
+    block = text.split("## Replay", 1)[1]
+    assert str(SAMPLED.parent) not in text, block
+    assert f"ddtree-lab replay {SAMPLED.name} --step 4 --request 1" in block
+    assert f"# in the folder holding {SAMPLED.name} (the reporter's lab trace: attach it, or make the report " \
+           "with --archive" in block
