@@ -204,3 +204,30 @@ def test_report_replay_lines_name_the_file_not_the_reporters_path(capsys):
     assert f"ddtree-lab replay {SAMPLED.name} --step 4 --request 1" in block
     assert f"# in the folder holding {SAMPLED.name} (the reporter's lab trace: attach it, or make the report " \
            "with --archive" in block
+
+
+def test_info_decodes_runs_of_byte_tokens_together(tmp_path, capsys):
+    """Item 11: `info` showed `<0xCE><0x95>λληνικ` for "Ελληνικ": the generated text joins the
+    tokens' bytes (ddtree_lab.texts.join_texts); a byte that forms no character stays <0xNN>."""
+    from types import SimpleNamespace
+
+    from ddtree_lab.cli.steps import generated_text
+
+    run = SimpleNamespace(token_texts={1: "<0xCE>", 2: "<0x95>", 3: "λληνικ", 4: "<0xE3>"})
+    assert generated_text(run, [1, 2, 3]) == '"Ελληνικ"'
+    assert generated_text(run, [3, 4]) == '"λληνικ<0xE3>"'
+    # end to end: a trace whose first generated tokens are the two bytes of "Ε"
+    trace = ROOT / "fixtures" / "traces" / "smollm2_greedy_b32.ddtrace.safetensors"
+    run = dl.load(str(trace))
+    meta = dict(run.metadata)
+    reqs = [dict(r) for r in meta["requests"]]
+    ids = reqs[0]["generated_token_ids"]
+    a, b = [t for t in sorted(run.token_texts) if t not in ids][:2]  # two ids request 0 does not generate
+    reqs[0]["generated_token_ids"] = [a, b] + ids[2:]
+    meta["requests"] = reqs
+    texts = dict(run.token_texts)
+    texts.update({a: "<0xCE>", b: "<0x95>"})
+    path = dl.save_trace(dl.Run(meta, run.steps, texts), tmp_path / "g.ddtrace.safetensors")
+    assert main(["info", str(path)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  generated ("))
+    assert '): "Ε' in line and "<0x" not in line, line

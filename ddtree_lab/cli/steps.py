@@ -99,14 +99,17 @@ def cmd_info(args) -> int:
 
 
 def generated_text(run, ids: list, width: int = 100) -> str:
-    """A request's generated tokens for ``info``: the recorded token texts joined (JSON-quoted,
+    """A request's generated tokens for ``info``: the recorded token texts joined with runs of
+    byte tokens decoded together (:func:`ddtree_lab.texts.join_texts`; JSON-quoted,
     cut to ``width`` characters with "..."), or the ids themselves where the run records no text
     for some of them (the first 16, then "...")."""
     missing = [t for t in ids if not isinstance(t, int) or t not in run.token_texts]
     if missing:
         shown = ", ".join(str(t) for t in ids[:16]) + (", ..." if len(ids) > 16 else "")
         return f"ids [{shown}] (no text recorded for {count(len(missing), 'token')}: token ids shown)"
-    text = "".join(run.token_texts[t] for t in ids)
+    from ..texts import join_texts
+
+    text = join_texts(run.token_texts[t] for t in ids)  # byte tokens together: <0xCE><0x95> -> "Ε"
     return json.dumps(text if len(text) <= width else text[: width - 3] + "...", ensure_ascii=False)
 
 
