@@ -173,6 +173,26 @@ class SamplingParams:
         return d
 
 
+def param_is_off(name: str, value) -> bool:
+    """Whether a :class:`SamplingParams` field (``to_dict`` name and value) has exactly its "off"
+    value, so that a summary may leave it out: ``top_k <= 0``, ``top_p == 1.0``, ``min_p`` None
+    or 0, ``seed`` None, no banned tokens, the default ``order``. ``temperature`` is never off
+    (0 is greedy, a mode), nor is ``seed 0`` or ``top_k 1``; an unknown field is shown unless None."""
+    if value is None:
+        return True
+    if name == "top_k":
+        return value <= 0
+    if name == "top_p":
+        return value == 1.0
+    if name == "min_p":
+        return value == 0
+    if name == "banned_token_ids":
+        return not value
+    if name == "order":
+        return value == ORDERS[0]
+    return False
+
+
 def greedy_params() -> SamplingParams:
     """Parameters of a greedy request (temperature 0)."""
     return SamplingParams(temperature=0.0)

@@ -96,9 +96,9 @@ def lab_server(tmp_path_factory):
     (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1", JUPYTERLAB_SETTINGS_DIR=str(base / ".settings"),
-               JUPYTERLAB_WORKSPACES_DIR=str(base / ".workspaces"))
+               JUPYTERLAB_WORKSPACES_DIR=str(base / ".workspaces"), JUPYTER_TOKEN=token)  # not in argv (ps)
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
+           f"--ServerApp.root_dir={work}",
            "--LabApp.news_url=", f"--LabApp.workspaces_dir={base / '.workspaces'}"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")

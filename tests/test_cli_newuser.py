@@ -72,7 +72,7 @@ def test_counts_have_their_nouns_in_the_right_number(capsys):
 
 
 @pytest.mark.parametrize("args, want", [
-    (["--prompt", ""], "--prompt 0: empty prompt"),
+    (["--prompt", ""], "--prompt \"\" (the 1st --prompt): empty prompt"),
     (["--prompt", "hi", "--ban", "49152"], "--ban 49152: not a token id of the embedded SmolLM2-135M-Instruct "
                                            "(its vocabulary has ids 0..49151)"),
     (["--prompt", "hi", "--ban", "-1"], "--ban -1: not a token id"),

@@ -54,7 +54,7 @@ CASES = {
                         "file"),
     ("sglang convert", "out"): (["sglang", "convert", RECORDING, "-o", "OUT.ddtrace.safetensors"], "file"),
     ("export", "parquet"): (["export", TRACE, "--parquet", "OUT"], ("steps.parquet", "nodes.parquet")),
-    ("compare-policies", "parquet"): (["compare-policies", SAMPLED, "--policy", "chain", "--budgets", "4",
+    ("compare-policies", "parquet"): (["compare-policies", SAMPLED, "--policy", "ddtree", "--budgets", "4",
                                        "--max-steps", "1", "--parquet", "OUT.parquet"], "file"),
     ("report", "out"): (["report", SAMPLED, "--step", "4", "--request", "1", "-o", "OUT.md"], "file"),
     ("report", "archive"): (["report", SAMPLED, "--step", "4", "--request", "1", "--archive", "OUT.tar.gz"], "file"),
@@ -68,6 +68,7 @@ def test_every_option_that_writes_is_made_by_the_one_helper_and_has_force_and_a_
         assert getattr(a, "writes", False), f"`{verb} {a.option_strings[0]}` writes but is not made by cli._output"
         assert any("--force" in x.option_strings for x in p._actions), f"`{verb}` writes and has no --force"
         assert (verb, dest) in CASES, f"`{verb} {a.option_strings[0]}`: add a case to CASES in this file"
+        assert p.get_default("_reads"), f"`{verb}` writes but names no input made by cli._input (issue 34.3)"
     assert {(v, d) for v, d, _, _ in found} == set(CASES)
 
 
@@ -109,7 +110,7 @@ def test_an_existing_output_is_refused_and_replaced_only_with_force(case, tmp_pa
     if case[0] == "record":  # the checks passed and the model would load next (the fast loop loads none)
         assert rc == 2 and "MODEL LOADED" in err, err
         return
-    assert rc in (0, 1), err  # compare-policies exits 1 when a budget leaves nodes unscored
+    assert rc == 0, err
     assert all(f.exists() and f.read_bytes() != OLD for f in olds), err
 
 
@@ -153,3 +154,50 @@ def test_a_directory_that_refuses_files_is_named_before_the_model_loads(tmp_path
     assert main(["record", "--prompt", "hi", "-o", str(tmp_path / "r.ddtrace.safetensors")]) == 2
     err = capsys.readouterr().err
     assert f"directory {tmp_path} is not writable (Permission denied)" in err and "MODEL LOADED" not in err, err
+
+
+@pytest.mark.parametrize("case", sorted(CASES), ids=lambda c: f"{c[0]}-{c[1]}")
+def test_no_verb_writes_onto_its_own_input_even_with_force(case, tmp_path, capsys, no_model):
+    """Issue 34.3: each case's input is its own output (the source argument, record's --prompts):
+    refused with one line naming the flag and the input, --force or not, the bytes untouched."""
+    command, kind = CASES[case]
+    out = tmp_path / ("out" + next(w for w in command if w.startswith("OUT"))[3:])
+    if kind == "file":
+        out.write_bytes(OLD)
+        olds = [out]
+    else:
+        out.mkdir()
+        olds = [out / name for name in kind]
+        for f in olds:
+            f.write_bytes(OLD)
+    args = [str(out) if w.startswith("OUT") or w in (TRACE, SAMPLED, RECORDING) else w for w in command]
+    if case[0] == "record":
+        args[args.index("--prompt"):args.index("--prompt") + 2] = ["--prompts", str(out)]
+    flag = command[command.index(next(w for w in command if w.startswith("OUT"))) - 1]
+    for extra in ([], ["--force"]):
+        assert main(args + extra) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and f"{flag} {out}" in err and "own input" in err, err
+        assert "MODEL LOADED" not in err
+        assert all(f.read_bytes() == OLD for f in olds)
+
+
+def test_sglang_convert_refuses_the_recordings_sibling_file_relative_or_through_a_link(tmp_path, capsys,
+                                                                                       monkeypatch):
+    """Issue 34.3, as found: `sglang convert NAME -o NAME.safetensors --force` overwrote its own
+    input (a recording given as NAME is NAME.json + NAME.safetensors)."""
+    src = Path(RECORDING).with_suffix("")
+    for suffix in (".json", ".safetensors"):
+        (tmp_path / f"rec{suffix}").write_bytes(src.with_suffix(suffix).read_bytes())
+    (tmp_path / "link.safetensors").symlink_to(tmp_path / "rec.safetensors")
+    (tmp_path / "sub").mkdir()
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("rec.*")}
+    monkeypatch.chdir(tmp_path / "sub")
+    for rec, out in (("../rec", "../rec.safetensors"), ("../rec.json", "../rec.safetensors"),
+                     (str(tmp_path / "rec.safetensors"), "../rec.json"), ("../rec", str(tmp_path / "link.safetensors")),
+                     ("../rec.json", "./../rec.json")):
+        assert main(["sglang", "convert", rec, "-o", out, "--force"]) == 2
+        err = capsys.readouterr().err
+        assert f"-o {out}: is the verb's own input RECORDING {rec}" in err and "--force or not" in err, err
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("rec.*")} == before
+    assert main(["sglang", "convert", "../rec", "-o", "../rec.ddtrace.safetensors"]) == 0  # another name is fine

@@ -58,7 +58,7 @@ def test_a_token_with_a_pipe_or_backticks_stays_one_cell():
     assert cell == "``'a\\|`b'``" and len(re.split(r"(?<!\\)\|", f"| {cell} |")) == 3
 
 
-def test_report_writes_markdown_pictures_and_an_archive_with_a_bundle(tmp_path, capsys):
+def test_report_writes_markdown_pictures_and_an_archive_with_a_bundle(tmp_path, capsys, monkeypatch):
     out = tmp_path / "bug.md"
     archive = tmp_path / "bug.tar.gz"
     assert main(["report", SAMPLED, "--step", "4", "--request", "1", "-o", str(out), "--archive", str(archive)]) == 0
@@ -88,10 +88,15 @@ def test_report_writes_markdown_pictures_and_an_archive_with_a_bundle(tmp_path, 
     assert env["ddtree-lab"][1] == __version__
 
     assert env["torch"][1] == torch.__version__ and env["torch"][2] == run.metadata["versions"]["torch"]
-    # the exact replay command, and it works
+    # the exact replay command, and it works for the reader: the trace by its name, not the reporter's
+    # path (issue 34.9), run in a folder that holds the trace
     block = text.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
-    replay = next(x for x in block if x.startswith(f"ddtree-lab replay {SAMPLED}"))
-    assert replay == f"ddtree-lab replay {SAMPLED} --step 4 --request 1"
+    name = Path(SAMPLED).name
+    assert str(Path(SAMPLED).parent) not in text and f"From `{name}` (lab trace)" in text
+    replay = next(x for x in block if x.startswith("ddtree-lab replay ") and "bundle/" not in x)
+    assert replay == f"ddtree-lab replay {name} --step 4 --request 1"
+    assert any(x.startswith("# ") and name in x for x in block[:block.index(replay)])  # says they need the file
+    monkeypatch.chdir(Path(SAMPLED).parent)
     assert main(replay.split()[1:]) == 0 and "bit for bit" in capsys.readouterr().out
     # the archive: the same files in one folder, and a bundle that replays
     with tarfile.open(archive) as t:

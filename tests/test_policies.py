@@ -364,9 +364,11 @@ def test_compare_policies_verb(capsys, tmp_path):
                  "--max-steps", "3"]) == 0
     out = capsys.readouterr().out
     assert "ddtree" in out and "3/3" in out
-    # a tree outside the recording without --model: exit 1, the row says it was not scored
-    assert main(["compare-policies", str(SAMPLED), "--policy", "chain", "--budgets", "8", "--max-steps", "2"]) == 1
-    assert "not scored" in capsys.readouterr().out
+    # a tree outside the recording without --model: nothing checked, so the could-not-check status 2
+    # (not 1, "a check found something", issue 34.10); the row and a line on stderr say it was not scored
+    assert main(["compare-policies", str(SAMPLED), "--policy", "chain", "--budgets", "8", "--max-steps", "2"]) == 2
+    io = capsys.readouterr()
+    assert "not scored" in io.out and "2 of 2 rows not scored" in io.err and "--model" in io.err
     assert main(["compare-policies", str(SAMPLED), "--policy", "wide"]) == 2
     assert "--policy wide: unknown policy" in capsys.readouterr().err
     assert main(["compare-policies", str(SAMPLED), "--budgets", "4,x"]) == 2
@@ -378,9 +380,9 @@ def test_compare_policies_parquet_has_one_row_per_step_policy_and_budget(capsys,
     from ddtree_lab.cli import main
 
     out = tmp_path / "cf.parquet"
-    # chain at 8 lies outside the recording (no model): its rows are written with null E[tau]
+    # chain at 8 lies outside the recording (no model): its rows are written with null E[tau] (exit 2: not scored)
     assert main(["compare-policies", str(SAMPLED), "--policy", "ddtree", "--policy", "chain", "--budgets", "4,8",
-                 "--max-steps", "3", "--parquet", str(out)]) == 1
+                 "--max-steps", "3", "--parquet", str(out)]) == 2
     assert "12 rows ->" in capsys.readouterr().out
     table = pq.read_table(out).to_pylist()
     assert [(r["step"], r["request"], r["policy"], r["budget"]) for r in table] == [

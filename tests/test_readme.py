@@ -9,7 +9,9 @@
   ``sys.executable -m ddtree_lab.cli ...`` in a subprocess (PYTHONPATH inherited, the repository
   prepended), the lines of one block in order in one temporary directory laid out as above (a
   block may use what an earlier line of it wrote, e.g. ``bundle`` then ``replay``). A line must
-  exit 0 unless its comment says ``exit N``. A block is slow when one of its lines loads the real
+  exit 0 unless its comment says ``exit N``. The temporary directory is a git repository with the
+  repository's ``.gitignore``: what the examples write must leave ``git status --porcelain``
+  unchanged there, as in a user's checkout where they run from the root (issue 34.13). A block is slow when one of its lines loads the real
   model (``record``, ``--model``). The only other lines allowed are in ``SKIPPED`` with the
   reason; anything else fails, so a new kind of example has to be taught here first.
 * The Python blocks of the docs in ``DOCS_RUN`` (docs/SGLANG.md) run the same way.
@@ -94,8 +96,27 @@ def _is_slow_cli(args: list[str]) -> bool:
 
 
 def _workdir(tmp_path: Path) -> Path:
+    """A stand-in for the repository root a user runs the examples from: ``fixtures`` linked, and
+    a git repository with the repository's ``.gitignore`` (:func:`_git_status`)."""
     (tmp_path / "fixtures").symlink_to(ROOT / "fixtures", target_is_directory=True)
+    (tmp_path / ".gitignore").write_text((ROOT / ".gitignore").read_text())
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, capture_output=True)
     return tmp_path
+
+
+def _git_status(cwd: Path) -> list[str]:
+    """``git status --porcelain`` of the stand-in root, untracked files one by one."""
+    r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=cwd, capture_output=True,
+                       text=True, check=True)
+    return sorted(r.stdout.splitlines())
+
+
+def _assert_git_status_unchanged(cwd: Path, before: list[str], what: str) -> None:
+    """Issue 34.13: a user who runs the README's examples from the repository root must not find
+    their outputs as untracked files (the root's ``.gitignore`` names them)."""
+    new = sorted(set(_git_status(cwd)) - set(before))
+    assert not new, (f"{what} leaves untracked files in the repository root: {new} "
+                     "(add them to .gitignore, anchored at the root)")
 
 
 def _python_cases():
@@ -147,8 +168,10 @@ def test_readme_relative_link_exists(link):
 @pytest.mark.parametrize("source", _python_cases())
 def test_readme_python_block_runs(source, tmp_path, monkeypatch):
     monkeypatch.chdir(_workdir(tmp_path))
+    before = _git_status(tmp_path)
     namespace = {"__name__": "__readme__"}
     exec(compile(source, str(README), "exec"), namespace)  # a fresh namespace per block
+    _assert_git_status_unchanged(tmp_path, before, "a README Python block")
 
 
 #: docs whose Python blocks run too (the README sends SGLang users there; issue 26.3's snippet lives there)
@@ -166,6 +189,7 @@ def test_docs_python_block_runs(source, tmp_path, monkeypatch):
 @pytest.mark.parametrize("lines", _shell_cases())
 def test_readme_shell_block_runs(lines, tmp_path):
     cwd = _workdir(tmp_path)
+    before = _git_status(cwd)
     base_env = dict(os.environ)
     base_env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     ran = 0
@@ -185,3 +209,4 @@ def test_readme_shell_block_runs(lines, tmp_path):
             f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}")
         ran += 1
     assert ran or all(tuple(_command(x)[1][:2]) in SKIPPED for _, x in lines)
+    _assert_git_status_unchanged(cwd, before, f"README.md lines {lines[0][0]}..{lines[-1][0]}")

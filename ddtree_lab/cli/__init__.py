@@ -74,6 +74,16 @@ def _output(p, *flags: str, **kw):
     return action
 
 
+def _input(p, *flags, **kw):
+    """An argument naming something the verb reads (a source, ``--prompts``, ``--model`` ...):
+    recorded in the verb's ``args._reads`` so that no output may be written onto it
+    (:func:`.common.inputs_of`, :func:`.common.check_new_output`)."""
+    action = p.add_argument(*flags, **kw)
+    label = action.option_strings[0] if action.option_strings else (action.metavar or action.dest.upper())
+    p.set_defaults(_reads=(p.get_default("_reads") or ()) + ((label, action.dest),))
+    return action
+
+
 class _Help(argparse.RawDescriptionHelpFormatter):
     """Help text as written, each option's default appended (except None / off flags)."""
 
@@ -98,11 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("record", help="run a live session and write a trace", description=cmd_record.__doc__)
     p.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
-    p.add_argument("--prompts", help="JSONL file: one object per line with 'prompt' and optional 'id', "
+    _input(p, "--prompts", help="JSONL file: one object per line with 'prompt' and optional 'id', "
                                      "'temperature', 'top_k', 'top_p', 'min_p', 'seed', "
                                      "'banned_token_ids'")
-    p.add_argument("--target", help="local Hugging Face model directory (default: the embedded SmolLM2-135M)")
-    p.add_argument("--drafter", help="'dflash', 'ridge', a DFlash checkpoint directory or a ridge safetensors file "
+    _input(p, "--target", help="local Hugging Face model directory (default: the embedded SmolLM2-135M)")
+    _input(p, "--drafter", help="'dflash', 'ridge', a DFlash checkpoint directory or a ridge safetensors file "
                                      "(default: the lab's default drafter for the embedded target)")
     _sampling_args(p, defaults=True)
     p.add_argument("--ban", type=int, action="append", metavar="TOKEN_ID",
@@ -132,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .export import cmd_export
 
     p = sub.add_parser("export", help="per-step and per-node Parquet tables of a run", description=cmd_export.__doc__)
-    p.add_argument("trace", metavar="RUN")
+    _input(p, "trace", metavar="RUN")
     _output(p, "--parquet", required=True, metavar="DIR", help="directory for steps.parquet and nodes.parquet")
     p.set_defaults(func=cmd_export)
 
@@ -140,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare-policies", help="exact E[tau] of tree policies on a recorded run",
                        description=cmd_compare_policies.__doc__)
-    p.add_argument("run", metavar="RUN")
-    p.add_argument("--model", help="'default' or a model directory: score the nodes the recording lacks")
+    _input(p, "run", metavar="RUN")
+    _input(p, "--model", help="'default' or a model directory: score the nodes the recording lacks")
     p.add_argument("--policy", action="append", help="a policy name (repeat; default: all)")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS, help="comma-separated draft-node budgets")
     p.add_argument("--max-steps", type=int, help="only the first N steps")
@@ -150,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare_policies)
 
     p = sub.add_parser("render", help="draw one step's tree", description=cmd_render.__doc__)
-    p.add_argument("trace", help="any source (trace, bundle, recording, ...); a bundle needs no --step")
+    _input(p, "trace", help="any source (trace, bundle, recording, ...); a bundle needs no --step")
     _step_args(p)
     _output(p, "-o", "--out", help="output file; .svg .png .dot .txt .md (default: text on standard output)")
     p.add_argument("--format", choices=["svg", "png", "dot", "text", "decisions", "decisions-md"],
@@ -163,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="one step as a Markdown bug report (tree, decisions, diagnosis, environment)",
                        description=cmd_report.__doc__)
-    p.add_argument("trace", metavar="RUN", help="any source (trace, bundle, recording, ...)")
+    _input(p, "trace", metavar="RUN", help="any source (trace, bundle, recording, ...)")
     _step_args(p)
     _output(p, "-o", "--out", help="Markdown file to write (FILE.md; the tree's FILE-tree.png and FILE-tree.svg beside "
                                    "it); default: the Markdown on standard output")
@@ -172,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("bundle", help="a self-contained repro of one verify step", description=cmd_bundle.__doc__)
-    p.add_argument("trace")
+    _input(p, "trace")
     _step_args(p, required=True)
     _output(p, "-o", "--out", required=True, help="directory to write")
     p.set_defaults(func=cmd_bundle)
@@ -185,12 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("audit", help="losslessness audit of a verifier on a step", description=cmd_audit.__doc__)
-    p.add_argument("source", nargs="?", metavar="TRACE|BUNDLE")
+    _input(p, "source", nargs="?", metavar="TRACE|BUNDLE")
     _step_args(p)
     p.add_argument("--random", type=int, metavar="N", help="audit N random small cases instead")
     p.add_argument("--nodes", type=int, default=6, help="nodes of a random case")
     p.add_argument("--vocab", type=int, default=8, help="vocabulary of a random case")
-    p.add_argument("--model", help="'default' or a model directory: recompute the step's full target logits")
+    _input(p, "--model", help="'default' or a model directory: recompute the step's full target logits")
     from ..audit import PLANTED_FAULTS
 
     p.add_argument("--verifier", default="reference",
@@ -252,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--backend", choices=["reference", "torch-lazy", "triton"], default="reference",
                    help="verify backend that re-runs the rows")
     q = ss.add_parser("convert", help="convert a recording into a lab trace")
-    q.add_argument("recording")
+    _input(q, "recording")
     _output(q, "-o", "--out", required=True, help="lab trace file to write (NAME.ddtrace.safetensors)")
     p.set_defaults(func=cmd_sglang)
 

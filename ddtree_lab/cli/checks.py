@@ -6,8 +6,8 @@ from pathlib import Path
 
 from . import common
 from .common import (MIN_DRAWS, EXIT_PROBLEM, CLIError, bundle_module, check_bundle_dir, check_bundle_selection,
-                     check_new_output, check_out_file, check_suffix, count, find_step, kind_of, load_run, params_override,
-                     recording_step, select_steps, sglang_module, thread_note, write_output)
+                     check_new_output, check_out_file, check_suffix, count, find_step, inputs_of, kind_of, load_run,
+                     params_override, recording_step, select_steps, sglang_module, thread_note, write_output)
 
 
 
@@ -21,6 +21,10 @@ def cmd_audit(args) -> int:
         args.engine = args.engine.split(":")[0]
     if args.engine is not None and args.engine.startswith(("sglang:", "vllm:")):
         return engine_rule(args)
+    known = ("reference", "torch-lazy", "triton", *au.PLANTED_FAULTS)
+    if args.verifier not in known:
+        raise CLIError(f"--verifier {args.verifier}: unknown verifier (reference, torch-lazy, triton, or a planted "
+                       f"fault: {', '.join(au.PLANTED_FAULTS)})")
     if args.draws is None:
         args.draws = 4000
     if args.draws < MIN_DRAWS:
@@ -42,11 +46,13 @@ def cmd_audit(args) -> int:
         check_out_file(args.plot)
         check_suffix(args.plot, "html", (".html", ".htm"))
         for path in plot_paths(args.plot, args.random if args.random is not None else 1):
-            check_new_output(path, args.force, "--plot")
+            check_new_output(path, args.force, "--plot", inputs=inputs_of(args))
     overrides = [k for k in ("temperature", "top_k", "top_p", "min_p") if getattr(args, k, None) is not None]
     if overrides:  # before any trace or model is loaded
         from ..sampling import SamplingParams
 
+        for name in overrides:  # each option alone, so the message names it
+            common.check_sampling_option(name, getattr(args, name))
         if args.random is None and args.model is None:
             raise CLIError("sampling overrides need --model (a trace stores final probabilities, not logits)")
         try:
@@ -149,7 +155,8 @@ def engine_rule(args) -> int:
         raise CLIError(f"--engine {args.engine} audits the rule on its own case: leave out the TRACE/BUNDLE, "
                        "--random and --step")
     if args.engine_fault is not None and args.engine_fault not in rules[rule].faults:
-        raise CLIError(f"--engine-fault {args.engine_fault}: rule {rule} takes {', '.join(rules[rule].faults)}")
+        raise CLIError(f"--engine-fault {args.engine_fault}: --engine {args.engine} takes "
+                       f"{', '.join(rules[rule].faults)}")
     if any(getattr(args, k, None) is not None for k in ("temperature", "top_k", "top_p", "min_p")):
         raise CLIError(f"--engine {args.engine}: the rule's case fixes its requests' parameters (docs/ENGINES.md)")
     draws = args.draws if args.draws is not None else (400 if engine == "vllm" or rule.startswith("dflash2") else 3000)

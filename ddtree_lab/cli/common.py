@@ -67,8 +67,55 @@ def check_out_file(path: str) -> None:
         raise CLIError(f"{path}: directory {p.parent} does not exist")
 
 
-def check_new_output(path: str | Path, force: bool, flag: str = "-o", files: tuple[str, ...] = ()) -> None:
-    """Refuse to replace anything the user has (checked before any work, by every verb that writes).
+def inputs_of(args) -> tuple[tuple[str, str], ...]:
+    """``(label, path)`` of every input the verb's command line names: the arguments the parser
+    made with ``cli._input`` (``args._reads``: the positional source, ``--prompts``,
+    ``--model`` ...), those given only. The label is the flag, or the positional's metavar."""
+    out = []
+    for label, dest in getattr(args, "_reads", ()):
+        value = getattr(args, dest, None)
+        for v in value if isinstance(value, list) else [value]:
+            if v is not None and v != "default":
+                out.append((label, str(v)))
+    return tuple(out)
+
+
+def input_files(path: str | Path) -> list[Path]:
+    """The files an input path stands for: itself, and for an SGLang recording (given as
+    ``NAME``, ``NAME.json`` or ``NAME.safetensors``) both ``NAME.json`` and ``NAME.safetensors``
+    (and an append-only ``NAME.ddrec``). A directory (a bundle, a model) stands for itself:
+    everything inside it is input."""
+    p = Path(path)
+    found = [p]
+    if not p.exists() or kind_of(str(p)) == "recording":
+        from ..sglang.recording import recording_paths
+
+        found += [*recording_paths(p), Path(str(p) + ".ddrec")]
+    return [f for f in found if f.exists()]
+
+
+def _is_input(out: Path, inputs: tuple[tuple[str, str], ...]) -> tuple[str, str, Path] | None:
+    """``(label, given path, input file)`` of the input that the existing file ``out`` is (the
+    same file: symlinks and relative paths resolved, hard links by inode) or lies inside (an
+    input directory), or None."""
+    if not out.exists():
+        return None
+    real = out.resolve()
+    for label, given in inputs:
+        for f in input_files(given):
+            try:
+                same = os.path.samefile(out, f)
+            except OSError:
+                same = False
+            if same or real == f.resolve() or (f.is_dir() and real.is_relative_to(f.resolve())):
+                return label, given, f
+    return None
+
+
+def check_new_output(path: str | Path, force: bool, flag: str = "-o", files: tuple[str, ...] = (), *,
+                     inputs: tuple[tuple[str, str], ...]) -> None:
+    """Refuse to replace anything the user has (checked before any work, by every verb that writes):
+    an existing output without ``force``, and one of the verb's own inputs always.
 
     Args:
         path: the output the verb writes: a file, or a directory when ``files`` is given.
@@ -76,13 +123,24 @@ def check_new_output(path: str | Path, force: bool, flag: str = "-o", files: tup
         flag: the option that named ``path`` (for the message).
         files: for a directory output, the names the verb writes inside it; only those count
             as existing output (an empty or unrelated directory is not replaced, only added to).
+        inputs: ``(label, path)`` of the verb's inputs (:func:`inputs_of`); an output that is one
+            of their files (:func:`input_files`: symlinks, relative paths, a recording's
+            ``NAME.json`` + ``NAME.safetensors``) or lies inside an input directory is refused,
+            ``--force`` or not.
 
     Raises:
-        CLIError: the output (or one of ``files`` in it) exists and ``force`` is off: the message
-            names the path and ``--force``; or the parent directory does not exist or is not
-            writable.
+        CLIError: the output (or one of ``files`` in it) is an input (naming the flag and the
+            input); or it exists and ``force`` is off: the message names the path and
+            ``--force``; or the parent directory does not exist or is not writable.
     """
     p = Path(path)
+    for target in [p / name for name in files] if files else [p]:
+        hit = _is_input(target, inputs)
+        if hit is not None:
+            label, given, f = hit
+            what = "" if str(f) == given else f" ({f})"
+            raise CLIError(f"{flag} {path}: is the verb's own input {label} {given}{what}; "
+                           "give another output (an input is never written over, --force or not)")
     if files:
         if p.exists() and not p.is_dir():
             raise CLIError(f"{flag} {path}: is a file (give a directory)")
@@ -306,6 +364,40 @@ def load_model(spec: str | None, quiet: bool = False):
             target = TargetModel.from_pretrained(spec)
         bar.update()
     return target
+
+
+def check_budget(flag: str, budget: int, given: str | None = None) -> None:
+    """A draft-node budget B (``record --budget``, each of ``compare-policies --budgets``): in
+    ``[1, MAX_BUDGET]`` (:data:`ddtree_lab.build.MAX_BUDGET`), by the one rule of every verb.
+
+    Raises:
+        CLIError: out of range: one line naming the flag (and ``given``, the whole option text
+            where it holds several budgets).
+    """
+    from ..build import MAX_BUDGET
+
+    if not 1 <= budget <= MAX_BUDGET:
+        what = f"{flag} {given}: budget {budget}" if given is not None and given != str(budget) else f"{flag} {budget}"
+        raise CLIError(f"{what}: must be in [1, {MAX_BUDGET}] (draft nodes per tree)")
+
+
+def check_sampling_option(name: str, value, vocab: int | None = None) -> None:
+    """One sampling option (``temperature``, ``top_k``, ``top_p``, ``min_p``) alone, by the rule
+    of :class:`ddtree_lab.sampling.SamplingParams`; None (not given) passes.
+
+    Raises:
+        CLIError: the value breaks the rule: one line naming the flag and its value.
+    """
+    if value is None:
+        return
+    from ..sampling import SamplingParams
+
+    try:
+        why = SamplingParams(**{name: value}).problem(vocab)
+    except (ValueError, TypeError) as exc:
+        why = str(exc).removeprefix("SamplingParams: ")
+    if why is not None:
+        raise CLIError(f"--{name.replace('_', '-')} {value}: {why}")
 
 
 def params_override(args, base):

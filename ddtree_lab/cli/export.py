@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import CLIError, check_new_output, count, load_run
+from .common import CLIError, check_new_output, count, inputs_of, load_run
 
 
 def cmd_export(args) -> int:
@@ -17,7 +17,7 @@ def cmd_export(args) -> int:
     out = Path(args.parquet)
     if out.exists() and not out.is_dir():
         raise CLIError(f"--parquet {args.parquet}: is a file (give a directory)")
-    check_new_output(out, args.force, "--parquet", files=("steps.parquet", "nodes.parquet"))
+    check_new_output(out, args.force, "--parquet", files=("steps.parquet", "nodes.parquet"), inputs=inputs_of(args))
     run = load_run(args.trace)
     start = time.perf_counter()
     try:

@@ -8,6 +8,10 @@ notebook newer than its copy replaces it; the old copy is kept as ``NAME.ipynb.b
 The port is picked before Jupyter starts (the first free one from the asked port on) and
 Jupyter is told not to move off it (``--ServerApp.port_retries=0``), so the printed link is
 the address the server binds.
+
+The token reaches Jupyter in its environment (``JUPYTER_TOKEN``, :func:`jupyter_env`), never on
+its command line: any local user reads a process's arguments (``ps``, ``/proc/PID/cmdline``),
+while its environment is readable by its own user only.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import shutil
 import socket
 from pathlib import Path
 
-__all__ = ["working_copies", "free_port", "jupyter_command", "lab_url"]
+__all__ = ["working_copies", "free_port", "jupyter_command", "jupyter_env", "lab_url"]
 
 
 def working_copies(labs: Path, work: Path) -> list[str]:
@@ -64,11 +68,27 @@ def free_port(start: int, tries: int = 50, host: str = "127.0.0.1") -> int:
     raise OSError(f"no free port on {host} in {start}..{min(start + tries, 65536) - 1}")
 
 
-def jupyter_command(jupyter: str, port: int, token: str, root_dir: Path, as_root: bool = False) -> list[str]:
-    """The JupyterLab command line: 127.0.0.1 only, token auth, exactly ``port``."""
+def jupyter_command(jupyter: str, port: int, root_dir: Path, as_root: bool = False) -> list[str]:
+    """The JupyterLab command line: 127.0.0.1 only, exactly ``port``. It holds no token: token
+    auth comes from the environment :func:`jupyter_env` makes (``ps`` shows arguments to every user)."""
     cmd = [jupyter, "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}"]
+           f"--ServerApp.root_dir={root_dir}"]
     return cmd + (["--allow-root"] if as_root else [])
+
+
+def jupyter_env(token: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment to start Jupyter in: ``base`` (default ``os.environ``) with
+    ``JUPYTER_TOKEN`` set to ``token`` (Jupyter Server's IdentityProvider reads it) and any
+    ``JUPYTER_TOKEN_FILE`` left out, so that the token is this one.
+
+    Raises:
+        ValueError: an empty token (Jupyter would serve without authentication).
+    """
+    if not token:
+        raise ValueError("token: empty (Jupyter would serve without authentication)")
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k != "JUPYTER_TOKEN_FILE"}
+    env["JUPYTER_TOKEN"] = token
+    return env
 
 
 def lab_url(port: int, token: str, notebook: str = "01_live_step.ipynb") -> str:

@@ -9,20 +9,21 @@ import sys
 from pathlib import Path
 
 from . import common
-from .common import CLIError, check_new_output, check_out_file, count, thread_note
+from .common import CLIError, check_new_output, check_out_file, count, inputs_of, thread_note
 
 
 
 def _read_prompts(args) -> tuple[list[str], list[dict], list[str], list[str]]:
     """Prompts, per-request overrides, request ids and where each came from (for errors)."""
     prompts, overrides, ids, origins = [], [], [], []
-    for p in args.prompt or []:
+    for k, p in enumerate(args.prompt or [], 1):
         if not p:
-            raise CLIError(f"--prompt {len(origins)}: empty prompt (give the text to continue)")
+            raise CLIError(f'--prompt "" (the {_ordinal(k)} --prompt): empty prompt (give the text to continue)')
         prompts.append(p)
         overrides.append({})
         ids.append(str(len(ids)))
-        origins.append(f"--prompt {len(origins)}")
+        shown = p if len(p) <= 30 else p[:27] + "..."
+        origins.append(f"--prompt {json.dumps(shown, ensure_ascii=False)}")
     if args.prompts:
         path = Path(args.prompts)
         if path.is_dir():
@@ -71,6 +72,12 @@ def _read_prompts(args) -> tuple[list[str], list[dict], list[str], list[str]]:
     return prompts, overrides, ids, origins
 
 
+def _ordinal(n: int) -> str:
+    """``1`` -> ``"1st"``, ``2`` -> ``"2nd"``, ``11`` -> ``"11th"``."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
 #: record's wall time and peak memory, fitted to two runs of the embedded SmolLM2 (V = 49,152,
 #: level full, one request, 8 tokens, 2 shared CPU cores): B = 256: 57 s, 1.7 GB; B = 1024: 81 s,
 #: 3.2 GB. Seconds = a + b * B * tokens; GB = c + d * B (the target scores B + 1 rows of V logits).
@@ -98,7 +105,7 @@ def cmd_record(args) -> int:
     from ..session import LiveSession
     out = Path(args.out)
     check_out_file(args.out)
-    check_new_output(args.out, args.force)
+    check_new_output(args.out, args.force, inputs=inputs_of(args))
     from ..io.append_trace import segment_name_problem
 
     why = segment_name_problem(args.out)
@@ -106,10 +113,7 @@ def cmd_record(args) -> int:
         raise CLIError(f"-o {why}")
     if args.max_new_tokens < 1:
         raise CLIError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
-    from ..build import MAX_BUDGET
-
-    if not 1 <= args.budget <= MAX_BUDGET:  # the one rule, checked before the model loads
-        raise CLIError(f"--budget {args.budget}: must be in [1, {MAX_BUDGET}] (draft nodes per tree)")
+    common.check_budget("--budget", args.budget)  # the one rule, checked before the model loads
     if args.threads is not None and args.threads < 1:
         raise CLIError(f"--threads {args.threads}: must be >= 1")
     for name in ("threshold_single", "threshold_acc"):
@@ -137,13 +141,11 @@ def cmd_record(args) -> int:
         if vocab is not None and t >= vocab:
             raise CLIError(f"--ban {t}: not a token id of {which_target} (its vocabulary has ids 0..{vocab - 1})")
     for name in ("temperature", "top_k", "top_p", "min_p"):  # each option alone, so the message names it
-        value = getattr(args, name)
-        try:
-            why = SamplingParams(**{name: value}).problem(vocab)
-        except (ValueError, TypeError) as exc:
-            why = str(exc).removeprefix("SamplingParams: ")
-        if why is not None:
-            raise CLIError(f"--{name.replace('_', '-')} {value}: {why}")
+        common.check_sampling_option(name, getattr(args, name), vocab)
+    seed_max = (2**63 - len(prompts)) // 1000  # request b's coin seed: seed * 1000 + b, in [0, 2**63)
+    if not 0 <= args.seed <= seed_max:
+        raise CLIError(f"--seed {args.seed}: must be in [0, {seed_max}] (request b's coin seed is seed * 1000 + b, "
+                       "which must be in [0, 2**63))")
     base = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           seed=None, banned_token_ids=tuple(getattr(args, "ban", None) or ()))
     params = []
@@ -232,11 +234,12 @@ def cmd_lab(args) -> int:
     port = labserver.free_port(args.port)
     if port != args.port:
         print(f"[lab] port {args.port} is in use (another lab?): using {port}")
-    cmd = labserver.jupyter_command(jupyter, port, token, work, as_root=hasattr(os, "geteuid") and os.geteuid() == 0)
+    cmd = labserver.jupyter_command(jupyter, port, work, as_root=hasattr(os, "geteuid") and os.geteuid() == 0)
+    env = labserver.jupyter_env(token)  # the token in the environment, not in argv where `ps` shows it
     if args.dry_run:
         print(f"[lab] would copy labs/*.ipynb to {work}/ and serve the copies")
         print(f"[lab] open {labserver.lab_url(port, '<token>')}")
-        print(" ".join(cmd).replace(token, "<token>"))
+        print("JUPYTER_TOKEN=<token> " + " ".join(cmd))
         return 0
     if not Path(jupyter).exists():
         raise CLIError("jupyter is not installed (pip install 'ddtree-lab[lab]')")
@@ -244,5 +247,5 @@ def cmd_lab(args) -> int:
         print(f"[lab] {line}")
     print("[lab] working copies in .lab/ (git ignores them; labs/ stays as committed)")
     print(f"[lab] open {labserver.lab_url(port, token)}", flush=True)
-    os.execv(jupyter, cmd)
+    os.execve(jupyter, cmd, env)
     return 0  # pragma: no cover

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
-from .common import CLIError, check_new_output, count, load_model, load_run, progress
+from .common import EXIT_ERROR, CLIError, check_budget, check_new_output, count, inputs_of, load_model, load_run, progress
 
 DEFAULT_BUDGETS = "4,8,16,32,64"
 
@@ -15,8 +16,10 @@ def _budgets(text: str) -> list[int]:
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
         raise CLIError(f"--budgets {text}: not a comma-separated list of ints") from exc
-    if not out or any(b < 0 for b in out):
-        raise CLIError(f"--budgets {text}: give budgets >= 0")
+    if not out:
+        raise CLIError(f"--budgets {text}: give one budget or more")
+    for b in out:
+        check_budget("--budgets", b, text)
     return out
 
 
@@ -28,10 +31,11 @@ PARQUET_COLUMNS = ("run", "step", "request", "policy", "budget", "num_nodes", "t
                    "covered", "reason")
 
 
-def check_parquet_out(text: str, force: bool = False) -> Path:
+def check_parquet_out(text: str, force: bool = False, inputs: tuple[tuple[str, str], ...] = ()) -> Path:
     """The ``--parquet`` file: a ``.parquet`` name in an existing, writable directory, not
     replacing an existing file unless ``force`` (:func:`~ddtree_lab.cli.common.check_new_output`).
-    Checked before the run or the model is loaded.
+    Checked before the run or the model is loaded; ``inputs`` (the verb's, :func:`~ddtree_lab.cli.common.inputs_of`)
+    are never written over.
 
     Raises:
         CLIError: another suffix, a missing directory, an existing path without ``--force``.
@@ -39,7 +43,7 @@ def check_parquet_out(text: str, force: bool = False) -> Path:
     out = Path(text)
     if out.suffix != ".parquet":
         raise CLIError(f"--parquet {text}: give a file name ending in .parquet")
-    check_new_output(out, force, "--parquet")
+    check_new_output(out, force, "--parquet", inputs=inputs)
     return out
 
 
@@ -72,7 +76,8 @@ def cmd_compare_policies(args) -> int:
     (accepted draft tokens + bonus) under the target-only rule, greedy and sampled at the run's
     parameters, averaged over the steps (ddtree_lab.analysis.counterfactual). Nodes the recording
     does not cover are scored with --model (one tree forward per step); without it those rows
-    say they were not scored. The 'cost' policy needs --model (its cost model is measured here)."""
+    say they were not scored and the exit status is 2 (nothing checked for them; 1 would say a
+    check found something). The 'cost' policy needs --model (its cost model is measured here)."""
     from ..analysis.counterfactual import measure_cost_model, run_counterfactuals, step_prefix_ids, summarize
     from ..analysis.policies import POLICIES, PolicyContext
 
@@ -83,7 +88,7 @@ def cmd_compare_policies(args) -> int:
     budgets = _budgets(args.budgets)
     if args.max_steps is not None and args.max_steps < 1:
         raise CLIError(f"--max-steps {args.max_steps}: must be >= 1 (leave it out for every step)")
-    parquet = check_parquet_out(args.parquet, args.force) if args.parquet else None
+    parquet = check_parquet_out(args.parquet, args.force, inputs_of(args)) if args.parquet else None
     run = load_run(args.run)
     steps = [s for s in run.steps if s.draft is not None and s.draft.token_ids.numel() and s.tree is not None]
     if not steps:
@@ -120,4 +125,9 @@ def cmd_compare_policies(args) -> int:
               f"{row.mean_nodes:>6.1f} {row.steps:>4}/{row.total:<4}" + (f"  {row.reason}" if row.reason else ""))
     if parquet is not None:
         print(f"{count(len(results), 'row')} -> {write_policies_parquet(str(args.run), results, parquet)}")
-    return 0 if all(r.tau_sampled is not None for r in results) else 1
+    unscored = sum(r.tau_sampled is None for r in results)
+    if unscored:  # nothing was checked for those rows: not a finding (1) but a comparison that could not be made
+        print(f"ddtree-lab compare-policies: {unscored} of {count(len(results), 'row')} not scored (nodes outside "
+              "the recorded tree: pass --model default or a model directory to score them)", file=sys.stderr)
+        return EXIT_ERROR
+    return 0

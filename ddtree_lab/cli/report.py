@@ -13,7 +13,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .common import CLIError, check_new_output, check_out_file, check_suffix, count, find_step, load_run
+from .common import CLIError, check_new_output, check_out_file, check_suffix, count, find_step, inputs_of, load_run
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".zip")
 
@@ -64,9 +64,16 @@ def _table(head: list[str], rows: list[list]) -> list[str]:
             + ["| " + " | ".join(_cell(str(c)) for c in r) + " |" for r in rows])
 
 
+def source_name(path: str) -> str:
+    """The name a report gives the reader for the source at ``path``: its file (or bundle
+    directory) name without the reporter's folders (``/home/me/runs/run.ddtrace`` -> ``run.ddtrace``)."""
+    return Path(path.rstrip("/\\")).name or path
+
+
 def report_markdown(run, step, path: str, picture: str | None, picture_note: str, diagnosis, problems,
                     replay: list[str]) -> str:
-    """The report's Markdown (module docstring): ``picture`` the image file the Markdown refers
+    """The report's Markdown (module docstring): ``path`` the source as the reader knows it
+    (:func:`source_name`), ``picture`` the image file the Markdown refers
     to (None: none was made, ``picture_note`` says why), ``diagnosis`` the
     :class:`~ddtree_lab.diagnosis.Diagnosis` of the step, ``problems`` its ``check(step)``
     :class:`~ddtree_lab.problems.Problem` list, ``replay`` the commands that reproduce it."""
@@ -83,7 +90,8 @@ def report_markdown(run, step, path: str, picture: str | None, picture_note: str
     bonus = step.bonus_token if step.output is not None else None
     bonus_text = ("" if bonus is None else "; bonus token not recorded" if bonus < 0 and step.rows is None
                   else "; no bonus token (support exhausted)" if bonus < 0 else f"; bonus token {bonus}")
-    lines = [f"# DDTree verify step {step.step}, request {step.request} (`{step.request_id}`)", "",
+    rid = "" if str(step.request_id) == str(step.request) else f" (`{step.request_id}`)"  # an id that adds nothing
+    lines = [f"# DDTree verify step {step.step}, request {step.request}{rid}", "",
              f"From `{path}` ({run.source}). Target: {tname}; drafter: {dname}; sampling: {params}; "
              f"backend that ran: `{step.backend}`; {step.num_nodes} tree nodes; accepted "
              f"{step.accept_length} draft token(s)" + bonus_text
@@ -160,11 +168,11 @@ def cmd_report(args) -> int:
         check_out_file(args.out)
         check_suffix(args.out, "markdown", (".md",))
         for p in (Path(args.out), *_picture_names(Path(args.out))):
-            check_new_output(p, args.force)
+            check_new_output(p, args.force, inputs=inputs_of(args))
     if args.archive:
         _archive_kind(args.archive)
         check_out_file(args.archive)
-        check_new_output(args.archive, args.force, "--archive")
+        check_new_output(args.archive, args.force, "--archive", inputs=inputs_of(args))
     run = load_run(args.trace)
     step = find_step(run, args.step, args.request, args.trace)
     svg, png, note = _tree_pictures(step, run)
@@ -174,8 +182,11 @@ def cmd_report(args) -> int:
         raise CLIError(f"{args.trace}: {exc.args[0] if exc.args else exc}") from exc
     problems = check(step)
     where = ["--step", str(step.step), "--request", str(step.request)]
-    replay = [shlex.join(["ddtree-lab", "replay", args.trace, *where]),
-              shlex.join(["ddtree-lab", "render", args.trace, *where, "--format", "decisions"])]
+    name = source_name(args.trace)  # the reader has the file under its name, not at the reporter's path
+    replay = [f"# in the folder holding {name} (the reporter's {run.source}: attach it, or make the report "
+              "with --archive, which carries a bundle of this step)",
+              shlex.join(["ddtree-lab", "replay", name, *where]),
+              shlex.join(["ddtree-lab", "render", name, *where, "--format", "decisions"])]
     md_name = Path(args.out).name if args.out else "report.md"
     pictures = _picture_names(Path(md_name))
     picture = (pictures[1].name if png is not None else pictures[0].name) if svg is not None else None
@@ -192,10 +203,10 @@ def cmd_report(args) -> int:
                 for f in sorted(made.iterdir()):
                     files[f"bundle/{f.name}"] = f.read_bytes()
             replay = ["ddtree-lab replay bundle/   # in the unpacked archive's folder: the step from its bundle, "
-                      "no trace needed"] + replay
+                      "no trace needed", f"# or, in the folder holding {name} (the reporter's {run.source}):"] + replay[1:]
         except (ValueError, OSError, AssertionError) as exc:
             bundle_note = f"no bundle in the archive: {exc}"
-    text = report_markdown(run, step, args.trace, picture, note, diagnosis, problems, replay)
+    text = report_markdown(run, step, name, picture, note, diagnosis, problems, replay)
     if bundle_note:
         text += f"\n{bundle_note}\n"
     if svg is not None:

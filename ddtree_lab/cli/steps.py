@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from .common import (EXIT_PROBLEM, CLIError, bundle_module, check_new_output, check_out_file, check_suffix, count,
-                     find_step, kind_of, load_run, lossy_note, recording_step, select_steps, sglang_module,
+                     find_step, inputs_of, kind_of, load_run, lossy_note, recording_step, select_steps, sglang_module,
                      state_temperature_option, write_output)
 
 
@@ -15,6 +15,7 @@ from .common import (EXIT_PROBLEM, CLIError, bundle_module, check_new_output, ch
 def cmd_info(args) -> int:
     """Requests with prompts, parameters and mean tau; then each request's steps."""
     from ..io.append_trace import AppendRun  # the run with an index (info_lines)
+    from ..sampling import param_is_off
 
     run = load_run(args.trace)
     state_temperature_option(run, args, args.trace)
@@ -69,7 +70,7 @@ def cmd_info(args) -> int:
         prompt = r.get("prompt")
         p = steps[0].params if steps else None
         params = r.get("params") or (p.to_dict() if p else {})
-        shown = {k: v for k, v in params.items() if v not in (None, 0, 1.0) or k == "temperature"}
+        shown = {k: v for k, v in params.items() if not param_is_off(k, v)}
         mean = f"{sum(taus) / len(taus):.3f}" if taus else "-"
         rid = r.get("request_id", steps[0].request_id if steps else str(req))
         lossy = lossy_note(steps)
@@ -98,14 +99,17 @@ def cmd_info(args) -> int:
 
 
 def generated_text(run, ids: list, width: int = 100) -> str:
-    """A request's generated tokens for ``info``: the recorded token texts joined (JSON-quoted,
+    """A request's generated tokens for ``info``: the recorded token texts joined with runs of
+    byte tokens decoded together (:func:`ddtree_lab.texts.join_texts`; JSON-quoted,
     cut to ``width`` characters with "..."), or the ids themselves where the run records no text
     for some of them (the first 16, then "...")."""
     missing = [t for t in ids if not isinstance(t, int) or t not in run.token_texts]
     if missing:
         shown = ", ".join(str(t) for t in ids[:16]) + (", ..." if len(ids) > 16 else "")
         return f"ids [{shown}] (no text recorded for {count(len(missing), 'token')}: token ids shown)"
-    text = "".join(run.token_texts[t] for t in ids)
+    from ..texts import join_texts
+
+    text = join_texts(run.token_texts[t] for t in ids)  # byte tokens together: <0xCE><0x95> -> "Ε"
     return json.dumps(text if len(text) <= width else text[: width - 3] + "...", ensure_ascii=False)
 
 
@@ -117,7 +121,7 @@ def cmd_render(args) -> int:
     fmt = args.format
     if args.out:
         check_out_file(args.out)
-        check_new_output(args.out, args.force)
+        check_new_output(args.out, args.force, inputs=inputs_of(args))
     if fmt is None:
         suffix = Path(args.out).suffix.lower() if args.out else ".txt"
         fmt = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot", ".txt": "text", ".md": "decisions-md"}.get(suffix)
@@ -168,9 +172,7 @@ def cmd_bundle(args) -> int:
     out = Path(args.out)
     if not out.parent.exists():
         raise CLIError(f"{args.out}: parent directory {out.parent} does not exist")
-    if out.exists() and out.resolve() == Path(args.trace).resolve():
-        raise CLIError(f"-o {args.out}: is the source being read; write the bundle elsewhere")
-    check_new_output(out, args.force, files=bundle.FILES)
+    check_new_output(out, args.force, files=bundle.FILES, inputs=inputs_of(args))
     run = load_run(args.trace)
     step = find_step(run, args.step, args.request, args.trace)
     b = bundle.make_bundle(run, step)
@@ -314,7 +316,7 @@ def cmd_sglang(args) -> int:
     if args.sglang_cmd == "convert":
         out = Path(args.out)
         check_out_file(args.out)
-        check_new_output(args.out, args.force)
+        check_new_output(args.out, args.force, inputs=inputs_of(args))
         from ..io import convert
 
         path = convert(args.recording, out)

@@ -68,7 +68,7 @@ def state_temperature(run: Run, temperature: float, origin: str = FROM_OPTION) -
     """
     t = temperature_value(temperature)
     if t is None:
-        raise ValueError(f"--temperature {temperature!r}: must be a number >= 0 (0: greedy, > 0: sampled)")
+        raise ValueError(f"--temperature {temperature!r}: must be a finite number >= 0 (0: greedy, > 0: sampled)")
     if records_parameters(run):
         s, params = next((s, s.params) for s in run.steps if s.params is not None)
         raise ValueError(f"--temperature: this {run.source} records each request's sampling parameters "
