@@ -58,6 +58,9 @@ CASES = {
                                        "--max-steps", "1", "--parquet", "OUT.parquet"], "file"),
     ("report", "out"): (["report", SAMPLED, "--step", "4", "--request", "1", "-o", "OUT.md"], "file"),
     ("report", "archive"): (["report", SAMPLED, "--step", "4", "--request", "1", "--archive", "OUT.tar.gz"], "file"),
+    ("vllm record", "out"): (["vllm", "record", "--prompts", str(ROOT / "fixtures" / "prompts" / "vllm_greedy.jsonl"),
+                              "-o", "OUT"], ("requests.json", "engine.log", "vllm-pid1.ddvllm")),
+    ("vllm serve", "out"): (["vllm", "serve", "-o", "OUT"], ("vllm-pid1.ddvllm",)),
 }
 
 
@@ -83,7 +86,8 @@ def no_model(monkeypatch):
 
 
 @pytest.mark.parametrize("case", sorted(CASES), ids=lambda c: f"{c[0]}-{c[1]}")
-def test_an_existing_output_is_refused_and_replaced_only_with_force(case, tmp_path, capsys, no_model):
+def test_an_existing_output_is_refused_and_replaced_only_with_force(case, tmp_path, capsys, no_model, monkeypatch):
+    monkeypatch.setenv("DDTREE_LAB_VLLM_VENV", str(tmp_path / "no-vllm-venv"))
     command, kind = CASES[case]
     out = None
     args = []
@@ -109,6 +113,9 @@ def test_an_existing_output_is_refused_and_replaced_only_with_force(case, tmp_pa
     err = capsys.readouterr().err
     if case[0] == "record":  # the checks passed and the model would load next (the fast loop loads none)
         assert rc == 2 and "MODEL LOADED" in err, err
+        return
+    if case[0].startswith("vllm"):  # the checks passed and the engine would start next (no venv here)
+        assert rc == 2 and "vLLM's venv" in err, err
         return
     assert rc == 0, err
     assert all(f.exists() and f.read_bytes() != OLD for f in olds), err
@@ -173,6 +180,10 @@ def test_no_verb_writes_onto_its_own_input_even_with_force(case, tmp_path, capsy
     args = [str(out) if w.startswith("OUT") or w in (TRACE, SAMPLED, RECORDING) else w for w in command]
     if case[0] == "record":
         args[args.index("--prompt"):args.index("--prompt") + 2] = ["--prompts", str(out)]
+    if case[0] == "vllm record":  # the prompts file inside the output directory
+        args[args.index("--prompts") + 1] = str(olds[0])
+    if case[0] == "vllm serve":  # the model directory as the output directory
+        args += ["--model", str(out)]
     flag = command[command.index(next(w for w in command if w.startswith("OUT"))) - 1]
     for extra in ([], ["--force"]):
         assert main(args + extra) == 2

@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .vllm import add_vllm_parser
 
-    add_vllm_parser(sub, _output)
+    add_vllm_parser(sub, _output, _input)
 
     p = sub.add_parser("lab", help="open JupyterLab on working copies of labs/ (as `make lab`)",
                        description=cmd_lab.__doc__)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .common import CLIError, check_new_output
+from .common import CLIError, check_new_output, inputs_of
 
 __all__ = ["engine_python", "cmd_vllm", "add_vllm_parser"]
 
@@ -78,6 +78,22 @@ def _env(args, out: Path | None) -> dict:
     return env
 
 
+def _out_dir(args, names: tuple[str, ...]) -> Path:
+    """``-o DIR`` checked before any work: no input of the verb, and no earlier recording (or
+    ``names``) in it unless ``--force``."""
+    out = Path(args.out)
+    old = sorted(out.glob("vllm-pid*.ddvllm")) if out.is_dir() else []
+    check_new_output(out, args.force, "-o", names + tuple(f.name for f in old), inputs=inputs_of(args))
+    return out
+
+
+def _clear(out: Path) -> None:
+    """Make ``out`` and remove an earlier recording from it (``--force`` was given, or there is none)."""
+    out.mkdir(exist_ok=True)
+    for f in out.glob("vllm-pid*.ddvllm*"):
+        f.unlink()
+
+
 def _check_common(args) -> None:
     if args.k < 1:
         raise CLIError(f"--k must be >= 1 (draft tokens per step), got {args.k}")
@@ -93,6 +109,7 @@ def _check_common(args) -> None:
 def cmd_vllm_record(args) -> int:
     """Decode a prompts file with vLLM's engine (speculative decoding on) and record every step."""
     _check_common(args)
+    out = _out_dir(args, _WRITES)
     if args.max_new_tokens < 1:
         raise CLIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     prompts = Path(args.prompts)
@@ -106,15 +123,9 @@ def cmd_vllm_record(args) -> int:
                 raise CLIError(f"--prompts {args.prompts}: line {i} is not JSON ({exc})") from None
             if not isinstance(q, dict) or not isinstance(q.get("prompt"), str) or not q["prompt"]:
                 raise CLIError(f"--prompts {args.prompts}: line {i} has no non-empty \"prompt\"")
-    out = Path(args.out)
-    check_new_output(out, args.force, "-o", _WRITES)
     py = engine_python()
     model, drafter = _model(args.model), _drafter(args)
-    out.mkdir(exist_ok=True)
-    for old in out.glob("vllm-pid*.ddvllm*"):
-        if not args.force:
-            raise CLIError(f"-o {out}: {old} exists; pass --force to replace the recording")
-        old.unlink()
+    _clear(out)
     cmd = [str(py), "-m", "ddtree_lab.vllm.offline", "--model", model, "--method", args.method, "--k", str(args.k),
            "--prompts", str(prompts), "--max-new-tokens", str(args.max_new_tokens), "--out", str(out),
            "--level", args.level, "--top-m", str(args.top_m)] + (["--drafter", drafter] if drafter else []) \
@@ -148,11 +159,10 @@ def cmd_vllm_record(args) -> int:
 def cmd_vllm_serve(args) -> int:
     """Serve the model with vLLM's OpenAI server on 127.0.0.1, recording every step."""
     _check_common(args)
-    out = Path(args.out)
-    check_new_output(out, args.force, "-o", ("engine.log",))
+    out = _out_dir(args, ())
     py = engine_python()
     model, drafter = _model(args.model), _drafter(args)
-    out.mkdir(exist_ok=True)
+    _clear(out)
     spec = {"method": args.method, "num_speculative_tokens": args.k}
     if drafter:
         spec["model"] = drafter
@@ -184,25 +194,25 @@ def cmd_vllm(args) -> int:
     return cmd_vllm_record(args) if args.vllm_cmd == "record" else cmd_vllm_serve(args)
 
 
-def add_vllm_parser(sub, output) -> None:
+def add_vllm_parser(sub, output, read) -> None:
     """The ``vllm`` verb and its ``record`` / ``serve`` commands; ``output`` makes an option that
-    writes (the CLI's ``_output``)."""
+    writes, ``read`` one that names an input (the CLI's ``_output`` and ``_input``)."""
     p = sub.add_parser("vllm", help="vLLM's real engine, recorded from inside: record, serve", description=cmd_vllm.__doc__)
     vs = p.add_subparsers(dest="vllm_cmd", required=True, metavar="COMMAND")
     for name, helptext in (("record", "decode a prompts file offline and record every step"),
                            ("serve", "serve on 127.0.0.1 (OpenAI API) and record every step")):
         q = vs.add_parser(name, help=helptext, description=(cmd_vllm_record if name == "record" else cmd_vllm_serve).__doc__)
         if name == "record":
-            q.add_argument("--prompts", required=True, help="JSON lines: {\"prompt\", \"id\"?, \"temperature\"?, "
+            read(q, "--prompts", required=True, help="JSON lines: {\"prompt\", \"id\"?, \"temperature\"?, "
                            "\"top_k\"?, \"top_p\"?, \"seed\"?, \"max_new_tokens\"?}")
             q.add_argument("--max-new-tokens", type=int, default=32)
         else:
             q.add_argument("--port", type=int, default=8000)
-        q.add_argument("--model", default="default", help="'default' (the embedded SmolLM2) or a model directory")
+        read(q, "--model", default="default", help="'default' (the embedded SmolLM2) or a model directory")
         q.add_argument("--method", choices=("dflash", "ngram") + (("none",) if name == "serve" else ()),
                        default="dflash", help="vLLM's speculative method" + (" (none: plain decoding, nothing "
                                                                              "recorded)" if name == "serve" else ""))
-        q.add_argument("--drafter", help="DFlash checkpoint directory (default: the shipped drafter)")
+        read(q, "--drafter", help="DFlash checkpoint directory (default: the shipped drafter)")
         q.add_argument("--k", type=int, default=15, help="num_speculative_tokens")
         q.add_argument("--level", choices=("light", "full"), default="light",
                        help="light: top-M rows + logsumexp; full: whole rows and noise too")
