@@ -22,6 +22,8 @@ Every check returns fields, never text to parse: a broken invariant is a
   * ``sampling`` (:mod:`.sampling`): which transform of the stored raw logits the rows follow;
   * ``greedy`` (:mod:`.greedy`): greedy verdicts take the argmax of the stored raw logits;
   * ``drafter-hits`` (:mod:`.drafter`): the first-position hit rate against the model card;
+  * ``engine-parameters`` (:mod:`ddtree_lab.vllm.checks`, vLLM recordings only): the
+    per-position temperature / top-k / top-p vLLM's sampler applied against the request's;
 
   and, with a model (``model="default"``, a directory, or ``(target, drafter)``):
 
@@ -248,6 +250,11 @@ def diagnose(run: Run, model=None, step: int | None = None, request: int | None 
                                             check_greedy, check_drafter_hits)):
         tick(name)
         results.append(check_of(run, steps))
+    if run.metadata.get("engine") == "vllm":  # a recording from inside vLLM also holds its sampler's parameters
+        from ..vllm.checks import check_engine_parameters
+
+        tick("engine-parameters")
+        results.append(check_engine_parameters(run, steps))
     if model is None:
         for name in MODEL_CHECKS:
             results.append(CheckResult(name, ran=False, why="needs the model (--model default or DIR)"))
