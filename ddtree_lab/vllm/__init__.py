@@ -22,6 +22,8 @@ ENV_LEVEL = "DDTREE_LAB_VLLM_LEVEL"
 ENV_TOP_M = "DDTREE_LAB_VLLM_TOP_M"
 #: engine bugs to fix while recording (comma-separated names of ``recorder.FIXES``); default none
 ENV_FIX = "DDTREE_LAB_VLLM_FIX"
+#: faults to plant into the engine for the diagnosis tests (names of ``recorder.PLANTS``)
+ENV_PLANT = "DDTREE_LAB_VLLM_PLANT"
 
 #: recording files' format name and version
 FORMAT = "ddtree-lab-vllm-recording"

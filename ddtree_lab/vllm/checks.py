@@ -1,12 +1,17 @@
-"""The check only a recording from inside vLLM allows: the sampling parameters its sampler applied.
+"""The checks only a recording from inside vLLM allows: its sampler's own inputs, held to three laws.
 
-vLLM expands each request's temperature, top-k and top-p to one value per draft position
-(``rejection_sampler.expand_batch_to_tokens``) before it processes the target rows; the recorder
-keeps those values as the sampler used them (``extra["vllm"]["params_applied"]``). Each must be
-the request's own: the temperature (``1`` for a greedy request in a batch that is not all
-greedy: vLLM's ``replace_to``), top-k (off: ``<= 0`` or the vocabulary), top-p. A value that is
-not is a finding with the step, the request, the position and both numbers; a wrong value
-there changes every row the verifier reads, whatever the verifier does with them.
+* **parameters**: vLLM expands each request's temperature, top-k and top-p to one value per draft
+  position (``rejection_sampler.expand_batch_to_tokens``) before it processes the target rows;
+  the recorder keeps those values as the sampler used them (``extra["vllm"]["params_applied"]``).
+  Each must be the request's own: the temperature (``1`` for a greedy request in a batch that is
+  not all greedy: vLLM's ``replace_to``), top-k (off: ``<= 0`` or the vocabulary), top-p;
+* **rows**: temperature, top-k and top-p keep a row's argmax, so the row the verifier read at
+  draft position ``j`` has the argmax of the raw row ``j`` the model produced (ties excepted); a
+  row whose argmax is another position's names rows read at the wrong position;
+* **residual**: the token vLLM draws after rejecting draft ``j`` comes from the residual, whose
+  probability of that draft is 0: it is never the rejected draft itself.
+
+A departure is a finding with the step, the request, the position and the numbers.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ import math
 from ..diagnosis.common import CheckResult, Finding, group_findings, next_command
 from ..step import Run, Step
 
-__all__ = ["check_engine_parameters", "KIND"]
+__all__ = ["check_engine_parameters", "KIND", "KIND_ROWS", "KIND_RESIDUAL"]
 
 KIND = "the sampling parameters vLLM's sampler applied are not the request's"
+KIND_ROWS = "the verifier read target rows of another draft position"
+KIND_RESIDUAL = "the token drawn after a rejection is the rejected draft (no residual)"
 
 
 def _expected(name: str, params: dict, greedy: bool, vocab: int | None):
@@ -71,8 +78,52 @@ def check_engine_parameters(run: Run, steps: list[Step] | None = None) -> CheckR
                                  f"{', ...' if len(values) > 4 else ''})", "high",
                                  next_command("engine-parameters", s.step, s.request)))
             break
+    for s in mine:
+        found += _rows(s) + _residual(s)
     result.findings = group_findings(found)
     fixes = run.metadata.get("fixes") or {}
     if fixes:
         result.note = "recorded with the engine fixed: " + ", ".join(fixes)
     return result
+
+
+def _rows(s: Step) -> list[Finding]:
+    """The rows law (module docstring) on one step."""
+    v, rows = s.extra["vllm"], s.rows
+    if rows is None or rows.row_logit_ids is None or rows.row_logits is None or "processed_ids" not in v:
+        return []
+    raw_ids, raw_logits, proc = rows.row_logit_ids, rows.row_logits, v["processed_ids"][:, 0]
+    n = min(len(proc), len(raw_ids))
+    for j in range(n):
+        got = int(proc[j])
+        if got == int(raw_ids[j, 0]) or not bool(v["processed_logits"][j, 0].isfinite()):
+            continue
+        hit = (raw_ids[j] == got).nonzero()
+        if len(hit) and float(raw_logits[j, int(hit[0, 0])]) >= float(raw_logits[j, 0]) - 1e-6:
+            continue  # a tie in the raw row
+        other = [i for i in range(n) if i != j and int(raw_ids[i, 0]) == got]
+        where = (f"it is the raw argmax of position {other[0]} ({'next' if other[0] == j + 1 else 'another'} "
+                 "position)") if other else "no position's raw row has it"
+        return [Finding("engine-parameters", KIND_ROWS, None, s.step, s.request, j,
+                        f"position {j}: the row the sampler read has argmax {got}, the raw row of that position "
+                        f"{int(raw_ids[j, 0])} (temperature, top-k and top-p keep the argmax); {where}", "high",
+                        next_command("engine-parameters", s.step, s.request))]
+    return []
+
+
+def _residual(s: Step) -> list[Finding]:
+    """The residual law (module docstring) on one step."""
+    v = s.extra["vllm"]
+    if v.get("greedy") or s.output is None or s.node_token_ids is None:
+        return []
+    j = int(s.output.accept_length[0])
+    if j >= s.num_nodes - 1:
+        return []
+    draft, drawn = int(s.node_token_ids[j + 1]), int(s.output.bonus_token[0])
+    if drawn != draft:
+        return []
+    return [Finding("engine-parameters", KIND_RESIDUAL, None, s.step, s.request, j + 1,
+                    f"draft position {j}: vLLM rejected draft {draft} (coin {float(s.coins[j]):.4g} against p "
+                    f"{float(s.child_probs[j + 1]) if s.child_probs is not None else float('nan'):.4g}) and then drew "
+                    f"{drawn}, the same token; the residual gives it probability 0", "high",
+                    next_command("engine-parameters", s.step, s.request))]

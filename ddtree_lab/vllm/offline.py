@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import ENV_FIX, ENV_LEVEL, ENV_RECORD, ENV_TOP_M
+from . import ENV_FIX, ENV_LEVEL, ENV_PLANT, ENV_RECORD, ENV_TOP_M
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -39,6 +39,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--top-m", type=int, default=64)
     ap.add_argument("--no-record", action="store_true", help="run the engine without the recorder")
     ap.add_argument("--fix", action="append", default=[], help="an engine bug to fix (recorder.FIXES), e.g. cpu-expand")
+    ap.add_argument("--plant", action="append", default=[], help="a fault to plant into the engine (recorder.PLANTS)")
     ap.add_argument("--max-model-len", type=int, default=1024)
     return ap.parse_args(argv)
 
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop(ENV_RECORD, None)
     else:
         os.environ[ENV_RECORD], os.environ[ENV_LEVEL], os.environ[ENV_TOP_M] = str(out), a.level, str(a.top_m)
-        os.environ[ENV_FIX] = ",".join(a.fix)
+        os.environ[ENV_FIX], os.environ[ENV_PLANT] = ",".join(a.fix), ",".join(a.plant)
     import vllm
     from vllm import LLM, SamplingParams
 

@@ -63,7 +63,7 @@ from pathlib import Path
 import torch
 
 from ..store.segments import SegmentWriter
-from . import ENV_FIX, ENV_LEVEL, ENV_RECORD, ENV_TOP_M, FORMAT, KNOWN_VLLM_VERSIONS, VERSION
+from . import ENV_FIX, ENV_LEVEL, ENV_PLANT, ENV_RECORD, ENV_TOP_M, FORMAT, KNOWN_VLLM_VERSIONS, VERSION
 
 __all__ = ["VLLMRecorder", "install_from_env"]
 
@@ -120,6 +120,28 @@ FIXES = {
 }
 
 
+#: faults the tests plant into the engine (``DDTREE_LAB_VLLM_PLANT``, comma-separated): each one
+#: changes what vLLM's sampler does, as a bug in its code would; the recorder records the engine's
+#: tensors as it always does, and diagnosis must name the fault from the recording alone
+PLANTS = {
+    "temperature-2x": "the sampler applies twice the request's temperature at every draft position",
+    "recovered-no-residual": "the recovered token is raced over the target row itself, the rejected draft "
+                             "token not zeroed (sample_recovered_tokens without the residual)",
+    "rows-shifted": "the verifier reads the target row of the next draft position (rows shifted by one within "
+                    "each request)",
+}
+
+
+def _shift_rows(logits: torch.Tensor, num_draft_tokens: list[int]) -> torch.Tensor:
+    """``rows-shifted``: position ``j`` of each request gets row ``j + 1`` (its last keeps its own)."""
+    out, start = logits.clone(), 0
+    for n in num_draft_tokens:
+        if n > 1:
+            out[start:start + n - 1] = logits[start + 1:start + n]
+        start += n
+    return out
+
+
 def _top(rows: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(ids [R, M] int64, logits [R, M] float32, logsumexp [R] float32)`` of rows ``[R, V]``
     (``-inf`` entries kept: a masked row's tail is ``-inf``)."""
@@ -136,17 +158,23 @@ class VLLMRecorder:
         level: ``"light"`` (top-M rows) or ``"full"`` (whole rows as well).
         top_m: M, entries kept per row at the light level.
         fixes: names of :data:`FIXES` to apply to the engine (default none: vLLM as shipped).
+        plants: names of :data:`PLANTS` to plant into the engine (tests of the diagnosis).
 
     Raises:
         ValueError: an unknown level or fix, or ``top_m < 1``.
         FileNotFoundError: ``directory`` does not exist.
     """
 
-    def __init__(self, directory: str | Path, level: str = "light", top_m: int = 64, fixes: tuple[str, ...] = ()):
+    def __init__(self, directory: str | Path, level: str = "light", top_m: int = 64, fixes: tuple[str, ...] = (),
+                 plants: tuple[str, ...] = ()):
         unknown = [f for f in fixes if f not in FIXES]
         if unknown:
             raise ValueError(f"{ENV_FIX}: unknown fix(es) {unknown}; known: {sorted(FIXES)}")
         self.fixes = tuple(fixes)
+        bad = [f for f in plants if f not in PLANTS]
+        if bad:
+            raise ValueError(f"{ENV_PLANT}: unknown fault(s) {bad}; known: {sorted(PLANTS)}")
+        self.plants = tuple(plants)
         if level not in ("light", "full"):
             raise ValueError(f"{ENV_LEVEL}: level must be 'light' or 'full', got {level!r}")
         if top_m < 1:
@@ -231,9 +259,13 @@ class VLLMRecorder:
         return reqs
 
     def wrap_rejection_sample(self, original):
+        recorder = self
+
         @functools.wraps(original)
         def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                              target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
+            if "rows-shifted" in recorder.plants:
+                target_logits = _shift_rows(target_logits, list(num_draft_tokens))
             ctx = _current()
             if ctx is not None:
                 ctx["draft_token_ids"] = draft_token_ids.detach().to("cpu", torch.int64).clone()
@@ -250,11 +282,14 @@ class VLLMRecorder:
 
     def wrap_expand(self, original):
         fix = "cpu-expand" in self.fixes
+        double = "temperature-2x" in self.plants
 
         @functools.wraps(original)
         def expand_batch_to_tokens(x, *args, **kwargs):
             out = _expand_fixed(x, *args, **kwargs) if fix else original(x, *args, **kwargs)
             ctx = _current()
+            if double and ctx is not None and not ctx.get("expanded"):  # the first expansion is the temperature
+                out = out * 2
             if ctx is not None:
                 ctx.setdefault("expanded", []).append(out.detach().cpu().clone())
             return out
@@ -273,11 +308,17 @@ class VLLMRecorder:
         return _Wrapped(generate_uniform_probs, original)
 
     def wrap_recovered(self, original):
+        no_residual = "recovered-no-residual" in self.plants
+
         @functools.wraps(original)
         def _sample_recovered_tokens(recovered_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs,
                                      target_probs, inv_q, *args, **kwargs):
             out = original(recovered_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,
                            inv_q, *args, **kwargs)
+            if no_residual:
+                counts = torch.diff(cu_num_draft_tokens.long(), prepend=cu_num_draft_tokens.new_zeros(1).long())
+                rows = torch.repeat_interleave(torch.arange(len(counts)), counts.cpu())
+                recovered_token_ids.copy_((target_probs * inv_q[rows].to(target_probs.dtype)).argmax(-1))
             ctx = _current()
             if ctx is not None:
                 ctx["target_probs"] = target_probs.detach().float().cpu().clone()
@@ -453,7 +494,9 @@ def install_from_env() -> VLLMRecorder | None:
     from vllm.v1.worker import gpu_model_runner as gmr
 
     fixes = tuple(f.strip() for f in os.environ.get(ENV_FIX, "").split(",") if f.strip())
-    rec = VLLMRecorder(directory, os.environ.get(ENV_LEVEL, "light"), int(os.environ.get(ENV_TOP_M, "64")), fixes)
+    plants = tuple(f.strip() for f in os.environ.get(ENV_PLANT, "").split(",") if f.strip())
+    rec = VLLMRecorder(directory, os.environ.get(ENV_LEVEL, "light"), int(os.environ.get(ENV_TOP_M, "64")), fixes,
+                       plants)
     runner = gmr.GPUModelRunner
     runner._sample = rec.wrap_sample(runner._sample)
     runner.propose_draft_token_ids = rec.wrap_propose(runner.propose_draft_token_ids)
@@ -474,8 +517,10 @@ def install_from_env() -> VLLMRecorder | None:
             rec._error("torch.ops._C.fused_gumbel_argmax (the bonus draw is not recorded)", exc)
 
     rec.before_first_step = wrap_sampler_functions
-    rec.open({"vllm_version": version, "argv": list(sys.argv), "fixes": {f: FIXES[f] for f in fixes}})
+    rec.open({"vllm_version": version, "argv": list(sys.argv), "fixes": {f: FIXES[f] for f in fixes},
+              "planted": list(plants)})
     print(f"[ddtree-lab vllm recorder] recording to {rec.path} (level {rec.level}, top-{rec.top_m}"
-          + (f"; vLLM fixed: {', '.join(fixes)}" if fixes else "") + ")",
+          + (f"; vLLM fixed: {', '.join(fixes)}" if fixes else "")
+          + (f"; faults planted: {', '.join(plants)}" if plants else "") + ")",
           file=sys.stderr, flush=True)
     return rec
