@@ -31,7 +31,7 @@ REAL_MODEL_FIXTURES = {"target", "drafter"}
 #: the real-model session tests, the Triton kernels (the lab's and SGLang's: interpreted on a
 #: CPU, seconds a launch), the README's examples (the CLI in fresh processes) and the rule-family
 #: fits (many planted runs each; measured 2026-12-04: 97 + 33 + 54 + 65 s of a 391 s loop).
-SLOW_MODULES = {"test_notebooks.py", "test_browser.py", "test_engine_vllm.py", "test_models.py",
+SLOW_MODULES = {"test_notebooks.py", "test_browser.py", "test_engine_vllm.py", "test_vllm_engine.py", "test_models.py",
                 "test_session.py", "test_session_backends.py", "test_session_batched.py",
                 "test_verify_triton.py", "test_sglang_kernels.py", "test_readme.py",
                 "test_rule_inference.py", "test_law_families.py"}

