@@ -279,10 +279,36 @@ def diagnose(run: Run, model=None, step: int | None = None, request: int | None 
     return Diagnosis(results, time.perf_counter() - t0, list(run.problems))
 
 
+#: checks whose findings on a request follow from wrong sampling parameters in the engine's sampler
+_FROM_PARAMETERS = ("record", "verifier", "coins", "output-law", "sampling", "greedy")
+
+
+def _fold_parameters(results: list[CheckResult]) -> None:
+    """Wrong sampling parameters in an engine's sampler (``engine-parameters``) change every row
+    it reads: the other record checks' findings on those requests are their consequences, kept
+    as a note on each check rather than more bugs."""
+    engine = next((r for r in results if r.check == "engine-parameters" and r.findings), None)
+    if engine is None:
+        return
+    hit = {request for (_, request) in engine.per_step}
+    for r in results:
+        if r.check not in _FROM_PARAMETERS or not r.findings:
+            continue
+        keep = [f for f in r.findings if not (f.request in hit or (f.request is None and hit))]
+        folded = len(r.findings) - len(keep)
+        if folded:
+            r.findings = keep
+            r.note = (r.note + "; " if r.note else "") + (
+                f"{folded} finding(s) on requests whose sampler applied wrong parameters (engine-parameters): "
+                "a consequence, not counted")
+
+
 def _fold_consequences(results: list[CheckResult]) -> None:
     """A wrong tree forward or KV commit feeds the drafter wrong features from its step on: an
     unnamed drafter-input finding of that request at or after it is its consequence, kept as a
-    note on the drafter check rather than a second bug."""
+    note on the drafter check rather than a second bug. Wrong engine parameters likewise
+    (:func:`_fold_parameters`)."""
+    _fold_parameters(results)
     first = {f.request: f.step for r in results if r.check == "tree-forward" for f in r.findings}
     for r in results:
         if r.check != "drafter" or not first:

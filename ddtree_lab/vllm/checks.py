@@ -78,12 +78,20 @@ def check_engine_parameters(run: Run, steps: list[Step] | None = None) -> CheckR
                                  f"{', ...' if len(values) > 4 else ''})", "high",
                                  next_command("engine-parameters", s.step, s.request)))
             break
+    wrong = {(f.step, f.request) for f in found}
+    result.per_step = {key: KIND for key in wrong}
     for s in mine:
-        found += _rows(s) + _residual(s)
+        if (s.step, s.request) not in wrong:  # wrong parameters break both laws: a consequence, not a second bug
+            found += _rows(s) + _residual(s)
     result.findings = group_findings(found)
+    notes = []
+    if wrong:
+        notes.append(f"{len(wrong)} step(s) with wrong parameters not judged on the rows and residual laws "
+                     "(their rows follow from those parameters)")
     fixes = run.metadata.get("fixes") or {}
     if fixes:
-        result.note = "recorded with the engine fixed: " + ", ".join(fixes)
+        notes.append("recorded with the engine fixed: " + ", ".join(fixes))
+    result.note = "; ".join(notes)
     return result
 
 

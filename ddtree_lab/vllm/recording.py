@@ -314,6 +314,27 @@ def load_vllm_run(path: str | Path) -> Run:
                problems=problems)
 
 
+def _local(path: str | None, kind: str) -> Path | None:
+    """Where a recorded model or drafter directory is on this machine: as recorded, else (a
+    recording made elsewhere) the lab's converted-model cache or the repository's drafters by
+    the directory's name; None when neither holds it."""
+    if not path:
+        return None
+    p = Path(path)
+    if p.is_dir():
+        return p
+    root = Path(__file__).resolve().parents[2]
+    if kind == "drafter":
+        for cand in (root / path, root / "fixtures" / "drafters" / p.name):
+            if cand.is_dir():
+                return cand
+        return None
+    from ..models.target import cache_dir
+
+    cand = cache_dir() / p.name
+    return cand if cand.is_dir() else None
+
+
 def _model_meta(model: str | None, vocab: int | None) -> dict:
     """The target as the lab's metadata names it: ``name``, ``path``, ``vocab_size``."""
     name = (Path(model).name if model else "?")
@@ -325,8 +346,9 @@ def _drafter_meta(drafter: str | None, method: str | None) -> dict:
     if not drafter:
         return {"name": method or "?", "kind": method}
     out = {"name": Path(drafter).name, "path": drafter, "kind": method}
-    card = Path(drafter) / "model_card.json"
-    if card.is_file():
+    here = _local(drafter, "drafter")
+    card = here / "model_card.json" if here is not None else None
+    if card is not None and card.is_file():
         try:
             out["record"] = json.loads(card.read_text())
         except ValueError:
@@ -336,9 +358,11 @@ def _drafter_meta(drafter: str | None, method: str | None) -> dict:
 
 def _texts(model: str | None, steps: list[Step], requests: list[dict]) -> dict[int, str]:
     """Token texts of every token the run shows, from the target's tokenizer when its directory
-    is here (the engine loaded it from there); else none (views then show ``<id>``)."""
-    if not model or not (Path(model) / "tokenizer.json").is_file():
+    is here (:func:`_local`); else none (views then show ``<id>``)."""
+    here = _local(model, "model")
+    if here is None or not (here / "tokenizer.json").is_file():
         return {}
+    model = str(here)
     from transformers import AutoTokenizer
 
     from ..models.target import token_text
