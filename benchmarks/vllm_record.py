@@ -46,7 +46,7 @@ def run_once(py: Path, model: str, drafter: str, prompts: Path, tokens: int, met
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--prompts", default=str(ROOT / "fixtures" / "prompts" / "vllm_greedy.jsonl"))
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--method", choices=("dflash", "ngram"), default="dflash")
@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in seen.items():
         cost = "" if k == "off" else f", {100 * (1 - rate[k] / rate['off']):+.1f}% tokens/s against off"
         mb = statistics.median(r["bytes"] for r in v) / 1e6
-        lines.append(f"  {k:5s}: {rate[k]:6.1f} tokens/s ({', '.join(f'{r['tokens'] / r['seconds']:.1f}' for r in v)})"
-                     f"{cost}; recording {mb:.1f} MB")
+        each = ", ".join(f"{r['tokens'] / r['seconds']:.1f}" for r in v)
+        lines.append(f"  {k:5s}: {rate[k]:6.1f} tokens/s ({each}){cost}; recording {mb:.1f} MB")
     light = 1 - rate["light"] / rate["off"]
     lines.append(f"goal: the light level costs <= 10% of tokens/s: {100 * light:.1f}% "
                  f"({'met' if light <= 0.10 else 'NOT met'})")

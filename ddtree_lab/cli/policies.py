@@ -123,6 +123,13 @@ def cmd_compare_policies(args) -> int:
     for row in summarize(results):
         print(f"{row.policy:<9} {row.budget:>6} {_fmt(row.tau_greedy):>13} {_fmt(row.tau_sampled):>14} "
               f"{row.mean_nodes:>6.1f} {row.steps:>4}/{row.total:<4}" + (f"  {row.reason}" if row.reason else ""))
+    if run.metadata.get("engine") == "vllm":  # what the engine itself did on the same steps, beside the policies
+        scored = {(r.step, r.request) for r in results}
+        taus = [s.accept_length + 1 for s in steps if (s.step, s.request) in scored and s.output is not None]
+        if taus:
+            print(f"vLLM's own chain (k = {run.metadata.get('num_speculative_tokens')}, {run.metadata.get('method')}, "
+                  f"each request at its own parameters): observed mean tau {sum(taus) / len(taus):.3f} over the same "
+                  f"{count(len(taus), 'step')}")
     if parquet is not None:
         print(f"{count(len(results), 'row')} -> {write_policies_parquet(str(args.run), results, parquet)}")
     unscored = sum(r.tau_sampled is None for r in results)

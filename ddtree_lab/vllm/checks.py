@@ -122,7 +122,7 @@ def _rows(s: Step) -> list[Finding]:
 def _residual(s: Step) -> list[Finding]:
     """The residual law (module docstring) on one step."""
     v = s.extra["vllm"]
-    if v.get("greedy") or s.output is None or s.node_token_ids is None:
+    if v.get("greedy") or s.output is None or s.node_token_ids is None or s.coins is None:
         return []
     j = int(s.output.accept_length[0])
     if j >= s.num_nodes - 1:

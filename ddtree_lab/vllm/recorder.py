@@ -59,6 +59,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -127,8 +128,8 @@ FIXES = {
 def _fix_knorm() -> None:
     """``cpu-knorm`` (:data:`FIXES`): the DFlash model's context-key normalisation, one layer's
     own weight at a time."""
-    from vllm import _custom_ops as ops
-    from vllm.model_executor.models import qwen3_dflash
+    from vllm import _custom_ops as ops  # pyright: ignore[reportAttributeAccessIssue]  # own venv
+    from vllm.model_executor.models import qwen3_dflash  # pyright: ignore[reportMissingImports]  # own venv
 
     def _normalize_context_k(model, all_k):
         out = torch.empty_like(all_k)
@@ -206,7 +207,7 @@ class VLLMRecorder:
         self.writer: SegmentWriter | None = None
         self.steps = 0
         self.errors: list[str] = []
-        self.before_first_step = None  # set by install_from_env: wraps the sampler's functions
+        self.before_first_step: Callable[[], None] | None = None  # set by install_from_env: wraps the sampler
         self._blocks: dict[str, tuple] = {}  # request id -> the drafter block its next drafts come from
         self._lock = threading.Lock()
 
@@ -443,7 +444,7 @@ class VLLMRecorder:
             # the bonus row: for a sampled request the processed row the CPU sampler's Gumbel draw read,
             # for a greedy one the raw row its argmax read
             processed = not greedy and bonus_rows is not None
-            bonus = (bonus_rows if processed else ctx["bonus_raw"])[r["row"]:r["row"] + 1]
+            bonus = (bonus_rows if processed and bonus_rows is not None else ctx["bonus_raw"])[r["row"]:r["row"] + 1]
             row_tensors = torch.cat([target[s].cpu(), bonus])
             raw_rows = torch.cat([ctx["target_raw"][s], ctx["bonus_raw"][r["row"]:r["row"] + 1]])
             ids, vals, lse = _top(row_tensors, m)
@@ -508,9 +509,9 @@ def install_from_env() -> VLLMRecorder | None:
         print(f"[ddtree-lab vllm recorder] vLLM {version} is not a version the recorder knows "
               f"({', '.join(KNOWN_VLLM_VERSIONS)}): the engine serves without recording", file=sys.stderr, flush=True)
         return None
-    from vllm.v1.sample import rejection_sampler as rs
-    from vllm.v1.spec_decode import llm_base_proposer as lbp
-    from vllm.v1.worker import gpu_model_runner as gmr
+    from vllm.v1.sample import rejection_sampler as rs  # pyright: ignore[reportMissingImports]  # own venv
+    from vllm.v1.spec_decode import llm_base_proposer as lbp  # pyright: ignore[reportMissingImports]  # own venv
+    from vllm.v1.worker import gpu_model_runner as gmr  # pyright: ignore[reportMissingImports]  # own venv
 
     fixes = tuple(f.strip() for f in os.environ.get(ENV_FIX, "").split(",") if f.strip())
     plants = tuple(f.strip() for f in os.environ.get(ENV_PLANT, "").split(",") if f.strip())

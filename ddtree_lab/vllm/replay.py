@@ -113,6 +113,7 @@ def replay_differences(step: Step) -> tuple[VerifyOutput, list[Difference]]:
         raise ValueError(f"{where}: not a recorded vLLM step with an output")
     vocab = int(step.rows.row_logit_ids.max()) + 1 if step.rows is not None and step.rows.row_logit_ids is not None \
         else 0
+    assert step.node_token_ids is not None  # a recorded vLLM step always holds its chain
     vocab = max(vocab, int(step.node_token_ids.max()) + 1, step.bonus_token + 1)
     rows = stored_rows(step, vocab)
     broken = _not_a_distribution(step)
@@ -155,7 +156,8 @@ def replay_differences(step: Step) -> tuple[VerifyOutput, list[Difference]]:
 def _row_p(step: Step, node: int, token: int) -> float:
     """``p_node(token)`` from the recorded rows (0 past the top-M; the sampler's own value for a
     draft token)."""
-    if node + 1 < step.num_nodes and int(step.node_token_ids[node + 1]) == token and step.child_probs is not None:
+    if (step.node_token_ids is not None and node + 1 < step.num_nodes and int(step.node_token_ids[node + 1]) == token
+            and step.child_probs is not None):
         return float(step.child_probs[node + 1])
     v = step.extra["vllm"]
     ids, logits, lse = v["processed_ids"], v["processed_logits"], v["processed_lse"]
