@@ -57,12 +57,12 @@ def runs(tmp_path_factory):
     out = {"greedy": _record(d / "greedy", GREEDY, "--max-new-tokens", str(TOKENS), "--fix", "cpu-knorm"),
            "shipped": _record(d / "shipped", no_top_k, "--max-new-tokens", "32"),
            "fixed": _record(d / "fixed", SAMPLED, "--max-new-tokens", "32", "--fix", "cpu-expand"),
-           "ngram": _record(d / "ngram", GREEDY, "--max-new-tokens", "32", "--method", "ngram", "--k", "4")}
+           "ngram": _record(d / "ngram", GREEDY, "--max-new-tokens", "24", "--method", "ngram", "--k", "4")}
     for fault in ("temperature-2x", "recovered-no-residual", "rows-shifted"):
         out[fault] = d / fault
         cmd = [str(VENV / "bin" / "python"), "-m", "ddtree_lab.vllm.offline", "--model", _model_dir(),
                "--drafter", str(ROOT / "fixtures" / "drafters" / "smollm2_dflash_b16"), "--prompts", str(SAMPLED),
-               "--max-new-tokens", "24", "--out", str(out[fault]), "--fix", "cpu-expand", "--plant", fault]
+               "--max-new-tokens", "16", "--out", str(out[fault]), "--fix", "cpu-expand", "--plant", fault]
         subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     return out
 
