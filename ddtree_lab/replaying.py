@@ -148,10 +148,11 @@ def _tolerance(step: Step):
     return (PROB_ATOL, PROB_RTOL)
 
 
-#: step source -> its own replay, for sources whose engine draws the token after the walk with
-#: noise of its own (vLLM): ``replay(step) -> (output, differences)``; a source registers itself
-#: where its steps are made (:mod:`ddtree_lab.vllm.recording`), so replay needs no import of it
-SOURCE_REPLAYS: dict[str, Callable[[Step], tuple[VerifyOutput, list[Difference]]]] = {}
+#: engine (a step's ``extra["source"]``, kept through bundles) -> its own replay, for engines that
+#: draw the token after the walk with noise of their own (vLLM): ``replay(step) -> (output,
+#: differences)``; an engine registers itself where its steps are made
+#: (:mod:`ddtree_lab.vllm.recording`), so replay needs no import of it
+ENGINE_REPLAYS: dict[str, Callable[[Step], tuple[VerifyOutput, list[Difference]]]] = {}
 
 
 def replay_differences(step: Step, vocab_size: int | None = None,
@@ -159,14 +160,14 @@ def replay_differences(step: Step, vocab_size: int | None = None,
     """Re-run the reference verifier on a stored step: ``(replayed output, differences)``
     (:func:`compare_outputs` against the recorded output; Triton steps compare probabilities
     within the kernel's tolerance, everything else bit for bit). A step whose source registered
-    a replay of its own (:data:`SOURCE_REPLAYS`: vLLM's recordings) is replayed by it.
+    a replay of its own (:data:`ENGINE_REPLAYS`: vLLM's recordings) is replayed by it.
 
     Raises:
         ValueError: the step stores no rows to replay (level ``off``), or its buffers are
             broken (naming step, request and the problem).
     """
     where = f"step {step.step}, request {step.request}"
-    own = SOURCE_REPLAYS.get(step.source)
+    own = ENGINE_REPLAYS.get(str(step.extra.get("source")))
     if own is not None and backend == "reference":
         return own(step)
     if step.output is None or step.buffers is None:

@@ -174,7 +174,7 @@ def test_diagnose_names_vllm_cpus_uninitialised_sampling_parameters(runs):
     request's (garbage), named with step, request, position and both numbers; and its consequence
     for a greedy request batched with sampled ones: its output is not greedy decoding."""
     from ddtree_lab.diagnosis import diagnose
-    from ddtree_lab.vllm.checks import KIND
+    from ddtree_lab.diagnosis.engine import KIND
 
     run = load(runs["shipped"])
     d = diagnose(run)
@@ -192,7 +192,7 @@ def test_diagnose_names_vllm_cpus_uninitialised_sampling_parameters(runs):
                                          ("rows-shifted", "KIND_ROWS")])
 def test_each_planted_engine_fault_is_named_from_the_recording_alone(runs, fault, kind):
     from ddtree_lab.diagnosis import diagnose
-    from ddtree_lab.vllm import checks
+    from ddtree_lab.diagnosis import engine as checks
 
     run = load(runs[fault])
     kinds = {f.kind for f in diagnose(run).findings}

@@ -22,7 +22,7 @@ Every check returns fields, never text to parse: a broken invariant is a
   * ``sampling`` (:mod:`.sampling`): which transform of the stored raw logits the rows follow;
   * ``greedy`` (:mod:`.greedy`): greedy verdicts take the argmax of the stored raw logits;
   * ``drafter-hits`` (:mod:`.drafter`): the first-position hit rate against the model card;
-  * ``engine-parameters`` (:mod:`ddtree_lab.vllm.checks`, vLLM recordings only): the
+  * ``engine-parameters`` (:mod:`ddtree_lab.diagnosis.engine`, vLLM recordings only): the
     per-position temperature / top-k / top-p vLLM's sampler applied against the request's;
 
   and, with a model (``model="default"``, a directory, or ``(target, drafter)``):
@@ -251,7 +251,7 @@ def diagnose(run: Run, model=None, step: int | None = None, request: int | None 
         tick(name)
         results.append(check_of(run, steps))
     if run.metadata.get("engine") == "vllm":  # a recording from inside vLLM also holds its sampler's parameters
-        from ..vllm.checks import check_engine_parameters
+        from .engine import check_engine_parameters
 
         tick("engine-parameters")
         results.append(check_engine_parameters(run, steps))

@@ -123,6 +123,39 @@ _REQUIRED["full"] = _REQUIRED["light"] + ("top_token_ids", "top_probs")
 # -- save / load ----------------------------------------------------------------------------
 
 
+#: the largest tensor of a step's ``extra`` written into its JSON (as a list); larger ones (an
+#: engine's whole rows) are left out and named in ``extra["left_out"]``
+EXTRA_TENSOR_LIMIT = 4096
+
+
+def jsonable_extra(extra: dict) -> dict:
+    """``extra`` as JSON: tensors up to :data:`EXTRA_TENSOR_LIMIT` elements as (nested) lists, larger
+    ones left out and their names listed in ``"left_out"``; dicts walked."""
+    left: list[str] = []
+
+    def walk(value, name: str) -> object:
+        if isinstance(value, torch.Tensor):
+            return value.tolist()
+        if isinstance(value, dict):
+            out = {}
+            for k, v in value.items():
+                key = f"{name}.{k}" if name else str(k)
+                if isinstance(v, torch.Tensor) and v.numel() > EXTRA_TENSOR_LIMIT:
+                    left.append(key)
+                else:
+                    out[k] = walk(v, key)
+            return out
+        if isinstance(value, (list, tuple)):
+            return [walk(v, name) for v in value]
+        return value
+
+    out = walk(extra, "")
+    assert isinstance(out, dict)  # walk keeps a dict a dict
+    if left:
+        out["left_out"] = sorted(set(out.get("left_out") or []) | set(left))
+    return out
+
+
 def step_json(s: Step) -> dict:
     bonus, params, out = s.bonus, s.params, s.output
     if params is None or out is None:
@@ -138,7 +171,7 @@ def step_json(s: Step) -> dict:
         "decisions": [[d.depth, d.parent, d.node, d.token, d.target_prob, d.cumulative_mass, d.coin, d.verdict]
                       for d in s.decisions],
         "bonus": None if bonus is None else bonus.to_dict(), "timings": s.timings, "backend": s.backend,
-        "extra": s.extra, "thresholds": [float(t) for t in out.thresholds], "lossy": bool(out.lossy),
+        "extra": jsonable_extra(s.extra), "thresholds": [float(t) for t in out.thresholds], "lossy": bool(out.lossy),
     }
 
 

@@ -8,9 +8,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..step import Run
+from ..replaying import ENGINE_REPLAYS
+from ..step import Run, Step
 
 __all__ = ["looks_like_vllm_recording", "load_vllm_recording_run"]
+
+
+def _replay(step: Step):
+    """:func:`ddtree_lab.vllm.replay.replay_differences` (vLLM's draws replayed from its noise)."""
+    from ..vllm.replay import replay_differences
+
+    return replay_differences(step)
+
+
+# registered where every load() passes (this module is a source), so a bundle made from a vLLM
+# step replays with vLLM's draws too
+ENGINE_REPLAYS["vllm"] = _replay
 
 
 def looks_like_vllm_recording(path: str | Path) -> bool:

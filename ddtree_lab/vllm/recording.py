@@ -38,7 +38,6 @@ import torch
 from ..build import DDTreeBuildResult
 from ..buffers import compile_retrieve
 from ..record import record_step
-from ..replaying import SOURCE_REPLAYS
 from ..sampling import SamplingParams
 from ..step import DraftTopK, Run, Step
 from ..store.container import TraceFormatError
@@ -51,14 +50,6 @@ __all__ = ["SOURCE", "recording_files", "looks_like_vllm_recording", "load_vllm_
 
 SOURCE = "vllm recording"
 
-
-def _replay(step: Step):
-    from .replay import replay_differences
-
-    return replay_differences(step)
-
-
-SOURCE_REPLAYS[SOURCE] = _replay  # vLLM's draws after the walk are replayed from its recorded noise
 
 
 def recording_files(path: str | Path) -> list[Path]:

@@ -63,11 +63,11 @@ def recovered_race(step: Step, node: int) -> RaceResult:
         raise ValueError(f"{where}: node {node} has no draft child: no recovered token is drawn there")
     draft = int(step.node_token_ids[node + 1])
     if "inv_q" in v and "target_rows" in v:  # full level: the whole race
-        row = torch.softmax(v["target_rows"][node].double(), -1)
+        row = torch.softmax(_t(v, "target_rows")[node].double(), -1)
         ids = torch.arange(row.shape[0])
-        p, inv_q = row, v["inv_q"].double()
+        p, inv_q = row, _t(v, "inv_q").double()
     elif "race_ids" in v:
-        ids, p, inv_q = v["race_ids"][node], v["race_p"][node].double(), v["race_inv_q"][node].double()
+        ids, p, inv_q = _t(v, "race_ids")[node], _t(v, "race_p")[node].double(), _t(v, "race_inv_q")[node].double()
     else:
         raise ValueError(f"{where}: no recovered-token race recorded (a greedy request, or a recording without it)")
     score = torch.where(ids == draft, torch.zeros_like(p), p) * inv_q
@@ -76,13 +76,19 @@ def recovered_race(step: Step, node: int) -> RaceResult:
     return RaceResult(int(ids[top.indices[0]]), float(top.values[0]), runner, int(score.shape[0]))
 
 
+def _t(v: dict, key: str) -> torch.Tensor:
+    """A recorded value as a tensor (a loaded recording holds tensors, a bundle's JSON lists)."""
+    x = v[key]
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+
+
 def _not_a_distribution(step: Step) -> Difference | None:
     """The first row the sampler read that is no distribution (NaN, or no finite logit), with
     the temperature the sampler applied there."""
     v = step.extra.get("vllm") or {}
-    logits, lse = v.get("processed_logits"), v.get("processed_lse")
-    if logits is None or lse is None:
+    if v.get("processed_logits") is None or v.get("processed_lse") is None:
         return None
+    logits, lse = _t(v, "processed_logits"), _t(v, "processed_lse")
     bad = torch.isnan(logits).any(-1) | ~torch.isfinite(lse)
     if not bad.any():
         return None
@@ -111,8 +117,7 @@ def replay_differences(step: Step) -> tuple[VerifyOutput, list[Difference]]:
     v = step.extra.get("vllm")
     if v is None or step.output is None or step.coins is None:
         raise ValueError(f"{where}: not a recorded vLLM step with an output")
-    vocab = int(step.rows.row_logit_ids.max()) + 1 if step.rows is not None and step.rows.row_logit_ids is not None \
-        else 0
+    vocab = int(_t(v, "processed_ids").max()) + 1 if v.get("processed_ids") is not None else 0
     assert step.node_token_ids is not None  # a recorded vLLM step always holds its chain
     vocab = max(vocab, int(step.node_token_ids.max()) + 1, step.bonus_token + 1)
     rows = stored_rows(step, vocab)
@@ -129,9 +134,8 @@ def replay_differences(step: Step) -> tuple[VerifyOutput, list[Difference]]:
     greedy = bool(v.get("greedy"))
     k = step.num_nodes - 1
     recorded_bonus = engine.bonus[0]
-    if greedy:
-        token = int(step.rows.row_logit_ids[node, 0]) if step.rows is not None and step.rows.row_logit_ids is not None \
-            else engine_token
+    if greedy:  # the argmax of the row the engine read (greedy rows are not processed)
+        token = int(_t(v, "processed_ids")[node, 0]) if v.get("processed_ids") is not None else engine_token
         draw = BonusDraw(step.request, node, token, recorded_bonus.kind, recorded_bonus.residual_mass,
                          recorded_bonus.coin, recorded_bonus.token_prob)
     elif node < k:
@@ -160,7 +164,7 @@ def _row_p(step: Step, node: int, token: int) -> float:
             and step.child_probs is not None):
         return float(step.child_probs[node + 1])
     v = step.extra["vllm"]
-    ids, logits, lse = v["processed_ids"], v["processed_logits"], v["processed_lse"]
+    ids, logits, lse = _t(v, "processed_ids"), _t(v, "processed_logits"), _t(v, "processed_lse")
     hit = (ids[node] == token).nonzero()
     if len(hit) == 0:  # past the top-M: the recorder's own probability of the drawn token
         bonus = step.bonus

@@ -1,4 +1,4 @@
-"""The checks only a recording from inside vLLM allows: its sampler's own inputs, held to three laws.
+"""The checks only a recording from inside an engine (vLLM) allows: its sampler's own inputs, held to three laws.
 
 * **parameters**: vLLM expands each request's temperature, top-k and top-p to one value per draft
   position (``rejection_sampler.expand_batch_to_tokens``) before it processes the target rows;
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from ..diagnosis.common import CheckResult, Finding, group_findings, next_command
+from .common import CheckResult, Finding, group_findings, next_command
 from ..step import Run, Step
 
 __all__ = ["check_engine_parameters", "KIND", "KIND_ROWS", "KIND_RESIDUAL"]
@@ -100,11 +100,14 @@ def _rows(s: Step) -> list[Finding]:
     v, rows = s.extra["vllm"], s.rows
     if rows is None or rows.row_logit_ids is None or rows.row_logits is None or "processed_ids" not in v:
         return []
-    raw_ids, raw_logits, proc = rows.row_logit_ids, rows.row_logits, v["processed_ids"][:, 0]
+    import torch
+
+    proc_logits = torch.as_tensor(v["processed_logits"])
+    raw_ids, raw_logits, proc = rows.row_logit_ids, rows.row_logits, torch.as_tensor(v["processed_ids"])[:, 0]
     n = min(len(proc), len(raw_ids))
     for j in range(n):
         got = int(proc[j])
-        if got == int(raw_ids[j, 0]) or not bool(v["processed_logits"][j, 0].isfinite()):
+        if got == int(raw_ids[j, 0]) or not bool(proc_logits[j, 0].isfinite()):
             continue
         hit = (raw_ids[j] == got).nonzero()
         if len(hit) and float(raw_logits[j, int(hit[0, 0])]) >= float(raw_logits[j, 0]) - 1e-6:
