@@ -248,10 +248,13 @@ def diagnosis_html(diagnosis) -> str:
     the count line of :meth:`~ddtree_lab.diagnosis.Diagnosis.text`."""
     cell = "padding:2px 8px;vertical-align:top;text-align:left;border-top:1px solid #ddd"
 
+    one_line = {"check", "sure", "next", "result", "items"}  # names and commands: never wrapped
+
     def table(head: list[str], rows: list[list[str]], css: str) -> str:
+        styles = [cell + (";white-space:nowrap" if h in one_line else "") for h in head]
         th = "".join(f'<th style="{cell}">{html.escape(h)}</th>' for h in head)
-        body = "".join("<tr>" + "".join(f'<td style="{cell}">{html.escape(str(c))}</td>' for c in r) + "</tr>"
-                       for r in rows)
+        body = "".join("<tr>" + "".join(f'<td style="{st}">{html.escape(str(c))}</td>' for st, c in zip(styles, r))
+                       + "</tr>" for r in rows)
         return f'<table class="{css}" style="border-collapse:collapse"><tr>{th}</tr>{body}</table>'
 
     def where(f) -> str:
