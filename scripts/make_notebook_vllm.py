@@ -77,8 +77,8 @@ garbled. With the fixes each request reads like SmolLM2-135M, and the greedy one
     ("code", """HTML(engine.generated_texts_html(runs))"""),
     ("md", """## The run summaries
 
-The lab's summary of a run (`ddtree_lab.views.run_summary.run_summary_html`, the text form is
-`ddtree-lab summary`): τ per request, acceptance by depth and by sibling rank. With the fixes
+The lab's summary of a run (`ddtree_lab.views.run_summary.run_summary_html`; `run_summary_text`
+is the same as text): τ per request, acceptance by depth and by sibling rank. With the fixes
 the drafter's first token is accepted about 3.5 times as often (τ 1.31 against 1.11): the
 drafts of the shipped engine were judged against garbled rows and made by a drafter with the
 wrong `k_norm`."""),
