@@ -1,7 +1,7 @@
 """The lab's views in a real browser: JupyterLab on 127.0.0.1 with a token, Debian's Chromium
 driven by Python playwright (no browser download: ``executable_path=/usr/bin/chromium``).
 
-For each of notebooks 02-04: open a working copy (the tracked notebooks are never touched),
+For each of notebooks 02-04 and 09: open a working copy (the tracked notebooks are never touched),
 run all cells, then check the view's widgets react as they should, and save screenshots under
 ``tests/output/browser/`` (ignored by git).
 
@@ -15,6 +15,9 @@ run all cells, then check the view's widgets react as they should, and save scre
   :func:`ddtree_lab.views.tuner.expected_tau_text` for the controls' values; moving the step
   slider alone moves the per-step chart's selected bar, and the request dropdown picks the
   request (18.1).
+* 09 vLLM engine: both runs' texts side by side, the applied-parameters figures drawn with a log
+  y axis, the stepper on the fixed run steps, the tree drawn, the shipped run's findings table
+  names the engine-parameters bug and the fixed run's says there are none.
 
 And without Jupyter: ``ddtree-lab audit --plot`` writes a page that draws with every network
 request blocked (18.12), where a CDN page stays blank; and each of the DDTree reference's dumps
@@ -45,7 +48,8 @@ ROOT = Path(__file__).resolve().parent.parent
 LABS = ROOT / "labs"
 OUTPUT = ROOT / "tests" / "output" / "browser"
 CHROMIUM = os.environ.get("DDTREE_LAB_CHROMIUM", "/usr/bin/chromium")
-NOTEBOOKS = ["02_verify_stepper.ipynb", "03_greedy_vs_sampling.ipynb", "04_topk_topp_tuner.ipynb"]
+NOTEBOOKS = ["02_verify_stepper.ipynb", "03_greedy_vs_sampling.ipynb", "04_topk_topp_tuner.ipynb",
+             "09_vllm_engine.ipynb"]
 CELL_TIMEOUT_MS = 600_000
 
 pytestmark = pytest.mark.slow
@@ -461,8 +465,43 @@ def check_04_idle_sliders_are_off_with_a_note(page) -> None:
     assert not note.inner_text().strip() and page.locator(".ddtree-tuner-temperature [disabled]").count() == 0
 
 
+def check_09(page) -> None:
+    """vLLM engine: the texts table has a row per request and a column per run, both figures draw
+    (log y: the shipped sampler's temperatures span 1e-41 .. 1e37), "next" on the stepper moves its
+    verdict, the tree is drawn, the findings tables say what diagnose found on each run."""
+    texts = page.locator("table.ddtree-generated").first
+    texts.wait_for()
+    assert texts.locator("tr").count() == 4 and texts.locator("th").count() == 3
+    assert "The bicycle stays upright" in texts.inner_text()
+    page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+    plots = page.locator(".js-plotly-plot")
+    assert plots.count() == 2
+    first = plots.first
+    first.scroll_into_view_if_needed()
+    ticks = " ".join(first.locator(".ytick text").all_text_contents())
+    assert "10" in ticks and first.locator(".scatterlayer .trace").count() >= 3, ticks
+    screenshot(page, "09_applied_parameters", first)
+    stepper = page.locator(".ddtree-stepper").first
+    stepper.scroll_into_view_if_needed()
+    verdict = stepper.locator(".ddtree-verdict")
+    before = verdict.inner_text()
+    stepper.locator(".ddtree-next button, button.ddtree-next").first.click()
+    assert re.match(r"decision \d+ /", _wait_for_change(page, verdict, before))
+    screenshot(page, "09_stepper", stepper)
+    tree = page.locator(".jp-OutputArea-output[data-mime-type='image/svg+xml']").first  # the step's whole tree
+    tree.scroll_into_view_if_needed()
+    box = tree.bounding_box()
+    assert box is not None and box["width"] > 200 and box["height"] > 50, box
+    screenshot(page, "09_tree", tree)
+    findings = page.locator("table.ddtree-findings").first
+    findings.scroll_into_view_if_needed()
+    assert findings.locator("tr").count() == 4 and "engine-parameters" in findings.inner_text()
+    assert "no findings" in page.locator("p.ddtree-findings").first.inner_text()
+    screenshot(page, "09_findings", findings)
+
+
 CHECKS = {"02_verify_stepper.ipynb": check_02, "03_greedy_vs_sampling.ipynb": check_03,
-          "04_topk_topp_tuner.ipynb": check_04}
+          "04_topk_topp_tuner.ipynb": check_04, "09_vllm_engine.ipynb": check_09}
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

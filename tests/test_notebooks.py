@@ -150,3 +150,24 @@ def test_saved_notebooks_read_without_the_new_users_stumbles():
     stepper = nbformat.read(LABS / "02_verify_stepper.ipynb", as_version=4)
     code = "".join(c.source for c in stepper.cells if c.cell_type == "code")
     assert "session.step(12)" not in code and "session.step(max_new_tokens=12)" in code
+
+
+def test_saved_vllm_notebook_reads_without_a_kernel():
+    """09 on its saved outputs: both recordings' texts side by side, the applied-parameters figures
+    (log y for the shipped engine's temperatures), the tree as SVG, the shipped run's findings and
+    the fixed run's none, both replays; its cells call the library and define nothing."""
+    nb = nbformat.read(LABS / "09_vllm_engine.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.get("execution_count") for c in code), "09 is saved unexecuted: run scripts/make_notebook_vllm.py"
+    for c in code:
+        assert not any(line.lstrip().startswith(("def ", "class ")) or "lambda" in line
+                       for line in c.source.splitlines()), c.source
+    text = _outputs(nb)
+    assert 'class="ddtree-generated"' in text and "ddtree-side-by-side" in text
+    assert 'class="ddtree-findings"' in text and "engine-parameters" in text and "no findings" in text
+    assert "27 agree with the engine, 38 differ" in text and "55 agree with the engine, 0 differ" in text
+    outputs = [o for c in code for o in c.get("outputs", [])]
+    figures = [o["data"]["application/vnd.plotly.v1+json"] for o in outputs
+               if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    assert len(figures) == 2 and all(f["layout"]["yaxis"]["type"] == "log" for f in figures)
+    assert any("image/svg+xml" in o.get("data", {}) for o in outputs)

@@ -13,7 +13,10 @@ the walk events and a decision cursor, ``to_dict()``); everything else renders t
 * :mod:`ddtree_lab.views.compare` -- greedy against sampling: plotly figures over a batch's
   steps (tau, calibration, acceptance and sibling rank by depth, drafter quality, tokens/s);
 * :mod:`ddtree_lab.views.tuner` -- the top-k / top-p / budget tuner widget (:class:`Tuner`,
-  :func:`expected_tau_text`) over :class:`ddtree_lab.analysis.TunerData`.
+  :func:`expected_tau_text`) over :class:`ddtree_lab.analysis.TunerData`;
+* :mod:`ddtree_lab.views.engine` -- a real engine's recordings side by side: the per-position
+  parameters vLLM's sampler applied against the request's (a plotly figure), each run's
+  generated texts, a diagnosis as HTML tables.
 
 Views read traces only; no view touches a model.
 """

