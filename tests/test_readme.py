@@ -92,7 +92,7 @@ def _command(line: str) -> tuple[dict[str, str], list[str]]:
 
 
 def _is_slow_cli(args: list[str]) -> bool:
-    return (len(args) > 1 and args[1] == "record") or "--model" in args
+    return (len(args) > 1 and args[1] in ("record", "vllm")) or "--model" in args
 
 
 def _workdir(tmp_path: Path) -> Path:
