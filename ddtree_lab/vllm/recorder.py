@@ -167,7 +167,24 @@ def _top(rows: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.
     (``-inf`` entries kept: a masked row's tail is ``-inf``)."""
     rows = rows.detach().float()
     vals, ids = torch.topk(rows, min(m, rows.shape[-1]), dim=-1)
-    return ids.to(torch.int64).contiguous(), vals.contiguous(), torch.logsumexp(rows, dim=-1).contiguous()
+    return (ids.to(torch.int64).cpu().contiguous(), vals.cpu().contiguous(),
+            torch.logsumexp(rows, dim=-1).cpu().contiguous())
+
+
+def _race(target_probs: torch.Tensor, inv_q: torch.Tensor, draft_token_ids: torch.Tensor,
+          cu_num_draft_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The recovered-token race's leading entrants per draft position, from the engine's own
+    ``target_probs [T, V]`` and ``inv_q [bs, V]``: ``ids [T, R]`` (the R best residual scores
+    ``p * inv_q``, the draft zeroed), the engine's ``p`` and ``inv_q`` there, and ``p_draft [T]``."""
+    counts = torch.diff(cu_num_draft_tokens.long(), prepend=cu_num_draft_tokens.new_zeros(1).long())
+    rows = torch.repeat_interleave(torch.arange(len(counts), device=inv_q.device), counts.to(inv_q.device))
+    d = draft_token_ids.reshape(-1, 1).long()
+    p = target_probs.detach().float()
+    score = p * inv_q.detach().float()[rows]
+    score.scatter_(1, d, 0.0)
+    ids = score.topk(min(RACE_ENTRANTS, score.shape[-1]), dim=-1).indices
+    q = inv_q.detach().float()[rows.reshape(-1, 1), ids]
+    return {"ids": ids.cpu(), "p": p.gather(1, ids).cpu(), "inv_q": q.cpu(), "p_draft": p.gather(1, d).reshape(-1).cpu()}
 
 
 class VLLMRecorder:
@@ -244,9 +261,13 @@ class VLLMRecorder:
                 ctx["requests"] = recorder._batch(runner, spec_decode_metadata)
                 sm = runner.input_batch.sampling_metadata
                 ctx["has_top_k"], ctx["has_top_p"] = sm.top_k is not None, sm.top_p is not None
-                ctx["bonus_raw"] = logits[spec_decode_metadata.bonus_logits_indices].detach().float().cpu().clone()
-                # the raw rows before the sampler processes them (it may change `logits` in place)
-                ctx["target_raw"] = logits[spec_decode_metadata.target_logits_indices].detach().float().cpu().clone()
+                ctx["bonus_raw"] = logits[spec_decode_metadata.bonus_logits_indices].detach().float().cpu()
+                # the raw rows before the sampler processes them (it may change `logits` in place), reduced to
+                # their top-M here (the whole rows kept at the full level only)
+                raw = logits[spec_decode_metadata.target_logits_indices].detach().float().cpu()
+                ctx["raw_top"] = _top(raw, recorder.top_m)
+                if recorder.level == "full":
+                    ctx["raw_full"] = raw
             except Exception as exc:  # the engine never sees a recorder error
                 recorder._error("reading the batch", exc)
                 return original(runner, logits, spec_decode_metadata)
@@ -290,7 +311,10 @@ class VLLMRecorder:
             if ctx is not None:
                 ctx["draft_token_ids"] = draft_token_ids.detach().to("cpu", torch.int64).clone()
                 ctx["draft_probs"] = "one-hot" if draft_probs is None else "given"
-                ctx["target_logits"] = target_logits.detach().float().clone()
+                ctx["proc_top"] = _top(target_logits, recorder.top_m)
+                ctx["vocab_size"] = int(target_logits.shape[-1])
+                if recorder.level == "full":
+                    ctx["proc_full"] = target_logits.detach().float().cpu().clone()
                 ctx["bonus_token_ids"] = bonus_token_ids.detach().reshape(-1).to("cpu", torch.int64).clone()
                 ctx["all_greedy"] = bool(sampling_metadata.all_greedy)
                 temp = sampling_metadata.temperature
@@ -329,6 +353,7 @@ class VLLMRecorder:
 
     def wrap_recovered(self, original):
         no_residual = "recovered-no-residual" in self.plants
+        recorder = self
 
         @functools.wraps(original)
         def _sample_recovered_tokens(recovered_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs,
@@ -341,9 +366,10 @@ class VLLMRecorder:
                 recovered_token_ids.copy_((target_probs * inv_q[rows].to(target_probs.dtype)).argmax(-1))
             ctx = _current()
             if ctx is not None:
-                ctx["target_probs"] = target_probs.detach().float().cpu().clone()
-                ctx["inv_q"] = inv_q.detach().float().cpu().clone()
                 ctx["recovered"] = recovered_token_ids.detach().cpu().to(torch.int64).clone()
+                ctx["race"] = _race(target_probs, inv_q, draft_token_ids, cu_num_draft_tokens)
+                if recorder.level == "full":
+                    ctx["inv_q_full"] = inv_q.detach().float().cpu().clone()
             return out
 
         return _Wrapped(_sample_recovered_tokens, original)
@@ -370,12 +396,12 @@ class VLLMRecorder:
             if recorder.writer is None:
                 return original(proposer, hidden_states, sampling_metadata, *args, **kwargs)
             model = proposer.model
-            seen: list[torch.Tensor] = []
+            seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
             inner = model.compute_logits
 
             def compute_logits(*a, **kw):
                 out = inner(*a, **kw)
-                seen.append(out.detach().float().cpu().clone())
+                seen.append(_top(out, recorder.top_m))
                 return out
 
             own = model.__dict__.get("compute_logits")
@@ -395,16 +421,15 @@ class VLLMRecorder:
 
         return _sample_draft_tokens
 
-    def _keep_block(self, proposer, seen: list[torch.Tensor]) -> None:
+    def _keep_block(self, proposer, seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
         runner_batch = getattr(proposer, "_ddtree_lab_req_ids", None)
         if not seen or runner_batch is None:
             return
-        logits = seen[-1]
+        ids, vals, lse = seen[-1]
         bs = len(runner_batch)
-        if bs == 0 or logits.shape[0] % bs:
+        if bs == 0 or ids.shape[0] % bs:
             return
-        k = logits.shape[0] // bs
-        ids, vals, lse = _top(logits, self.top_m)
+        k = ids.shape[0] // bs
         for b, req_id in enumerate(runner_batch):
             s = slice(b * k, (b + 1) * k)
             self._blocks[str(req_id)] = (ids[s].clone(), vals[s].clone(), lse[s].clone())
@@ -423,13 +448,13 @@ class VLLMRecorder:
     # -- one step's segment ---------------------------------------------------------------------
 
     def _write(self, ctx: dict, sampled: torch.Tensor) -> None:
-        if "target_logits" not in ctx or self.writer is None:
+        if "proc_top" not in ctx or self.writer is None:
             return
         sampled = sampled.detach().cpu().to(torch.int64)
-        m = self.top_m
+        m, full = self.top_m, self.level == "full"
         reqs, tensors, docs = ctx["requests"], {}, []
-        drafts, target, uniform = ctx["draft_token_ids"], ctx["target_logits"], ctx.get("uniform")
-        inv_q, recovered = ctx.get("inv_q"), ctx.get("recovered")
+        drafts, uniform, race = ctx["draft_token_ids"], ctx.get("uniform"), ctx.get("race")
+        recovered = ctx.get("recovered")
         expanded = ctx.get("expanded") or []
         names = ["temperature"] + (["top_k"] if ctx["has_top_k"] else []) + (["top_p"] if ctx["has_top_p"] else [])
         if expanded and len(expanded) != len(names):
@@ -437,60 +462,61 @@ class VLLMRecorder:
         bonus_rows = ctx.get("bonus_logits")
         start = 0
         for i, r in enumerate(reqs):
-            k = r["num_draft_tokens"]
+            k, row = r["num_draft_tokens"], r["row"]
             s = slice(start, start + k)
             start += k
-            greedy = bool(ctx["all_greedy"] or (ctx["row_greedy"] is not None and ctx["row_greedy"][r["row"]]))
+            greedy = bool(ctx["all_greedy"] or (ctx["row_greedy"] is not None and ctx["row_greedy"][row]))
             # the bonus row: for a sampled request the processed row the CPU sampler's Gumbel draw read,
             # for a greedy one the raw row its argmax read
             processed = not greedy and bonus_rows is not None
-            bonus = (bonus_rows if processed and bonus_rows is not None else ctx["bonus_raw"])[r["row"]:r["row"] + 1]
-            row_tensors = torch.cat([target[s].cpu(), bonus])
-            raw_rows = torch.cat([ctx["target_raw"][s], ctx["bonus_raw"][r["row"]:r["row"] + 1]])
-            ids, vals, lse = _top(row_tensors, m)
-            raw_ids, raw_vals, raw_lse = _top(raw_rows, m)
-            out = sampled[r["row"]]
-            emitted = [int(x) for x in out.tolist() if x >= 0]
-            # the probability of the token drawn after the walk, in the (processed) row it was drawn from
-            last = row_tensors[len(emitted) - 1].double()
-            emitted_p = torch.softmax(last, -1)[emitted[-1]] if torch.isfinite(last).any() else torch.tensor(float("nan"))
+            bonus = (bonus_rows if processed and bonus_rows is not None else ctx["bonus_raw"])[row:row + 1]
+            ids, vals, lse = (torch.cat([a[s], b]) for a, b in zip(ctx["proc_top"], _top(bonus, m)))
+            raw_ids, raw_vals, raw_lse = (torch.cat([a[s], b]) for a, b in
+                                          zip(ctx["raw_top"], _top(ctx["bonus_raw"][row:row + 1], m)))
+            emitted = [int(x) for x in sampled[row].tolist() if x >= 0]
             t = {"prompt_token_ids": torch.tensor(r["prompt_token_ids"], dtype=torch.int64),
                  "output_token_ids": torch.tensor(r["output_token_ids"], dtype=torch.int64),
                  "draft_token_ids": drafts[s].clone(), "target_ids": ids, "target_logits": vals, "target_lse": lse,
                  "raw_ids": raw_ids, "raw_logits": raw_vals, "raw_lse": raw_lse,
-                 "emitted_p": emitted_p.float().reshape(1)}
+                 "emitted_p": self._emitted_p(emitted, k, race, s, bonus).reshape(1)}
             if uniform is not None:
                 t["uniform"] = uniform[s].to(torch.float64).clone()
-            if inv_q is not None and recovered is not None and k:
-                row_q, probs, d = inv_q[r["row"]], ctx["target_probs"][s], drafts[s]
+            if race is not None and recovered is not None and k:
                 t["recovered"] = recovered[s].clone()
-                t["target_p_draft"] = probs.gather(1, d[:, None]).reshape(-1).clone()
-                # the race's leading entrants: the engine's own p and noise at the R best residual scores
-                score = probs.clone()
-                score[torch.arange(k), d] = 0.0
-                race = (score * row_q).topk(min(RACE_ENTRANTS, score.shape[-1]), dim=-1).indices
-                t["race_ids"], t["race_p"], t["race_inv_q"] = race, probs.gather(1, race), row_q[race]
-                if self.level == "full":
-                    t["inv_q"] = row_q.clone()
-            if self.level == "full":
-                t["target_rows"] = row_tensors.float().contiguous()
+                t["target_p_draft"] = race["p_draft"][s].clone()
+                t["race_ids"], t["race_p"], t["race_inv_q"] = (race[n][s].clone() for n in ("ids", "p", "inv_q"))
+                if full and "inv_q_full" in ctx:
+                    t["inv_q"] = ctx["inv_q_full"][row].clone()
+            if full:
+                t["target_rows"] = torch.cat([ctx["proc_full"][s], bonus]).contiguous()
             if r["block"] is not None:
                 t["block_ids"], t["block_logits"], t["block_lse"] = r["block"]
             applied = {n: [float(v) for v in e[s].tolist()] for n, e in zip(names, expanded)}
             seed = ctx.get("bonus_seeds")
-            docs.append({"request_id": r["request_id"], "row": r["row"], "num_draft_tokens": k,
+            docs.append({"request_id": r["request_id"], "row": row, "num_draft_tokens": k,
                          "params": r["params"], "applied": applied, "draft_probs": ctx["draft_probs"],
                          "greedy": greedy, "sampled": emitted, "accepted": len(emitted) - 1,
                          "bonus_row": "processed" if processed else "raw",
-                         "bonus_seed": None if seed is None else int(seed[r["row"]]),
-                         "bonus_token": int(ctx["bonus_token_ids"][r["row"]])})
+                         "bonus_seed": None if seed is None else int(seed[row]),
+                         "bonus_token": int(ctx["bonus_token_ids"][row])})
             tensors.update({f"{i}.{n}": v for n, v in t.items()})
         with self._lock:
             self.writer.try_append("vllm-step", {"step": self.steps, "time": time.time(),
-                                                 "vocab_size": int(target.shape[-1]),
+                                                 "vocab_size": ctx["vocab_size"],
                                                  "seconds": ctx.get("seconds"), "requests": docs}, tensors,
                                    {"requests": [d["request_id"] for d in docs]})
             self.steps += 1
+
+    @staticmethod
+    def _emitted_p(emitted: list[int], k: int, race: dict | None, s: slice, bonus: torch.Tensor) -> torch.Tensor:
+        """The drawn token's probability in the row it was drawn from: the race's own entry after a
+        rejection, the (processed) bonus row's softmax after a fully accepted chain."""
+        j, token = len(emitted) - 1, emitted[-1]
+        if j < k and race is not None:
+            hit = (race["ids"][s][j] == token).nonzero()
+            return race["p"][s][j, int(hit[0, 0])].float() if len(hit) else torch.tensor(float("nan"))
+        row = bonus[0].double()
+        return torch.softmax(row, -1)[token].float() if torch.isfinite(row).any() else torch.tensor(float("nan"))
 
 
 def install_from_env() -> VLLMRecorder | None:
