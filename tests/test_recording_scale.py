@@ -110,7 +110,8 @@ def test_record_on_ctrl_c_keeps_what_it_has(tmp_path, capsys, monkeypatch):
     out = tmp_path / "r.ddtrace"
     assert main(["record", "--prompt", "Name a colour.", "--budget", "4", "--max-new-tokens", "12", "--quiet",
                  "--level", "light", "-o", str(out)]) == 130
-    assert "interrupted: kept 2 steps" in capsys.readouterr().out
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ddtree-lab record: interrupted; kept 2 finished steps"), err
     run = load(out)
     assert len(run.steps) == 2 and run.closed and not run.problems
     assert run.metadata["threads"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .common import (EXIT_PROBLEM, CLIError, bundle_module, check_new_output, check_out_file, check_suffix, count,
                      find_step, inputs_of, kind_of, load_run, lossy_note, recording_step, select_steps, sglang_module,
-                     state_temperature_option, write_output)
+                     state_temperature_option, write_output, wrote)
 
 
 
@@ -177,6 +177,7 @@ def cmd_bundle(args) -> int:
     step = find_step(run, args.step, args.request, args.trace)
     b = bundle.make_bundle(run, step)
     path = bundle.save_bundle(b, out)
+    wrote(path)
     size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
     print(f"step {step.step}, request {step.request} -> {path} ({size / 1024:.1f} KB)")
     return 0
@@ -320,6 +321,7 @@ def cmd_sglang(args) -> int:
         from ..io import convert
 
         path = convert(args.recording, out)
+        wrote(path)
         print(f"{args.recording} -> {path}")
         return 0
     raise CLIError(f"unknown sglang command {args.sglang_cmd!r}")
