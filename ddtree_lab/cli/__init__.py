@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from .checks import cmd_audit, cmd_doctor
 from .diagnose import cmd_diagnose
@@ -284,13 +285,68 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
+#: exit status of a verb stopped by Ctrl-C (128 + SIGINT, as a shell reports it)
+EXIT_INTERRUPTED = 130
+
+
+def _outputs(ap: argparse.ArgumentParser, args) -> list[tuple[str, str]]:
+    """``(flag, path)`` of every output the verb's command line names (the options made with
+    :func:`_output`), nested sub-verbs (``sglang convert``) included."""
+    out: list[tuple[str, str]] = []
+    parser: argparse.ArgumentParser | None = ap
+    while parser is not None:
+        nxt = None
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                nxt = a.choices.get(getattr(args, a.dest, None) or "")
+            elif getattr(a, "writes", False) and getattr(args, a.dest, None):
+                out.append((a.option_strings[0] if a.option_strings else a.dest, str(getattr(args, a.dest))))
+        parser = nxt
+    return out
+
+
+def interrupted_line(command: str, outputs: list[tuple[str, str]], existed: dict[str, bool],
+                     written: list[str]) -> str:
+    """The one line a verb stopped by Ctrl-C prints: ``ddtree-lab VERB: interrupted``, and for a
+    verb that writes, what it wrote whole (``written``) and which outputs it did not write
+    (``outputs``, ``(flag, path)``; ``existed``: whether each path was there before the verb ran,
+    left as it was then, or not created)."""
+    line = f"ddtree-lab {command}: interrupted"
+    if not outputs and not written:
+        return line
+    done = {str(Path(w)) for w in written}
+    missing = [(flag, path) for flag, path in outputs if str(Path(path)) not in done
+               and not any(Path(w).parent == Path(path) for w in written)]  # a directory output: its files
+    parts = [f"written whole: {', '.join(written)}"] if written else []
+    if missing:
+        what = ", ".join(f"{flag} {path} ({'left as it was' if existed.get(path) else 'not created'})"
+                         for flag, path in missing)
+        parts.append(f"{'nothing written' if not written else 'not written'}: {what}")
+    return line + "; " + "; ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the verb the command line names; returns the exit status (0, 1 a check found a
+    problem, 2 an error, 130 interrupted by Ctrl-C: one line on standard error, no traceback)."""
+    from .common import WRITTEN
+
+    try:
+        ap = build_parser()
+        args = ap.parse_args(argv)
+    except KeyboardInterrupt:
+        print("ddtree-lab: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    outputs = _outputs(ap, args)
+    existed = {path: Path(path).exists() for _, path in outputs}
+    WRITTEN.clear()
     from ..threads import configure_threads
 
     try:
         configure_threads()  # DDTREE_LAB_THREADS=N overrides; record / audit --threads N too
         return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C: one line saying what was (not) written; every output is whole or absent
+        print(interrupted_line(args.command, outputs, existed, list(WRITTEN)), file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # e.g. `ddtree-lab info TRACE | head`
         sys.stdout = open(os.devnull, "w")
         return 0

@@ -228,6 +228,8 @@ def cmd_doctor(args) -> int:
 
         run = load_run(args.source)
         found += len(run.problems)
+        for p in run.problems:  # each problem counted is named (stdout), not only warned about on stderr
+            print(f"problem: {p}")
         steps = select_steps(run, args.step, args.request, args.source)
         if not steps and not run.problems:
             raise CLIError(f"{args.source}: nothing to check: this {run.source} records no steps")

@@ -291,23 +291,56 @@ def find_step(run, step: int | None, request: int | None, path: str):
     return matches[0]
 
 
+#: the outputs the verb has written whole so far (:func:`write_output`, :func:`wrote`): what
+#: ``main`` names when Ctrl-C stops the verb (``ddtree-lab VERB: interrupted; written: ...``)
+WRITTEN: list[str] = []
+
+
+def wrote(path: str | Path) -> None:
+    """Note that the output ``path`` is now written whole (named if the verb is interrupted later)."""
+    WRITTEN.append(str(path))
+
+
 def write_output(path: str | Path, data: str | bytes) -> None:
     """Write ``data`` to ``path`` atomically (a temporary file beside it, then ``os.replace``):
-    a replaced file (``--force``) is never left half written. :func:`check_new_output` decides
-    beforehand whether ``path`` may be replaced."""
-    p = Path(path)
-    if not p.parent.exists():
-        raise CLIError(f"{path}: directory {p.parent} does not exist")
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.partial")
+    a replaced file (``--force``) is never left half written, and an error or Ctrl-C on the way
+    removes the temporary file. :func:`check_new_output` decides beforehand whether ``path`` may
+    be replaced."""
+    write_outputs({path: data})
+
+
+def write_outputs(files: dict) -> None:
+    """Write several outputs (``{path: str | bytes}``) all or nothing: each to a temporary file
+    beside it, then every one renamed in turn; an error or Ctrl-C before the renames leaves no
+    temporary file and no output touched.
+
+    Raises:
+        CLIError: a directory does not exist, or a file cannot be written (naming it).
+    """
+    tmps = []
     try:
-        if isinstance(data, bytes):
-            tmp.write_bytes(data)
-        else:
-            tmp.write_text(data, encoding="utf-8")
-        os.replace(tmp, p)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise CLIError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        for path, data in files.items():
+            p = Path(path)
+            if not p.parent.exists():
+                raise CLIError(f"{path}: directory {p.parent} does not exist")
+            tmp = p.with_name(f".{p.name}.{os.getpid()}.partial")
+            tmps.append(tmp)
+            try:
+                if isinstance(data, bytes):
+                    tmp.write_bytes(data)
+                else:
+                    tmp.write_text(data, encoding="utf-8")
+            except OSError as exc:
+                raise CLIError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        for tmp, path in zip(tmps, files):
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise CLIError(f"cannot write {path}: {exc.strerror or exc}") from exc
+            wrote(path)
+    finally:  # on success each was renamed away; on an error or Ctrl-C none is left behind
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
 
 
 def thread_note(n: int | None) -> str:
@@ -338,7 +371,13 @@ def progress(total: int, desc: str, unit: str = "step", quiet: bool = False):
     that takes more than a couple of seconds; ``quiet`` turns it off."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=quiet, leave=True, dynamic_ncols=True)
+    class _Bar(tqdm):  # cleared (not left on its own line) when an error or Ctrl-C ends the work
+        def __exit__(self, exc_type, exc_value, traceback):
+            if exc_type is not None:
+                self.leave = False
+            return super().__exit__(exc_type, exc_value, traceback)
+
+    return _Bar(total=total, desc=desc, unit=unit, file=sys.stderr, disable=quiet, leave=True, dynamic_ncols=True)
 
 
 def load_model(spec: str | None, quiet: bool = False):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import CLIError, check_new_output, count, inputs_of, load_run
+from .common import CLIError, check_new_output, count, inputs_of, load_run, wrote
 
 
 def cmd_export(args) -> int:
@@ -24,6 +24,8 @@ def cmd_export(args) -> int:
         n = export_parquet(run, out)
     except ImportError as exc:
         raise CLIError(str(exc)) from exc
+    wrote(out / "steps.parquet")
+    wrote(out / "nodes.parquet")
     print(f"{count(n['steps'], 'step record')}, {count(n['nodes'], 'node')} -> {out}/steps.parquet, "
           f"{out}/nodes.parquet ({time.perf_counter() - start:.1f} s)")
     return 0

@@ -198,17 +198,20 @@ def cmd_record(args) -> int:
             done = now
     except KeyboardInterrupt:  # every finished step is on disk already (append-only)
         interrupted = True
+        bar.leave = False  # the interrupted line stands alone
     finally:
         bar.close()  # ends the bar's line, so an error prints on its own line
     session.close_recording("interrupted" if interrupted else "closed")  # no-op when generate closed it
     assert session.recorder is not None  # record_to=out (a Path) always opens a recorder
     stopped = session.recorder.stopped
+    n = len(session.steps)
+    if interrupted:  # one line on stderr: the append-only file keeps every finished step, readable as it is
+        print(f"ddtree-lab record: interrupted; kept {count(session.num_steps, 'finished step')} "
+              f"({count(n, 'record')}) written before it in {out}" + (f" ({stopped})" if stopped else "")
+              + f" (append-only: it reads as it is, `ddtree-lab info {out}`)", file=sys.stderr)
+        return 130
     if stopped is not None:
         print(f"ddtree-lab record: {stopped}; the file holds the steps written before", file=sys.stderr)
-    n = len(session.steps)
-    if interrupted:
-        print(f"interrupted: kept {count(session.num_steps, 'step')} ({count(n, 'record')}) written so far -> {out}")
-        return 130
     print(f"{count(n, 'record')}, {count(len(prompts), 'request')} -> {out}")
     return 0
 

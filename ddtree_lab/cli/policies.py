@@ -66,7 +66,17 @@ def write_policies_parquet(run_name: str, results, out: Path) -> Path:
     schema = pa.schema([("run", pa.string()), ("step", pa.int64()), ("request", pa.int64()), ("policy", pa.string()),
                         ("budget", pa.int64()), ("num_nodes", pa.int64()), ("tau_greedy", pa.float64()),
                         ("tau_sampled", pa.float64()), ("covered", pa.bool_()), ("reason", pa.string())])
-    pq.write_table(pa.table(cols, schema=schema), out)
+    import os
+
+    from .common import wrote
+
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")  # renamed at the end: never a half-written file
+    try:
+        pq.write_table(pa.table(cols, schema=schema), str(tmp))
+        os.replace(tmp, out)
+    finally:  # renamed away on success; removed after an error or Ctrl-C
+        tmp.unlink(missing_ok=True)
+    wrote(out)
     return out
 
 

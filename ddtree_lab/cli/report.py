@@ -215,12 +215,10 @@ def cmd_report(args) -> int:
         files[pictures[1].name] = png
     files[md_name] = text.encode("utf-8")
     if args.out:
-        from .common import write_output
+        from .common import write_outputs
 
-        out = Path(args.out)
-        for name, data in files.items():
-            if not name.startswith("bundle/"):
-                write_output(out.with_name(name), data)
+        out = Path(args.out)  # the Markdown and its pictures: all or none
+        write_outputs({out.with_name(name): data for name, data in files.items() if not name.startswith("bundle/")})
         print(f"step {step.step}, request {step.request} -> {out}"
               + "".join(f", {out.with_name(n)}" for n in files if n != md_name and not n.startswith("bundle/")))
     if args.archive:
@@ -248,5 +246,9 @@ def _write_archive(path: Path, folder: str, files: dict[str, bytes]) -> None:
                     t.addfile(info, io.BytesIO(data))
         os.replace(tmp, path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise CLIError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    finally:  # renamed away on success; removed after an error or Ctrl-C
+        tmp.unlink(missing_ok=True)
+    from .common import wrote
+
+    wrote(path)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .common import (EXIT_PROBLEM, CLIError, bundle_module, check_new_output, check_out_file, check_suffix, count,
                      find_step, inputs_of, kind_of, load_run, lossy_note, recording_step, select_steps, sglang_module,
-                     state_temperature_option, write_output)
+                     state_temperature_option, write_output, wrote)
 
 
 
@@ -19,20 +19,27 @@ def cmd_info(args) -> int:
 
     run = load_run(args.trace)
     state_temperature_option(run, args, args.trace)
-    if isinstance(run, AppendRun) and (run.metadata.get("lazy") or any(r[7] for r in run.records)):
-        # a large append-only recording (from its index, no step decoded), or one with steps that did not return
+    if isinstance(run, AppendRun) and run.metadata.get("lazy"):
+        # a large append-only recording: from its index, no step decoded
         print("\n".join(run.info_lines()))
         return 0
+    # an append-only recording cut short: the same lines as a whole one, and one "partial:" line saying what it lacks
+    partial = run.partial_line() if isinstance(run, AppendRun) else ""
+    stopped = set(run.stop_problems) if isinstance(run, AppendRun) else set()
+    problems = [p for p in run.problems if p not in stopped]
     meta = run.metadata
     target = meta.get("target", {})
     drafter = meta.get("drafter", {})
     tname = target.get("name", "?") if isinstance(target, dict) else str(target)
     dname = drafter.get("name", "?") if isinstance(drafter, dict) else str(drafter)
     print(f"{run.source} {args.trace}: {count(len(run.steps), 'record')}"
-          + (f"; {count(len(run.problems), 'problem')} reading it:" if run.problems else ""))
-    for problem in run.problems:  # named here (stdout), not only in the warnings on stderr
+          + (f"; {count(len(problems), 'problem')} reading it:" if problems else ""))
+    for problem in problems:  # named here (stdout), not only in the warnings on stderr
         print(f"  problem: {problem}")
-    lacking = sorted({m for s in run.steps for m in s.missing_stages()})
+    if partial:
+        print(partial)
+    # a step that did not finish lacks its output because the process stopped, not because of the recording level
+    lacking = sorted({m for s in run.steps if not s.extra.get("did_not_return") for m in s.missing_stages()})
     if lacking:
         print(f"not recorded: {', '.join(lacking)} (the views show what there is; replay and audit need buffers, "
               "rows and coins)")
@@ -57,7 +64,7 @@ def cmd_info(args) -> int:
         return s.output is not None and not s.extra.get("did_not_return")
 
     for s in run.steps:
-        if not returned(s):
+        if not returned(s) and not partial:  # (an append-only recording's are in its "partial:" line)
             print(f"did not return: step {s.step}, request {s.request} (its inputs are on disk: `ddtree-lab doctor` "
                   "checks them)")
     for req in sorted({s.request for s in run.steps} | set(requests)):
@@ -177,6 +184,7 @@ def cmd_bundle(args) -> int:
     step = find_step(run, args.step, args.request, args.trace)
     b = bundle.make_bundle(run, step)
     path = bundle.save_bundle(b, out)
+    wrote(path)
     size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
     print(f"step {step.step}, request {step.request} -> {path} ({size / 1024:.1f} KB)")
     return 0
@@ -233,7 +241,8 @@ def _replay_trace(args) -> int:
         where = f"step {s.step}, request {s.request}"
         if s.output is None:  # an append-only recording's step whose verifier never returned
             pending += 1
-            print(f"{where}: did not return (its verify inputs are on disk, no output to compare)")
+            print(f"{where}: {s.extra.get('why') or 'did not finish'} (its verify inputs are on disk, no output to "
+                  "compare)")
             continue
         try:
             _, diffs = replay_differences(s, run.vocab_size, args.backend)
@@ -250,25 +259,30 @@ def _replay_trace(args) -> int:
             tolerant += 1
         else:
             exact += 1
-    bad = len(run.problems)
-    if exact == len(steps) and not bad:
-        print(f"{count(len(steps), 'step')} replayed bit for bit (reference verifier)")
+    # steps the selection names that were left out as damaged when the file was read (no Step to replay)
+    damaged = sum(1 for (st, q) in getattr(run, "left_out", {})
+                  if (args.step is None or st == args.step) and (args.request is None or q == args.request))
+    stopped = set(getattr(run, "stop_problems", ()))
+    notes = [p for p in run.problems if p not in stopped]  # damage, named below
+    from ..io.append_trace import AppendRun
+
+    partial = run.partial_line() if isinstance(run, AppendRun) else ""
+    total = len(steps) + damaged
+    if exact == total and not notes and not partial:
+        print(f"{count(total, 'step')} replayed bit for bit (reference verifier)")
         return 0
-    parts = []
-    if exact:
-        parts.append(f"{exact} bit for bit")
-    if tolerant:
-        parts.append(f"{tolerant} within the Triton kernel tolerance (recorded by the Triton backend)")
-    if differing:
-        parts.append(f"{differing} differ")
-    if pending:
-        parts.append(f"{pending} did not return (not replayed)")
-    if bad:
-        parts.append(f"{bad} damaged and not replayed (below)")
-    print(f"{count(len(steps), 'step')} replayed with the reference verifier: " + ", ".join(parts))
-    for problem in run.problems:
-        print(f"  not replayed: {problem}")
-    return EXIT_PROBLEM if differing or bad or pending else 0
+    same = exact + tolerant
+    parts = [f"{same} the same" + (f" ({exact} bit for bit, {tolerant} within the Triton kernel tolerance: recorded "
+                                   "by the Triton backend)" if tolerant else " (bit for bit)" if same else ""),
+             f"{differing} differ"]
+    why = ([f"{pending} did not finish"] if pending else []) + ([f"{damaged} damaged"] if damaged else [])
+    parts.append(f"{pending + damaged} not replayable" + (f" ({', '.join(why)})" if why else ""))
+    print(f"{count(total, 'step')} with the reference verifier: " + ", ".join(parts))
+    if partial:
+        print(partial)
+    for problem in notes:
+        print(f"  problem: {problem}")
+    return EXIT_PROBLEM if differing or damaged or pending or notes else 0
 
 
 def _replay_recording(path: str, backend: str, args=None) -> int:
@@ -320,6 +334,7 @@ def cmd_sglang(args) -> int:
         from ..io import convert
 
         path = convert(args.recording, out)
+        wrote(path)
         print(f"{args.recording} -> {path}")
         return 0
     raise CLIError(f"unknown sglang command {args.sglang_cmd!r}")

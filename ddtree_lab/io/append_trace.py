@@ -13,8 +13,9 @@ file (:mod:`.segments`); its segments, in the order written:
   :func:`~ddtree_lab.io.lab_trace.step_json` / :func:`~ddtree_lab.io.lab_trace.step_tensors`);
 * ``end``: written by :meth:`TraceWriter.close` (a file without one was not closed).
 
-A step with ``inputs`` and no ``steps`` record **did not return** (a hang or a crash in the
-verifier): it is a :class:`~ddtree_lab.step.Step` with ``output=None`` and
+A step with ``inputs`` and no ``steps`` record **did not finish** (:data:`DID_NOT_FINISH`: the
+process stopped, by an interrupt, a kill or a crash, before its verifier returned; the file
+cannot tell a hang from these and does not claim one): it is a :class:`~ddtree_lab.step.Step` with ``output=None`` and
 ``extra["did_not_return"] = True``, that :func:`ddtree_lab.check` checks, and that
 :func:`replay_inputs` verifies with any lab backend when its rows were stored.
 
@@ -47,6 +48,8 @@ __all__ = ["FORMAT", "VERSION", "SOURCE", "TraceWriter", "load_append_trace", "l
 FORMAT = "ddtree-lab-trace-segments"
 VERSION = 1
 SOURCE = "lab trace (append-only)"
+#: why a step whose inputs were written has no output (the file records nothing more)
+DID_NOT_FINISH = "did not finish: the process stopped (interrupt, kill or crash) before its verifier returned"
 #: tensors of an ``inputs`` record (``logits`` only when rows are stored)
 INPUT_FIELDS = ("node_token_ids", "parents", "depths", "ranks", "node_logws", "retrieve_next_token",
                 "retrieve_next_sibling", "positions", "coins", "logits")
@@ -182,6 +185,9 @@ class AppendRun(Run):
     entries: list[SegmentEntry]
     records: list[tuple]
     closed: bool
+    end_note: str | None  # the end segment's note ("closed", "interrupted"), None without one
+    tail_cut: str | None  # what follows the last complete segment when the file was cut mid-write
+    stop_problems: list[str]  # the problems a recorder stopped early leaves (cut tail, no end)
     _cache: collections.OrderedDict[int, list[Step]]
 
     def segment_steps(self, seg: int) -> list[Step]:
@@ -213,6 +219,31 @@ class AppendRun(Run):
                 return self.steps[i]
         return super().find_step(step, request)  # raises KeyError naming the steps there are
 
+    def pending(self) -> list[tuple[int, int]]:
+        """``(step, request)`` of the steps that did not finish (inputs written, no output)."""
+        return [(int(r[2]), int(r[3])) for r in self.records if r[7]]
+
+    def partial_line(self) -> str:
+        """One line saying what a recording cut short lacks (``"partial: ..."``: the steps that
+        did not finish, a segment cut mid-write, no end segment), or ``""`` for a whole file."""
+        pending = self.pending()
+        what = []
+        if pending:
+            shown = ", ".join(f"step {s}, request {q}" for s, q in pending[:3]) + (", ..." if len(pending) > 3 else "")
+            who = shown if len(pending) == 1 else f"{len(pending)} steps ({shown})"
+            what.append(f"{who} {DID_NOT_FINISH} (the inputs are on disk: `ddtree-lab doctor` checks them)")
+        if self.tail_cut:
+            cut = "is partial" in self.tail_cut  # store.segments.scan: a segment the writer did not finish
+            what.append(f"{'the last segment was cut mid-write' if cut else 'the rest of the file is unreadable'} "
+                        f"({self.tail_cut})")
+        if not self.closed:
+            what.append("no end segment (the recorder did not close the file)")
+        elif self.end_note not in (None, "closed"):
+            what.append(f"closed with note {self.end_note!r}")
+        if not pending and not self.tail_cut and self.closed and self.end_note in (None, "closed"):
+            return ""
+        return "partial: " + "; ".join(what)
+
     def info_lines(self) -> list[str]:
         """What ``ddtree-lab info`` prints, from the index alone (no step is decoded)."""
         by_request: dict[int, list] = {}
@@ -220,18 +251,15 @@ class AppendRun(Run):
             by_request.setdefault(r[3], []).append(r)
         meta = self.metadata
         reqs = {int(q.get("request", i)): q for i, q in enumerate(meta.get("requests", []))}
-        hung = [r for r in self.records if r[7]]
         lines = [f"{SOURCE} {self.path}: {len(self.records)} records in {len(self.entries)} segments, "
-                 f"{len(by_request)} requests" + ("" if self.closed else "; not closed (the recorder stopped before "
-                                                  "its end)")]
+                 f"{len(by_request)} requests"]
         for role in ("target", "drafter"):
             m = meta.get(role)
             if isinstance(m, dict) and m.get("name"):
                 lines.append(f"{role}: {m['name']}")
-        lines += [f"problem: {p}" for p in self.problems]
-        for r in hung:
-            lines.append(f"did not return: step {r[2]}, request {r[3]} (its verify inputs are on disk: "
-                         "`ddtree-lab doctor` checks them)")
+        lines += [f"problem: {p}" for p in self.problems if p not in self.stop_problems]
+        if self.partial_line():
+            lines.append(self.partial_line())
         for req in sorted(by_request):
             rs = [r for r in by_request[req] if not r[7]]
             taus = [r[4] + (0 if r[5] else 1) for r in rs]
@@ -249,9 +277,7 @@ def _input_step(path: Path, js: dict, t: dict) -> Step:
                             prefix_len=js.get("prefix_len"), params=SamplingParams.from_dict(js["params"]),
                             output=None, final_coin=js.get("final_coin"), level=str(js.get("level", "light")),
                             backend=str(js.get("backend", "?")), source=SOURCE,
-                            extra={"did_not_return": True, "rows_stored": "logits" in t,
-                                   "why": "its verify inputs were written and its output never was (a hang or a "
-                                          "crash in the verifier)"},
+                            extra={"did_not_return": True, "rows_stored": "logits" in t, "why": DID_NOT_FINISH},
                             **fields)
 
 
@@ -330,6 +356,15 @@ def load_append_trace(path: str | Path, lazy: bool | None = None) -> AppendRun:
     run = AppendRun(metadata=meta, steps=[], token_texts=texts, problems=problems)
     run.path, run.entries, run.records = path, entries, records
     run.closed = any(e.kind == "end" for e in entries)
+    run.end_note = None
+    if run.closed:
+        try:
+            run.end_note = read_segment(path, [e for e in entries if e.kind == "end"][-1])[1].get("note")
+        except TraceFormatError:
+            run.end_note = None
+    # a cut tail: only the cut itself (the path and the segment are named in problems)
+    run.tail_cut = None if tail.why is None else tail.why.removeprefix(f"{path}: ")
+    run.stop_problems = list(problems)  # what stopping the recorder left: named once, as info's "partial:" line
     run._cache = collections.OrderedDict()
     run.metadata.setdefault("top_m_logits", None)
     if lazy is None:
@@ -351,8 +386,11 @@ def load_append_trace(path: str | Path, lazy: bool | None = None) -> AppendRun:
         run.records, run.steps = keep, steps
     run.token_texts.update(_step_texts(path, entries) if not lazy else {})
     if not run.closed and tail.why is None:
-        run.problems.append(f"{path}: not closed: the recorder stopped after segment {len(entries) - 1} (killed?); "
-                            f"the {len(records)} records written before load")
+        note = (f"{path}: not closed: the recorder stopped after segment {len(entries) - 1} without writing its end "
+                f"(the process was interrupted, killed or crashed); the {len(run.records)} records written before it "
+                "stopped are read")
+        run.problems.append(note)
+        run.stop_problems.append(note)
     return run
 
 

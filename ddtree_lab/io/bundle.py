@@ -420,8 +420,23 @@ def save_bundle(bundle: Bundle, directory: str | Path) -> Path:
         other = [p.name for p in directory.iterdir() if p.name not in FILES]
         if other:
             raise FileExistsError(f"{directory}: holds files that are not a bundle's ({', '.join(sorted(other)[:3])})")
-    else:
+    created = not directory.exists()
+    if created:
         directory.mkdir()
+    try:
+        _write_bundle_files(bundle, directory)
+    except BaseException:  # an error or Ctrl-C: a directory made here is removed again (nothing was renamed in)
+        if created and not any(directory.iterdir()):
+            directory.rmdir()
+        raise
+    return directory
+
+
+def _write_bundle_files(bundle: Bundle, directory: Path) -> None:
+    """The bundle's files, each to a temporary name in ``directory`` first, all renamed at the
+    end: an error or Ctrl-C on the way leaves no file half written (nor a partial set)."""
+    import os
+
     s = bundle.step
     tensors = step_tensors(s, "0.")
     tensors["0.final_row_tail"] = bundle.final_row_tail.detach().to("cpu", torch.float32).contiguous()
@@ -429,10 +444,16 @@ def save_bundle(bundle: Bundle, directory: str | Path) -> Path:
            "token_texts": {str(k): v for k, v in bundle.token_texts.items()},
            "steps": [step_json(s)],
            "final_row": {"start": int(bundle.final_row_start), "base": float(bundle.final_row_base)}}
-    write_container(directory / "bundle.safetensors", doc, tensors)
-    (directory / "tree.svg").write_text(bundle.svg, encoding="utf-8")
-    (directory / "README.md").write_text(_readme(bundle), encoding="utf-8")
-    return directory
+    tmp = {name: directory / f".{name}.{os.getpid()}.partial" for name in FILES}
+    try:
+        write_container(tmp["bundle.safetensors"], doc, tensors)
+        tmp["tree.svg"].write_text(bundle.svg, encoding="utf-8")
+        tmp["README.md"].write_text(_readme(bundle), encoding="utf-8")
+        for name, t in tmp.items():
+            os.replace(t, directory / name)
+    finally:  # renamed away on success; removed after an error or Ctrl-C
+        for t in tmp.values():
+            t.unlink(missing_ok=True)
 
 
 def replay_bundle(bundle: Bundle | str | Path, backend: str = "reference") -> BundleReplay:

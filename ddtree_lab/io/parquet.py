@@ -23,6 +23,7 @@ The root (node 0) has ``parent`` -1 and NULL ``target_p`` / ``drafter_q``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -143,7 +144,8 @@ def export_parquet(run: Run, out_dir: str | Path, batch: int = 256) -> dict[str,
     Args:
         run: any :class:`~ddtree_lab.step.Run` (:func:`ddtree_lab.io.load`); an append-only
             run is read one segment at a time.
-        out_dir: a directory (created if missing; the two files in it are replaced).
+        out_dir: a directory (created if missing; the two files in it are replaced, both at the end:
+            an error or Ctrl-C on the way leaves neither half written).
         batch: records per row group.
 
     Returns:
@@ -157,6 +159,7 @@ def export_parquet(run: Run, out_dir: str | Path, batch: int = 256) -> dict[str,
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir}: is a file, not a directory for the Parquet tables")
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     step_schema = pa.schema([("request", pa.int32()), ("request_id", pa.string()), ("step", pa.int32()),
                              ("num_nodes", pa.int32()), ("accept_length", pa.int32()), ("tau", pa.int32()),
@@ -170,22 +173,32 @@ def export_parquet(run: Run, out_dir: str | Path, batch: int = 256) -> dict[str,
                              ("token", pa.int32()), ("target_p", pa.float64()), ("drafter_q", pa.float64()),
                              ("accepted", pa.bool_()), ("parent_accepted", pa.bool_()), ("accept_length", pa.int16()),
                              ("temperature", pa.float32())])
-    counts = {"steps": 0, "nodes": 0}
-    with pq.ParquetWriter(str(out_dir / "steps.parquet"), step_schema) as sw, \
-            pq.ParquetWriter(str(out_dir / "nodes.parquet"), node_schema) as nw:
-        for steps in _iter_batches(run, batch):
-            sc = {k: [] for k in STEP_COLUMNS}
-            nc = {k: [] for k in NODE_COLUMNS}
-            for s in steps:
-                _step_row(s, sc)
-                _node_rows(s, nc)
-            sw.write_table(pa.table(sc, schema=step_schema))
-            counts["steps"] += len(steps)
-            if nc["node"]:
-                arrays = {k: np.concatenate(v) for k, v in nc.items()}
-                table = pa.table({k: pa.array(v, type=node_schema.field(k).type,
-                                              from_pandas=k in ("target_p", "drafter_q")) for k, v in arrays.items()},
-                                 schema=node_schema)
-                nw.write_table(table)
-                counts["nodes"] += len(arrays["node"])
+    # each table to a temporary name, both renamed at the end: an error or Ctrl-C leaves no half-written table
+    tmp = {k: out_dir / f".{k}.parquet.{os.getpid()}.partial" for k in ("steps", "nodes")}
+    try:
+        counts = {"steps": 0, "nodes": 0}
+        with pq.ParquetWriter(str(tmp["steps"]), step_schema) as sw, \
+                pq.ParquetWriter(str(tmp["nodes"]), node_schema) as nw:
+            for steps in _iter_batches(run, batch):
+                sc = {k: [] for k in STEP_COLUMNS}
+                nc = {k: [] for k in NODE_COLUMNS}
+                for s in steps:
+                    _step_row(s, sc)
+                    _node_rows(s, nc)
+                sw.write_table(pa.table(sc, schema=step_schema))
+                counts["steps"] += len(steps)
+                if nc["node"]:
+                    arrays = {k: np.concatenate(v) for k, v in nc.items()}
+                    table = pa.table({k: pa.array(v, type=node_schema.field(k).type,
+                                                  from_pandas=k in ("target_p", "drafter_q")) for k, v in arrays.items()},
+                                     schema=node_schema)
+                    nw.write_table(table)
+                    counts["nodes"] += len(arrays["node"])
+        for k, t in tmp.items():
+            os.replace(t, out_dir / f"{k}.parquet")
+    finally:
+        for t in tmp.values():
+            t.unlink(missing_ok=True)
+        if created and not any(out_dir.iterdir()):  # made here and nothing written in it: gone again
+            out_dir.rmdir()
     return counts

@@ -81,16 +81,22 @@ def write_container(path: str | Path, doc: dict, tensors: dict[str, torch.Tensor
     doc["tensors"] = {k: {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape), "sha256": tensor_sha256(t)}
                       for k, t in tensors.items()}
     text = json.dumps(doc)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")  # renamed at the end: never a half-written file
     try:
-        save_file(tensors, str(path), metadata={"ddtree_lab": text,
-                                                "ddtree_lab_sha256": hashlib.sha256(text.encode()).hexdigest()})
-    except OSError:
+        try:
+            save_file(tensors, str(tmp), metadata={"ddtree_lab": text,
+                                                   "ddtree_lab_sha256": hashlib.sha256(text.encode()).hexdigest()})
+        except OSError:
+            raise
+        except Exception as exc:  # safetensors raises its own error types (e.g. SafetensorError)
+            raise OSError(f"{path}: cannot write ({exc})") from exc
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # safetensors creates the file 0600; a file to hand over is readable as usual
+        os.replace(tmp, path)
+    except BaseException:  # an error or Ctrl-C: the temporary file goes, ``path`` is as it was
+        tmp.unlink(missing_ok=True)
         raise
-    except Exception as exc:  # safetensors raises its own error types (e.g. SafetensorError)
-        raise OSError(f"{path}: cannot write ({exc})") from exc
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)  # safetensors creates the file 0600; a file to hand over is readable as usual
     return path
 
 

@@ -487,6 +487,10 @@ def _no_tree_message(step: Step) -> str:
         return (f"{where}: an engine summary stores no tree, only the step's accept length "
                 f"({step.stored_accept_length} accepted draft tokens" + (f" of {drafted} drafted" if drafted else "")
                 + "); there is nothing to draw (`ddtree-lab info` summarises the run)")
+    if step.extra.get("did_not_return"):  # the process stopped before the verifier returned: not the level's doing
+        why = step.extra.get("why") or "did not finish: the process stopped before its verifier returned"
+        return (f"{where}: {why}; its verify inputs are on disk, no output to draw (`ddtree-lab doctor` checks the "
+                "inputs; ddtree_lab.io.append_trace.replay_inputs verifies them)")
     what = "no tree" if step.tree is None else "no verify output (accepted path)"
     hint = (" (record with level 'full' or 'light' to keep the tree)" if step.source == "lab trace" and step.level == "off"
             else "")
