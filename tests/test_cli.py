@@ -15,7 +15,7 @@ TRACE = ROOT / "fixtures" / "traces" / "smollm2_greedy_b32.ddtrace.safetensors"
 SAMPLED = ROOT / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors"
 RECORDING = ROOT / "fixtures" / "sglang_cpu_recording.json"
 VERBS = ["record", "info", "render", "bundle", "replay", "audit", "doctor", "diagnose", "sglang", "lab", "export",
-         "compare-policies", "report"]
+         "compare-policies", "report", "vllm"]
 
 
 def run_cli(*args):
