@@ -69,7 +69,7 @@ def test_state_temperature_fills_in_only_what_the_file_lacks():
     assert mode_text(greedy).endswith("from the file (args.temperature)")
     with pytest.raises(ValueError, match=r"request 0's temperature is 0 \(from the file \(args.temperature\)\)"):
         state_temperature(greedy, 1.0)
-    with pytest.raises(ValueError, match="must be a number >= 0"):
+    with pytest.raises(ValueError, match="must be a finite number >= 0"):
         state_temperature(run, float("nan"))
     with pytest.raises(ValueError, match="records each request's sampling parameters"):
         state_temperature(dl.load(GREEDY), 0.0)

@@ -248,7 +248,7 @@ def test_cli_audits_an_sglang_rule_and_exits_1_on_its_planted_fault(capsys):
                  "--draws", "800"]) == 1
     assert "LOSSY" in capsys.readouterr().out
     assert main(["audit", "--engine", "sglang:blockwise-rejection", "--engine-fault", "q-other-slot"]) == 2
-    assert "rule blockwise-rejection takes draft-temperature-1, one-hot-q" in capsys.readouterr().err
+    assert "--engine sglang:blockwise-rejection takes draft-temperature-1, one-hot-q" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(inv.package_dir("sglang") is None, reason="sglang is not installed")

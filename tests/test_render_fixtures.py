@@ -35,8 +35,10 @@ def fixture_runs() -> list[Path]:
             continue
         if p.suffix == ".safetensors" and p.with_suffix(".json").exists():
             continue  # the tensors of an SGLang recording (NAME.json + NAME.safetensors)
+        if p.relative_to(FIXTURES).parts[0] == "vllm" and p.suffix != ".ddvllm":
+            continue  # a vLLM recording is its directory (below) or its .ddvllm file
         out.append(p)
-    return out
+    return out + sorted(d for d in (FIXTURES / "vllm").iterdir() if d.is_dir())
 
 
 RUNS = fixture_runs()

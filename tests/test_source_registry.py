@@ -45,6 +45,7 @@ def files(tmp_path_factory) -> dict[str, list[Path]]:
         "sglang recording": [RECORDING, RECORDING.with_suffix(".safetensors"), RECORDING.with_suffix("")],
         "ddtree reference": sorted((FIX / "ddtree_reference").iterdir()),
         "engine summary": sorted((FIX / "engine_summaries").iterdir()),
+        "vllm recording": [d for d in sorted((FIX / "vllm").iterdir())] + sorted((FIX / "vllm").glob("*/*.ddvllm")),
     }
 
 
