@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{a.repeats} alternating round(s) ({time.perf_counter() - t0:.0f} s in all; this machine: "
              f"{os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('DDTREE_LAB_THREADS', '1')})"]
     for k, v in seen.items():
-        cost = "" if k == "off" else f", {100 * (1 - rate[k] / rate['off']):+.1f}% tokens/s against off"
+        cost = "" if k == "off" else f", costs {100 * (1 - rate[k] / rate['off']):.1f}% of off's tokens/s"
         mb = statistics.median(r["bytes"] for r in v) / 1e6
         each = ", ".join(f"{r['tokens'] / r['seconds']:.1f}" for r in v)
         lines.append(f"  {k:5s}: {rate[k]:6.1f} tokens/s ({each}){cost}; recording {mb:.1f} MB")
