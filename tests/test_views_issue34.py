@@ -169,3 +169,23 @@ def test_params_text_is_the_labs_label_not_a_dict(run):
     page = notebook.summary_html(run)
     assert "{" not in page and "&#x27;" not in page and "T=0.8 · seed 8" in page
     assert notebook.summary(run)[0]["params"]["temperature"] == 0.8  # the rows keep the dict
+
+
+def test_saved_notebooks_show_params_as_text_and_say_why_the_chain_has_15_nodes():
+    """Issue 34.8 on the saved notebooks (they read without a kernel): 01's and 02's summary
+    tables give the parameters as the lab's label; 04 says why the chain has 15 nodes at B = 16."""
+    import nbformat
+
+    def outputs(name: str) -> str:
+        nb = nbformat.read(ROOT / "labs" / name, as_version=4)
+        return "".join(str(o.get("data", {}).get("text/html", "")) + str(o.get("text", ""))
+                       for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+
+    for name, label in (("01_live_step.ipynb", "T=0.8 · seed 7"), ("02_verify_stepper.ipynb", "T=0.8 · seed 8")):
+        text = outputs(name)
+        assert "<th>params</th>" in text and f"<td>{label}</td>" in text, name
+        assert "&#x27;temperature&#x27;" not in text and "'temperature'" not in text, name
+    tuner = nbformat.read(ROOT / "labs" / "04_topk_topp_tuner.ipynb", as_version=4)
+    md = "".join(c.source for c in tuner.cells if c.cell_type == "markdown")
+    assert "L-1 = 15" in md and "min(B, L-1)" in md
+    assert "'temperature'" not in outputs("04_topk_topp_tuner.ipynb")
