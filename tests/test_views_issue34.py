@@ -65,7 +65,7 @@ def test_stepper_sliders_never_shrink_to_no_track(run):
         _check_slider(s)
     stepper._widgets["request"].value = 2  # a new step slider for request 2's range
     _check_slider(stepper._widgets["step"])
-    assert stepper._widgets["more_note"].layout.flex == "1 1 0%" and stepper._widgets["more_note"].layout.min_width == "0"
+    assert stepper._widgets["more_note"].layout.flex == "1 1 260px" and stepper._widgets["more_note"].layout.min_width == "0"
 
 
 def test_tuner_and_picker_sliders_keep_a_track(run):

@@ -45,10 +45,11 @@ def track_px(kwargs: dict) -> int:
     return _px(kwargs["layout"]["width"]) - _px(kwargs["style"]["description_width"]) - READOUT_PX
 
 
-def note_layout() -> dict:
-    """The layout of an HTML note beside controls in an ``HBox``: it takes the room left
-    (``flex: 1 1 0``, ``min_width: 0``) and wraps there."""
-    return {"flex": "1 1 0%", "min_width": "0"}
+def note_layout(basis: str = "260px") -> dict:
+    """The layout of an HTML note beside controls in a :func:`wrap_row`: it takes the room left
+    and wraps its text there; with less than ``basis`` left it goes to the next line (a note
+    squeezed to a few px would cut its words)."""
+    return {"flex": f"1 1 {basis}", "min_width": "0"}
 
 
 def wrap_row() -> dict:
