@@ -14,7 +14,7 @@ from .verify.types import VerifyOutput
 from .views import committed_html, decisions_table_html, step_svg, step_view, to_text
 
 __all__ = ["DEFAULT_DRAFTER", "drafter_exists", "load_default", "load_drafter", "show_step", "show_steps", "show_text", "step_browser",
-           "decisions_html", "summary", "summary_html", "table_html", "step_text", "verify_stepper", "live_more", "fixture_trace"]
+           "decisions_html", "summary", "summary_html", "params_text", "table_html", "step_text", "verify_stepper", "live_more", "fixture_trace"]
 
 
 def _display(obj) -> None:
@@ -66,7 +66,10 @@ def step_browser(run: Run, request: int = 0, position: int | None = None):
         position = steps.index(informative_step(run, request))
     if not 0 <= position < len(steps):
         raise ValueError(f"step position {position} is outside 0..{len(steps) - 1} (request {request})")
-    slider = widgets.IntSlider(value=position, min=0, max=len(steps) - 1, description="step", continuous_update=False)
+    from .views.layout import slider_kwargs
+
+    slider = widgets.IntSlider(value=position, min=0, max=len(steps) - 1, description="step", continuous_update=False,
+                               **slider_kwargs("480px", "50px"))
     picture = widgets.HTML()
     log = widgets.HTML()
 
@@ -106,11 +109,35 @@ def summary(run: Run) -> list[dict]:
     return rows
 
 
+def params_text(params) -> str:
+    """A request's sampling parameters as the lab writes them (issue 34.8: not a raw dict):
+    :meth:`SamplingParams.label` (``"greedy"``, ``"T=0.8 top-p=0.9"``, filters that are off left
+    out) and the seed, e.g. ``"T=0.8 · seed 7"``. ``params``: a :class:`SamplingParams`, its
+    ``to_dict()`` (as a trace's metadata holds it) or None (``"not recorded"``).
+
+    Raises:
+        ValueError: a dict :meth:`SamplingParams.from_dict` does not read (naming the key).
+    """
+    from .sampling import SamplingParams, param_is_off
+
+    if params is None:
+        return "not recorded"
+    if isinstance(params, dict):
+        params = SamplingParams.from_dict(params)
+    text = params.label()
+    if params.seed is not None and not params.is_greedy:  # a greedy request draws no coin: its seed is unused
+        text += f" · seed {params.seed}"
+    if not params.is_greedy and not param_is_off("order", params.order):
+        text += f" · order {params.order}"
+    return text
+
+
 def summary_html(run: Run) -> str:
-    """:func:`summary` as an HTML table."""
+    """:func:`summary` as an HTML table; the parameters as :func:`params_text` writes them."""
     rows = summary(run)
     head = "".join(f"<th>{k}</th>" for k in rows[0]) if rows else ""
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(params_text(v) if k == 'params' else str(v))}</td>"
+                                    for k, v in r.items()) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 

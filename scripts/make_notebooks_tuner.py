@@ -123,7 +123,7 @@ tuner"""),
 for p in [dl.SamplingParams(temperature=0.8), dl.SamplingParams(temperature=0.8, top_k=20),
           dl.SamplingParams(temperature=1.0, top_p=0.9), dl.SamplingParams(temperature=0.0)]:
     for budget in (32, 8):
-        print(f"{str(p.to_dict()):<72} B'={budget:<3} expected τ = {expected_tau_text(tuner.state.data, p, budget)}")"""),
+        print(f"{p.label():<24} B'={budget:<3} expected τ = {expected_tau_text(tuner.state.data, p, budget)}")"""),
     ("md", "Pressing the button (here from code) runs the live re-run and shows observed against predicted:"),
     ("code", """tuner.live_button.click()
 HTML(tuner.live_out.value)"""),
@@ -140,7 +140,13 @@ results. The tokens/s panel reads `benchmarks/tree_policies.json` (the benchmark
 cost model and its live runs), with plain decoding and the chain as horizontal lines.
 
 A counterfactual from one recorded trajectory is biased: the benchmark prints it beside the
-live τ of each policy (`bias`)."""),
+live τ of each policy (`bias`).
+
+**Why the chain has 15 nodes at B = 16 (and at B = 32).** The drafter is a block drafter of
+L = 16: from the anchor it predicts the L-1 = 15 tokens after it, one position each. The chain
+places one node per position (`policies.chain_policy` builds `min(B, L-1)` nodes), so it never
+has more than 15 nodes; the picker's summary line says so whenever a policy's trees have
+fewer nodes than B. The tree policies also spend the budget on siblings, so they place more."""),
     ("code", """from ddtree_lab.analysis import policies, counterfactual
 from ddtree_lab.views.policies import PolicyPicker, load_policy_records
 

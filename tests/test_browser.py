@@ -224,6 +224,103 @@ def _press(page, locator, key: str, times: int = 1) -> None:
         page.keyboard.press(key)
 
 
+def _drag(page, slider, dx: float) -> dict:
+    """Drag ``slider``'s handle (``slider``: a locator of the slider widget) by ``dx`` px with
+    the mouse, as a user does: press on the handle, move in steps, release. Returns the track's
+    bounding box after asserting it is wide enough to drag on (issue 34.2: a slider squeezed
+    to its description and readout had a 0 px track: the readout showed, the handle did not move)."""
+    track = slider.locator(".noUi-target").first
+    handle = slider.locator(".noUi-handle").first
+    handle.scroll_into_view_if_needed()
+    tbox = track.bounding_box()
+    assert tbox is not None and tbox["width"] > 50, f"slider track {tbox} (0 px: not draggable)"
+    box = handle.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)
+    page.mouse.down()
+    page.mouse.move(x + dx / 2, y, steps=5)
+    page.mouse.move(x + dx, y, steps=5)
+    page.mouse.up()
+    return tbox
+
+
+def _wait_for(page, predicate, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if predicate():
+            return
+        page.wait_for_timeout(200)
+    pytest.fail(f"{what}: not so after {timeout_s:.0f} s")
+
+
+def _nothing_clipped(locator) -> dict:
+    """Layout of ``locator``'s element: its box, and whether its content is wider than it is
+    (scrollWidth > clientWidth: text or a picture cut off at the right)."""
+    return locator.evaluate("""el => { const r = el.getBoundingClientRect();
+        return {left: r.left, right: r.right, width: r.width, height: r.height,
+                scrollWidth: el.scrollWidth, clientWidth: el.clientWidth}; }""")
+
+
+def _row_fits(row) -> None:
+    """Every control of the flex row ``row`` ends inside it and shows whole (issue 34.8)."""
+    rbox = _nothing_clipped(row)
+    children = row.locator(":scope > *")
+    for k in range(children.count()):
+        child = _nothing_clipped(children.nth(k))
+        assert child["right"] <= rbox["right"] + 1 and child["scrollWidth"] <= child["clientWidth"] + 1, (k, child, rbox)
+
+
+def check_02_drag_sliders(page, stepper) -> None:
+    """Issue 34.2: every slider of the stepper has a track and follows a mouse drag: the step
+    slider moves the step on show (the tree's title names it), the decision slider the verdict's
+    decision, the what-if slider its answer."""
+    run = _fixture_run()
+    request = 1
+    steps = run.for_request(request)
+    stepper.locator("select").first.select_option(label=f"request {steps[0].request_id}")
+    _wait_for(page, lambda: _readout(stepper, "ddtree-step") == "0", f"request {request}'s first step")
+    for k in range(3):  # the rows of controls: request / step, decision buttons, what-if
+        _row_fits(stepper.locator(".widget-hbox").nth(k))
+    step_slider = stepper.locator(".ddtree-step").first
+    before = 0
+    _drag(page, step_slider, 60)
+    _wait_for(page, lambda: int(_readout(stepper, "ddtree-step")) > before, "the step slider's readout moved")
+    page.wait_for_timeout(500)
+    position = int(_readout(stepper, "ddtree-step"))
+    want = f"step {steps[position].step} · request {steps[position].request_id}"
+    _wait_for(page, lambda: want in stepper.locator(".ddtree-picture svg").first.inner_html(),
+              f"the tree shows {want!r} after dragging the step slider to {position}")
+    verdict = stepper.locator(".ddtree-verdict")
+    decision = stepper.locator(".ddtree-decision").first
+    _drag(page, decision, 80)
+    _wait_for(page, lambda: int(_readout(stepper, "ddtree-decision")) > 0, "the decision slider moved")
+    page.wait_for_timeout(500)
+    k = int(_readout(stepper, "ddtree-decision"))
+    _wait_for(page, lambda: verdict.inner_text().startswith(f"decision {k} /"),
+              f"the verdict shows decision {k} after the drag")
+    stepper.locator(".ddtree-first button, button.ddtree-first").first.click()
+    _wait_for(page, lambda: verdict.inner_text().startswith("decision 0 /"), "back at decision 0")
+    coin = stepper.locator(".ddtree-coin-slider").first
+    answer = stepper.locator(".ddtree-whatif").first
+    old_readout, old = _readout(stepper, "ddtree-coin-slider"), answer.inner_text()
+    moved = lambda: _readout(stepper, "ddtree-coin-slider") != old_readout and answer.inner_text() != old
+    _drag(page, coin, -250)  # towards the first stops; where the recorded coin is the lowest, the other way
+    page.wait_for_timeout(2000)
+    if not moved():
+        _drag(page, coin, 250)
+    _wait_for(page, moved, "the what-if slider's readout and answer moved")
+    assert "what-if u=" in answer.inner_text()
+    screenshot(page, "02_dragged_sliders", stepper)
+
+
+def check_params_are_text(page) -> None:
+    """Issue 34.8: the run summary table shows the parameters as the lab's label, not a dict."""
+    summary = page.locator(".jp-OutputArea-output table").first
+    summary.wait_for()
+    text = summary.inner_text()
+    assert "params" in text and "T=0.8" in text and "{" not in text and "'temperature'" not in text, text
+
+
 def check_02(page) -> None:
     """Verify stepper: "next decision" changes the highlighted node and the verdict text; the
     what-if, the leaf bonus and the step slider after a request switch (issue 18.2, 5, 9)."""
@@ -236,6 +333,10 @@ def check_02(page) -> None:
         before = verdict.inner_text()
         stepper.locator(".ddtree-next button, button.ddtree-next").first.click()
         _wait_for_change(page, verdict, before)
+        # the verdict's HTML lands before the picture's (two widget messages): wait for the picture too
+        deadline = time.time() + 10
+        while _highlighted(stepper) in [n for n, _ in seen] and time.time() < deadline:
+            page.wait_for_timeout(200)
         seen.append((_highlighted(stepper), verdict.inner_text()))
     nodes, verdicts = [s[0] for s in seen], [s[1] for s in seen]
     assert all(nodes) and len(set(nodes)) == 3, nodes
@@ -245,6 +346,8 @@ def check_02(page) -> None:
     check_02_what_if(page, stepper)
     check_02_leaf_bonus(page, stepper)
     check_02_step_slider_after_request_switch(page, stepper)
+    check_02_drag_sliders(page, stepper)
+    check_params_are_text(page)
 
 
 def _fixture_run():
@@ -383,8 +486,99 @@ def check_04(page) -> None:
     check_04_step_controls(page)
     check_04_tree_scrolls_in_its_own_box(page)
     check_04_idle_sliders_are_off_with_a_note(page)
+    check_04_drag_sliders(page)
+    check_04_chart_fonts(page)
+    check_04_policy_picker(page)
     screenshot(page, "04_topk_topp_tuner", page.locator(".ddtree-expected-tau").first.locator(
         "xpath=ancestor::div[contains(@class, 'widget-vbox')][last()]"))
+
+
+def _controls(page) -> dict:
+    return {"temperature": float(_readout(page, "ddtree-tuner-temperature")),
+            "top_k": int(_readout(page, "ddtree-tuner-top-k")),
+            "top_p": float(_readout(page, "ddtree-tuner-top-p")),
+            "min_p": float(_readout(page, "ddtree-tuner-min-p")),
+            "budget": int(_readout(page, "ddtree-tuner-budget"))}
+
+
+def check_04_drag_sliders(page) -> None:
+    """Issue 34.2: each of the tuner's sliders has a track and follows a mouse drag: its value
+    moves, and the expected τ shown is the library's for the new values; dragging the step
+    slider moves the per-step chart's selected bar to the step it names."""
+    shown = page.locator(".ddtree-expected-tau").first
+    for cls, dx in (("temperature", -30), ("top-k", 40), ("top-p", -40), ("min-p", 20), ("budget", -60)):
+        before = _readout(page, f"ddtree-tuner-{cls}")
+        _drag(page, page.locator(f".ddtree-tuner-{cls}").first, dx)
+        _wait_for(page, lambda: _readout(page, f"ddtree-tuner-{cls}") != before, f"{cls} moved by a drag")
+        page.wait_for_timeout(500)
+        controls = _controls(page)
+        _wait_for(page, lambda: shown.inner_text().strip() == expected_tau_for(controls),
+                  f"the expected τ after dragging {cls} ({controls}) is the library's {expected_tau_for(controls)}")
+    run = _fixture_run()
+    before = _selected_bar(page)
+    _drag(page, page.locator(".ddtree-tuner-step").first, 50)
+
+    def moved() -> bool:
+        k, position = _selected_bar(page), int(_readout(page, "ddtree-tuner-step"))
+        steps = run.for_request(run.steps[k].request)
+        return k != before and position < len(steps) and steps[position] is run.steps[k]
+
+    _wait_for(page, moved, "the step slider's drag moved the selected bar to its step")
+    screenshot(page, "04_dragged_sliders", page.locator(".ddtree-expected-tau").first.locator(
+        "xpath=ancestor::div[contains(@class, 'widget-vbox')][last()]"))
+
+
+def check_04_chart_fonts(page) -> None:
+    """Issue 34.8: the tuner's charts and the notebook's plotly figures draw text of 12 px or more."""
+    for svg in ("svg.ddtree-tuner-per-step", "svg.ddtree-tuner-cover"):
+        sizes = page.locator(svg).first.evaluate(
+            "el => [...el.querySelectorAll('text')].map(t => parseFloat(getComputedStyle(t).fontSize))")
+        assert sizes and min(sizes) >= 12, (svg, sizes)
+    page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+    for k in range(page.locator(".js-plotly-plot").count()):
+        sizes = page.locator(".js-plotly-plot").nth(k).evaluate(
+            "el => [...el.querySelectorAll('.xtick text, .ytick text, .legendtext, .g-xtitle text, .g-ytitle text')]"
+            ".map(t => parseFloat(t.style.fontSize || getComputedStyle(t).fontSize))")
+        assert sizes and min(sizes) >= 12, (k, sizes)
+
+
+def check_04_policy_picker(page) -> None:
+    """Issue 34.8: the policy picker's controls all show whole (nothing cut at the right), its
+    trees sit at their own size (none clipped, no empty height below one), the budget and step
+    sliders follow a mouse drag, and picking the chain says why it has 15 nodes at B >= 16."""
+    picker = page.locator(".ddtree-policy-picker").first
+    picker.scroll_into_view_if_needed()
+    _row_fits(picker.locator(".widget-hbox").first)
+    select = _nothing_clipped(picker.locator("select").first)
+    assert select["scrollWidth"] <= select["clientWidth"] + 1, select
+    summary = picker.locator(".widget-html").first
+    picker.locator("select").first.select_option("chain")
+    _wait_for(page, lambda: summary.inner_text().startswith("chain at B ="), "the chain picked")
+    budget = picker.locator(".ddtree-policy-budget").first
+    before = _readout(picker, "ddtree-policy-budget")
+    _drag(page, budget, -80)
+    _wait_for(page, lambda: _readout(picker, "ddtree-policy-budget") != before, "the picker's budget moved by a drag")
+    b = int(_readout(picker, "ddtree-policy-budget"))
+    _wait_for(page, lambda: summary.inner_text().startswith(f"chain at B = {b}:"), f"the summary says B = {b}")
+    if b >= 16:
+        assert "at most 15 nodes" in summary.inner_text() and "L-1 = 15" in summary.inner_text(), summary.inner_text()
+    trees = picker.locator(".ddtree-policy-trees").first
+    old = trees.inner_html()
+    _drag(page, picker.locator(".ddtree-policy-step").first, 60)
+    _wait_for(page, lambda: _readout(picker, "ddtree-policy-step") != "0" and trees.inner_html() != old,
+              "the picker's step slider moved by a drag and the trees changed")
+    page.wait_for_timeout(500)
+    tbox = _nothing_clipped(trees)
+    cells = trees.locator(".ddtree-policy-tree")
+    assert cells.count() == 2
+    for k in range(cells.count()):
+        cell = _nothing_clipped(cells.nth(k))
+        svg = _nothing_clipped(cells.nth(k).locator("svg").first)
+        fits = cell["scrollWidth"] <= cell["clientWidth"] + 1
+        assert fits or cell["width"] >= tbox["width"] - 2, (k, cell, tbox)  # clipped only when wider than the page
+        assert cell["right"] <= tbox["right"] + 1, (k, cell, tbox)
+        assert cell["height"] - svg["height"] < 30, (k, cell, svg)  # no empty height below a short tree
+    screenshot(page, "04_policy_picker", picker)
 
 
 def _selected_bar(page) -> int:

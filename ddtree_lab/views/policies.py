@@ -18,8 +18,27 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from .layout import slider_kwargs, wrap_row
+
 __all__ = ["load_policy_records", "tokens_per_second_figure", "tau_by_depth_figure", "policy_tree_dot", "PolicyPicker",
-           "policy_trees_html", "mean_accept_by_depth"]
+           "policy_trees_html", "mean_accept_by_depth", "readable_fonts", "FONT_PX", "nodes_note",
+           "draft_positions"]
+
+#: the smallest font size in px of the figures here (axis ticks, legend, subplot titles): issue 34.8
+FONT_PX = 13
+
+
+def readable_fonts(fig, size: int = FONT_PX):
+    """Set every text of a plotly figure to at least ``size`` px: the figure's font, each
+    axis's ticks and title, the legend, the subplot titles (annotations) and the title (larger).
+    Returns the figure."""
+    fig.update_layout(font=dict(size=size), legend=dict(font=dict(size=size)),
+                      title=dict(font=dict(size=size + 4)))
+    fig.update_xaxes(tickfont=dict(size=size), title_font=dict(size=size))
+    fig.update_yaxes(tickfont=dict(size=size), title_font=dict(size=size))
+    fig.update_annotations(font=dict(size=size + 1))
+    return fig
+
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 
@@ -95,8 +114,8 @@ def tokens_per_second_figure(rows: Sequence[dict], plain_tok_s: float,
         fig.update_xaxes(type="log", tickvals=budgets, ticktext=[str(b) for b in budgets],
                          title_text="budget B (draft nodes asked)", row=1, col=c)
     fig.update_yaxes(title_text="tokens/s per request (expected)", row=1, col=1)
-    fig.update_layout(title=title, template="plotly_white", height=430, legend=dict(font=dict(size=11)))
-    return fig
+    fig.update_layout(title=title, template="plotly_white", height=430)
+    return readable_fonts(fig)
 
 
 def mean_accept_by_depth(results: Sequence) -> dict[tuple[str, int], list[float]]:
@@ -136,7 +155,41 @@ def tau_by_depth_figure(results: Sequence, budget: int, title: str | None = None
     fig.update_layout(title=title or f"Exact P(accepted ≥ d) by depth, budget {budget}", barmode="group",
                       xaxis_title="depth d", yaxis_title="P(accepted draft tokens ≥ d)", template="plotly_white",
                       height=360, xaxis=dict(range=[0.5, min(depth, 8) + 0.5]))
-    return fig
+    return readable_fonts(fig)
+
+
+def draft_positions(results: Sequence, texts=None) -> int | None:
+    """How many positions the drafter predicts after the anchor (``L - 1`` of a block of ``L``):
+    from the recorded run's first draft when ``texts`` is a :class:`Run` with one, else the
+    deepest tree among ``results`` (a chain at a budget of at least ``L - 1`` is that deep);
+    None without either."""
+    steps = getattr(texts, "steps", None)
+    draft = getattr(steps[0], "draft", None) if steps else None
+    if draft is not None:
+        return int(draft.token_ids.shape[0])
+    depths = [int(r.tree.depths[0, :int(r.tree.num_nodes[0])].max()) for r in results if int(r.tree.num_nodes[0]) > 0]
+    return max(depths) if depths else None
+
+
+def nodes_note(policy: str, budget: int, mean_nodes: float, positions: int | None) -> str:
+    """Why a policy's trees have fewer nodes than the budget ``B`` asked, or ``""`` when they
+    have ``B``. The chain places one node per drafted position, so it stops at ``L - 1`` nodes
+    (:func:`ddtree_lab.analysis.policies.chain_policy`: ``min(budget, L-1)``): a block drafter
+    of ``L = 16`` predicts 15 tokens after the anchor, and a chain at ``B = 16`` has 15 nodes.
+    Other policies stop short where every node the draft allows is placed (a beam of width
+    ``k`` holds at most ``k`` nodes per depth, a tree is at most ``L - 1`` deep) or where the
+    draft has zero-probability tokens."""
+    if mean_nodes >= budget - 1e-9:
+        return ""
+    depth = f"L-1 = {positions}" if positions is not None else "L-1"
+    block = f"L = {positions + 1}" if positions is not None else "L"
+    if policy == "chain":
+        return (f"a chain has one node per drafted position: the drafter's block of {block} predicts {depth} "
+                f"tokens after the anchor, so a chain has at most {positions if positions is not None else 'L-1'} "
+                f"nodes whatever B (here B = {budget})")
+    return (f"fewer nodes than B = {budget}: a tree is at most {depth} deep (the drafter's block of {block} "
+            "predicts that many positions after the anchor), so a policy that limits the nodes per depth, or a draft "
+            "with zero-probability tokens, places fewer")
 
 
 def policy_tree_dot(result, texts=None) -> str:
@@ -160,7 +213,8 @@ def policy_tree_dot(result, texts=None) -> str:
     n = int(tree.num_nodes[0])
     tok, par = tree.node_token_ids[0, :n].tolist(), tree.parents[0, :n].tolist()
     tau = "not scored" if result.tau_sampled is None else f"{result.tau_sampled:.3f}"
-    title = f"{result.policy} · B={result.budget} · {n - 1} nodes · step {result.step} · E[τ] = {tau}"
+    why = " (one per drafted position: at most L-1)" if result.policy == "chain" and n - 1 < result.budget else ""
+    title = f"{result.policy} · B={result.budget} · {n - 1} nodes{why} · step {result.step} · E[τ] = {tau}"
     lines = ["digraph policy {",
              '  graph [rankdir=LR, ordering=out, nodesep=0.04, ranksep=0.22, fontname="Helvetica",',
              f'         label="{esc(title)}", labelloc=t, labeljust=l, fontsize=11];',
@@ -199,8 +253,12 @@ def policy_trees_html(results: Sequence, texts=None) -> str:
             body = render_svg(src)
         except (RuntimeError, OSError) as exc:
             body = f"<p>graphviz could not draw it ({html.escape(str(exc))}); its DOT:</p><pre>{html.escape(src)}</pre>"
-        cells.append(f'<div style="flex:1 1 0; min-width:260px; overflow:auto">{body}</div>')
-    return f'<div class="ddtree-policy-trees" style="display:flex; gap:12px; align-items:flex-start">{"".join(cells)}</div>'
+        body = body.replace("<svg ", '<svg style="max-width:none" ', 1)  # at its own size: its cell scrolls
+        cells.append(f'<div class="ddtree-policy-tree" style="flex:0 0 auto; max-width:100%; overflow-x:auto">{body}</div>')
+    # each tree at its own size, side by side while they fit, else on the next row (issue 34.8: a chain squeezed
+    # into a third of the row was clipped, with the DDTree tree's height empty below it)
+    return (f'<div class="ddtree-policy-trees" style="display:flex; flex-wrap:wrap; gap:12px; align-items:flex-start">'
+            f'{"".join(cells)}</div>')
 
 
 class PolicyPicker:
@@ -235,14 +293,19 @@ class PolicyPicker:
         self.policies = list(dict.fromkeys(r.policy for r in self.results))
         self.budgets = sorted({r.budget for r in self.results})
         self.steps = list(dict.fromkeys((r.step, r.request) for r in self.results))
-        self.policy = w.Dropdown(options=self.policies, value=self.policies[0], description="policy")
-        self.budget = w.SelectionSlider(options=self.budgets, value=self.budgets[-1], description="budget B")
-        self.step = w.IntSlider(value=0, min=0, max=len(self.steps) - 1, description="step #")
+        self.positions = draft_positions(self.results, texts)
+        self.policy = w.Dropdown(options=self.policies, value=self.policies[0], description="policy",
+                                 layout={"width": "220px", "flex": "0 0 auto"}, style={"description_width": "60px"})
+        self.budget = w.SelectionSlider(options=self.budgets, value=self.budgets[-1], description="budget B",
+                                        continuous_update=False, **slider_kwargs("360px", "70px"))
+        self.step = w.IntSlider(value=0, min=0, max=len(self.steps) - 1, description="step #",
+                                continuous_update=False, **slider_kwargs("360px", "70px"))
         for c, name in ((self.policy, "policy"), (self.budget, "budget"), (self.step, "step")):
             c.add_class(f"ddtree-policy-{name}")
         self.depth_out, self.trees_out, self.speed_out = w.Output(), w.HTML(), w.Output()
         self.summary = w.HTML()
-        self.widget = w.VBox([w.HBox([self.policy, self.budget, self.step]), self.summary, self.depth_out,
+        # the controls wrap onto a second line in a narrow column (none is cut at the right: issue 34.8)
+        self.widget = w.VBox([w.HBox([self.policy, self.budget, self.step], layout=wrap_row()), self.summary, self.depth_out,
                               self.trees_out, self.speed_out])
         self.widget.add_class("ddtree-policy-picker")
         if rows is not None and plain_tok_s is not None:
@@ -269,8 +332,11 @@ class PolicyPicker:
         rs = [r for r in self.results if r.policy == self.policy.value and r.budget == self.budget.value]
         ok = [r.tau_sampled for r in rs if r.tau_sampled is not None]
         mean = f"{sum(ok) / len(ok):.3f}" if len(ok) == len(rs) else f"not scored on {len(rs) - len(ok)} of {len(rs)} steps"
+        nodes = sum(r.num_nodes for r in rs) / max(len(rs), 1)
+        note = nodes_note(str(self.policy.value), int(self.budget.value), nodes, self.positions)
+        note = f'<br><span class="ddtree-nodes-note" style="color:#616161">{html.escape(note)}</span>' if note else ""
         return (f"<div>{html.escape(str(self.policy.value))} at B = {self.budget.value}: mean exact E[τ] {mean} over "
-                f"{len(rs)} steps (mean {sum(r.num_nodes for r in rs) / max(len(rs), 1):.1f} nodes)</div>")
+                f"{len(rs)} steps (mean {nodes:.1f} nodes){note}</div>")
 
     def update(self) -> None:
         from IPython.display import display

@@ -35,6 +35,7 @@ from typing import Callable
 from ..step import Run, Step
 from .dot import render_svg, to_dot
 from .html import bonus_html, children_html, decisions_table_html, mass_bar_svg, missing_note_html, segments
+from .layout import note_layout, slider_kwargs, wrap_row
 from .model import Cursor, StepView, step_view
 
 __all__ = ["VerifyStepper", "WhatIf", "what_if"]
@@ -367,7 +368,8 @@ class VerifyStepper:
 
         b = {}
         b["request"] = w.Dropdown(options=[(f"request {self.run.for_request(r)[0].request_id}", r) for r in self.requests],
-                                  value=self.request, description="request")
+                                  value=self.request, description="request",
+                                  layout={"width": "220px", "flex": "0 0 auto"}, style={"description_width": "60px"})
         b["step"] = self._step_slider()
         b["first"] = w.Button(description="« first", tooltip="first decision")
         b["prev"] = w.Button(description="◀ previous", tooltip="previous decision")
@@ -377,13 +379,13 @@ class VerifyStepper:
             b[name].add_class(f"ddtree-{name}")
             b[name].layout = w.Layout(width="110px")
         b["decision"] = w.IntSlider(value=self.k, min=0, max=self.num_events, description="decision",
-                                    continuous_update=False)
+                                    continuous_update=False, **slider_kwargs("360px", "70px"))
         b["decision"].add_class("ddtree-decision")
         b["coin"] = w.SelectionSlider(options=["-"], description="what-if u", continuous_update=False,
-                                      style={"description_width": "110px"}, layout={"width": "400px"})
+                                      **slider_kwargs("400px", "110px"))
         b["coin"].add_class("ddtree-coin-slider")
         b["reset"] = w.Button(description="recorded coin", layout={"width": "150px"})
-        b["whatif"] = w.HTML()
+        b["whatif"] = w.HTML(layout=note_layout())
         b["verdict"] = w.HTML()
         b["verdict"].add_class("ddtree-verdict-box")
         b["picture"] = w.HTML()
@@ -392,10 +394,11 @@ class VerifyStepper:
         b["table"] = w.HTML()
         b["status"] = w.HTML()
         b["more"] = w.Button(description="run one more live step", disabled=self.more is None,
-                             tooltip=self.more_reason(), layout={"width": "210px"})
+                             tooltip=self.more_reason(), layout={"width": "210px", "flex": "0 0 auto"})
         b["more"].add_class("ddtree-more")
-        b["more_note"] = w.HTML(f'<span class="ddtree-more-note" style="color:#616161;font-size:12px">'
-                                f"{html.escape(self.more_reason())}</span>" if self.more is None else "")
+        note = "" if self.more is not None else (f'<span class="ddtree-more-note" style="color:#616161;font-size:12px">'
+                                                 f"{html.escape(self.more_reason())}</span>")
+        b["more_note"] = w.HTML(note, layout=note_layout())
 
         b["request"].observe(lambda ch: self._on(self.set_request, ch["new"]), names="value")
         b["decision"].observe(lambda ch: self._on(self.go, ch["new"]), names="value")
@@ -406,9 +409,9 @@ class VerifyStepper:
         b["last"].on_click(lambda _: self._on(self.last))
         b["reset"].on_click(lambda _: self._on(self.set_coin, None))
         b["more"].on_click(lambda _: self._on(self.run_more))
-        controls = w.VBox([w.HBox([b["request"], b["step"], b["more"], b["more_note"]]),
-                           w.HBox([b["first"], b["prev"], b["next"], b["last"], b["decision"]]),
-                           w.HBox([b["coin"], b["reset"], b["whatif"]])])
+        controls = w.VBox([w.HBox([b["request"], b["step"], b["more"], b["more_note"]], layout=wrap_row()),
+                           w.HBox([b["first"], b["prev"], b["next"], b["last"], b["decision"]], layout=wrap_row()),
+                           w.HBox([b["coin"], b["reset"], b["whatif"]], layout=wrap_row())])
         b["box"] = w.VBox([controls, b["verdict"], b["picture"], b["details"], b["status"], b["table"]])
         b["box"].add_class("ddtree-stepper")
         b["step_row"] = controls.children[0]
@@ -421,7 +424,7 @@ class VerifyStepper:
         import ipywidgets as w
 
         s = w.IntSlider(value=self.position, min=0, max=max(len(self.steps) - 1, 0), description="step",
-                        continuous_update=False)
+                        continuous_update=False, **slider_kwargs("360px", "50px"))
         s.add_class("ddtree-step")
         s.observe(lambda ch: self._on(self.set_step, ch["new"]), names="value")
         self._step_request = self.request

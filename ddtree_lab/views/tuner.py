@@ -33,8 +33,10 @@ from .. import analysis
 from ..analysis import TunerData, TunerResult
 from ..sampling import SamplingParams
 from ..step import Run
+from .layout import slider_kwargs, wrap_row
 
-__all__ = ["TunerState", "Tuner", "expected_tau_text", "params_from_controls", "reach_tree_dot", "bars_svg"]
+__all__ = ["TunerState", "Tuner", "expected_tau_text", "params_from_controls", "reach_tree_dot", "bars_svg",
+           "CHART_FONT_PX"]
 
 EXPECTED_TAU_CLASS = "ddtree-expected-tau"
 #: the box the selected step's tree scrolls in (its own scrollbars, at most 720 px high).
@@ -84,7 +86,11 @@ def expected_tau_text(result_or_data: TunerResult | TunerData | Run, params: Sam
     return _interval_text(lo, hi)
 
 
-def bars_svg(values_lo, values_hi, labels, title: str, width: int = 640, height: int = 150, ymax: float | None = None,
+#: the font size in px of the tuner's charts (issue 34.8: 10 px SVG text read as ~8 px)
+CHART_FONT_PX = 12
+
+
+def bars_svg(values_lo, values_hi, labels, title: str, width: int = 640, height: int = 160, ymax: float | None = None,
              highlight: int | None = None, css_class: str = "", groups: list[tuple[int, int, str]] | None = None,
              x_title: str = "", ymin: float = 0.0, selected: int | None = None) -> str:
     """A small bar chart as inline SVG: bars at the interval midpoints, whiskers where
@@ -96,7 +102,7 @@ def bars_svg(values_lo, values_hi, labels, title: str, width: int = 640, height:
     lo, hi = [float(v) for v in values_lo], [float(v) for v in values_hi]
     n = max(len(lo), 1)
     top = ymax if ymax is not None else max(hi + [1e-9])
-    pad_l, pad_b, pad_t = 36, 30 if (groups or x_title) else 18, 18
+    pad_l, pad_b, pad_t = 44, 36 if (groups or x_title) else 22, 22
     w = (width - pad_l - 4) / n
     h = height - pad_b - pad_t
     span = max(top - ymin, 1e-12)
@@ -107,8 +113,8 @@ def bars_svg(values_lo, values_hi, labels, title: str, width: int = 640, height:
     selected = highlight if selected is None else selected
     sel = f' data-selected="{int(selected)}"' if selected is not None else ""
     parts = [f'<svg class="{css_class}"{sel} width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" '
-             f'style="font:10px sans-serif">', f'<text x="{pad_l}" y="12">{html.escape(title)}</text>',
-             f'<text x="2" y="{pad_t + 8}">{top:.3g}</text><text x="2" y="{pad_t + h}">{ymin:.3g}</text>',
+             f'style="font:{CHART_FONT_PX}px sans-serif">', f'<text x="{pad_l}" y="14">{html.escape(title)}</text>',
+             f'<text x="2" y="{pad_t + 10}">{top:.3g}</text><text x="2" y="{pad_t + h}">{ymin:.3g}</text>',
              f'<line x1="{pad_l}" y1="{pad_t + h}" x2="{width - 4}" y2="{pad_t + h}" stroke="#999"/>']
     for k, (a, b) in enumerate(zip(lo, hi)):
         mid = (a + b) / 2
@@ -128,13 +134,13 @@ def bars_svg(values_lo, values_hi, labels, title: str, width: int = 640, height:
             if first:
                 parts.append(f'<line x1="{x0:.1f}" y1="{pad_t}" x2="{x0:.1f}" y2="{pad_t + h + 4}" stroke="#616161" '
                              'stroke-dasharray="3,2"/>')
-            parts.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{height - 16}" text-anchor="middle">'
+            parts.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{height - 19}" text-anchor="middle">'
                          f"{html.escape(lab)}</text>")
     else:
         every = 1 if n <= 20 else max(n // 10, 1)
         for k, lab in enumerate(labels):
             if k % every == 0:
-                parts.append(f'<text x="{pad_l + (k + 0.5) * w:.1f}" y="{pad_t + h + 12}" text-anchor="middle">'
+                parts.append(f'<text x="{pad_l + (k + 0.5) * w:.1f}" y="{pad_t + h + 15}" text-anchor="middle">'
                              f"{html.escape(str(lab))}</text>")
     if x_title:
         parts.append(f'<text x="{pad_l + (width - pad_l) / 2:.1f}" y="{height - 3}" text-anchor="middle" '
@@ -335,7 +341,8 @@ class Tuner:
         self.state = TunerState.from_run(run)
         self.live = live
         st, data = self.state, self.state.data
-        cu = {"continuous_update": False, "style": {"description_width": "90px"}, "layout": {"width": "420px"}}
+        # every slider keeps a track a mouse can drag (a fixed width that never shrinks: views.layout)
+        cu = {"continuous_update": False, **slider_kwargs("420px", "90px")}
         self.temperature = w.FloatSlider(value=st.temperature, min=0.0, max=2.0, step=0.05, description="temperature",
                                          readout_format=".2f", **cu)
         self.top_k = w.IntSlider(value=st.top_k, min=0, max=max(200, st.top_k), description="top-k", **cu)
@@ -380,7 +387,7 @@ class Tuner:
         head = w.HTML("<b>expected τ (mean over the recorded steps, target-only rule):</b>&nbsp;")
         self.widget = w.VBox([
             w.HBox([w.VBox([self.temperature, self.top_k, self.top_p, self.min_p, self.params_note]),
-                    w.VBox([self.budget, self.request, self.step])]),
+                    w.VBox([self.budget, self.request, self.step])], layout=wrap_row()),
             w.HBox([head, self.expected_tau]), self.summary, self.per_step, self.cover, self.step_cover,
             self.tree,
             w.HBox([self.live_button]), self.live_out])
