@@ -250,6 +250,13 @@ def _replay_trace(args) -> int:
             tolerant += 1
         else:
             exact += 1
+    from ..diagnosis.common import engine_by_design
+    from ..replaying import by_design_line
+
+    for s in steps:  # a converted engine recording: the engine's own output against the lab's walk
+        why = engine_by_design(s)
+        if why:
+            print(by_design_line(f"step {s.step}, request {s.request}", f"the engine's own output (SGLang's): {why}"))
     bad = len(run.problems)
     if exact == len(steps) and not bad:
         print(f"{count(len(steps), 'step')} replayed bit for bit (reference verifier)")
