@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "chains; sglang:RULE / vllm:RULE: the rule end to end, its own draft sampling included, docs/ENGINES.md; "
                    "vllm:RULE runs vLLM's new model runner in the vLLM venv); "
                    "list: the inventory of both engines with each rule's last verdict")
+    p.add_argument("--format", choices=["text", "markdown"], default="text",
+                   help="with --engine list: one block per entry point wrapped to the terminal (text), or the "
+                   "Markdown table of docs/ENGINES.md")
     p.add_argument("--draft", choices=DRAFT_MODES, default="target-only",
                    help="with --engine: no draft probabilities (target-only rule) or real ones from a noisy drafter")
     p.add_argument("--engine-fault", choices=sorted(set(ENGINE_FAULTS) | set(RULE_FAULTS) | set(vllm_rules.RULE_FAULTS)),

@@ -136,7 +136,10 @@ def engine_list(args) -> int:
         print(str(exc))
         return EXIT_PROBLEM
     verdicts = inv.last_verdicts()
-    print(inv.inventory_table(found, verdicts))
+    if args.format == "markdown":
+        print(inv.inventory_table(found, verdicts))
+    else:
+        print(inv.inventory_blocks(found, verdicts))
     if not verdicts:
         print(f"(no verdicts yet: run benchmarks/engine_audit.py, which writes {inv.VERDICTS_FILE.name})")
     return 0
