@@ -28,7 +28,7 @@ import sys
 
 from .checks import cmd_audit, cmd_doctor
 from .diagnose import cmd_diagnose
-from .common import EXIT_ERROR, CLIError
+from .common import EXIT_ERROR, CLIError, quiet_libraries
 from .live import cmd_lab, cmd_record
 from .steps import cmd_bundle, cmd_info, cmd_render, cmd_replay, cmd_sglang
 from ..step import LEVELS
@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         configure_threads()  # DDTREE_LAB_THREADS=N overrides; record / audit --threads N too
+        quiet_libraries()  # no progress bars in a log (standard error not a terminal)
         return args.func(args)
     except BrokenPipeError:  # e.g. `ddtree-lab info TRACE | head`
         sys.stdout = open(os.devnull, "w")
