@@ -39,3 +39,15 @@ def test_a_model_loading_verb_writes_no_bar_into_a_log(tmp_path):
                        stderr=log, env=env, cwd=tmp_path, check=True)
     text = (tmp_path / "log").read_text()
     assert "\r" not in text and "\x1b" not in text and "%|" not in text, text
+
+
+def test_the_legend_names_every_edge_style():
+    """15c: the red dashed edges (rejected) were drawn but missing from the legend."""
+    import ddtree_lab as dl
+    from ddtree_lab.views import dot
+
+    assert "style=dashed" in dot.EDGE_STYLE["rejected"] and "red dashed: rejected" in dot.EDGE_LEGEND
+    assert "green: accepted" in dot.EDGE_LEGEND and "dotted" in dot.EDGE_LEGEND
+    run = dl.load(str(SAMPLED))
+    text = dl.views.to_dot(dl.views.step_view(run.steps[4], run))
+    assert "style=dashed" in text and "\\nedges: green: accepted · red dashed: rejected" in text
