@@ -11,7 +11,19 @@ import torch
 from .step import Step
 from .verify import VerifyOutput, verify_sampled
 
-__all__ = ["replay", "replay_differences", "compare_outputs", "stored_rows", "Difference", "ReplayMismatch"]
+__all__ = ["replay", "replay_differences", "compare_outputs", "stored_rows", "Difference", "ReplayMismatch",
+           "BY_DESIGN", "by_design_line"]
+
+#: The one wording of a documented by-design difference between an engine's verifier and the
+#: lab's (docs/SGLANG.md, "Replaying a recording"): every verb prints it through
+#: :func:`by_design_line`, and none counts it as a finding or a problem (exit status 0).
+BY_DESIGN = "differs by design"
+
+
+def by_design_line(where: str, explanation: str) -> str:
+    """The line every verb prints for a by-design difference at ``where`` (e.g. ``"step 2,
+    request 4"``): ``"step 2, request 4: differs by design (not a finding): <explanation>"``."""
+    return f"{where}: {BY_DESIGN} (not a finding): {explanation}"
 
 
 class ReplayMismatch(AssertionError):

@@ -107,6 +107,31 @@ def test_replay_and_sglang_verbs_on_the_recording(tmp_path, capsys):
     assert "0 problems" in capsys.readouterr().out
 
 
+def test_a_by_design_difference_has_one_verdict_in_every_verb(tmp_path, capsys):
+    """SGLang's float32 u < S at u ~ S (the fixture's step 2, request 4): every verb says
+    "differs by design (not a finding)" with the same explanation, and exits 0 (issue 34.4)."""
+    why = "SGLang rejects node 1 because coin 0.99999994 is not < S = 0.99999994"
+    converted = tmp_path / "sgl.ddtrace.safetensors"
+    assert main(["sglang", "convert", str(RECORDING), "-o", str(converted)]) == 0
+    capsys.readouterr()
+    for argv, count in ((["sglang", "replay", str(RECORDING)], "1 differs (1 by design)"),
+                        (["replay", str(RECORDING)], "1 differs (1 by design)"),
+                        (["replay", str(converted)], "9 steps replayed bit for bit"),
+                        (["diagnose", str(RECORDING)], "0 findings (1 differs by design, not a finding)"),
+                        (["diagnose", str(converted)], "0 findings (1 differs by design, not a finding)"),
+                        (["doctor", str(RECORDING)], "0 problems (1 differs by design, not a problem)"),
+                        (["doctor", str(converted)], "0 problems (1 differs by design, not a problem)")):
+        assert main(argv) == 0, argv
+        out = capsys.readouterr().out
+        lines = [line for line in out.splitlines() if "differs by design (not a finding): " in line]
+        assert len(lines) == 1 and why in lines[0] and count in out, (argv, out)
+    report = tmp_path / "r.md"
+    assert main(["report", str(RECORDING), "--step", "2", "--request", "4", "-o", str(report)]) == 0
+    text = report.read_text()
+    assert "0 findings (1 differs by design, not a finding)" in text and "FINDING" not in text
+    assert "differs by design (not a finding): " in text and why in text
+
+
 def test_audit_verb(tmp_path, capsys):
     plot = tmp_path / "audit.html"
     assert main(["audit", str(SAMPLED), "--step", "27", "--request", "1", "--draws", "1500", "--plot", str(plot)]) == 0

@@ -255,7 +255,7 @@ def test_cli_audits_an_sglang_rule_and_exits_1_on_its_planted_fault(capsys):
 def test_cli_engine_list_prints_the_inventory_with_the_last_verdicts(capsys):
     from ddtree_lab.cli import main
 
-    assert main(["audit", "--engine", "list"]) == 0
+    assert main(["audit", "--engine", "list", "--format", "markdown"]) == 0
     out = capsys.readouterr().out
     assert "`kernels/ops/speculative/dspark/blockwise_rejection.py:blockwise_rejection_torch`" in out
     assert "| last verdict |" in out
@@ -264,3 +264,36 @@ def test_cli_engine_list_prints_the_inventory_with_the_last_verdicts(capsys):
         assert f"sglang:blockwise-rejection: {verdicts['sglang:blockwise-rejection']['verdict']}" in out
     else:
         assert "no verdicts yet" in out
+
+
+@pytest.mark.skipif(inv.package_dir("sglang") is None, reason="sglang is not installed")
+def test_cli_engine_list_is_laid_out_for_a_terminal(capsys, monkeypatch, tmp_path):
+    """One block per entry point wrapped to the terminal, not a Markdown table of 300-character
+    rows; without the vLLM venv, one line saying how its rules come in (issue 34.12)."""
+    from ddtree_lab.cli import main
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("DDTREE_LAB_VLLM_VENV", str(tmp_path / "no-venv"))
+    assert main(["audit", "--engine", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "| --- |" not in out, out
+    assert all(len(line) <= 80 or len(line.split()) <= 2 for line in out.splitlines()), out  # a long file:function
+    block = next(b for b in out.split("\n\n") if "blockwise_rejection.py:blockwise_rejection_torch" in b)
+    assert block.split()[:3] == ["sglang", "kernels/ops/speculative/dspark/blockwise_rejection.py:blockwise_rejection_torch",
+                                 "(line"], block
+    assert "\n  role: verify; runs: CPU (torch)" in block and "\n  audit: sglang:blockwise-rejection" in block
+    if inv.last_verdicts():
+        assert "\n  verdict: sglang:blockwise-rejection: consistent with lossless (p = " in block
+        assert "planted faults: draft-temperature-1 p = 0" in " ".join(block.split())
+    vllm = [b for b in out.split("\n\n") if b.startswith("vllm")]
+    said = " ".join(vllm[0].split()) if len(vllm) == 1 else vllm
+    assert said.startswith(f"vllm: no rules listed (not inventoried: no vLLM venv at {tmp_path}"), said
+    assert said.endswith(inv.VLLM_RULES_COME_IN)
+    assert vllm[0].count("setup_vllm.sh") == 1
+
+
+def test_the_docs_say_how_vllm_rules_come_in():
+    """docs/ENGINES.md "How to run it" says what `audit --engine list` says without the venv."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "ENGINES.md").read_text()
+    how = text[text.index("## How to run it"):text.index("## What runs")]
+    assert inv.VLLM_RULES_COME_IN in " ".join(how.split())

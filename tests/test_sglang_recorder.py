@@ -465,7 +465,8 @@ def test_converted_trace_lists_its_requests_and_summarises(tmp_path):
 def test_replay_report_ends_with_the_counts():
     lines = sr.replay_report(sr.replay_recording(FIXTURE))
     assert len(lines) == 13 and lines[-1] == "12 rows: 8 agree, 1 differs (1 by design), 3 not replayable"
-    assert any(line.startswith("step 2 row 1 req-4 chain: differs: accept_index") for line in lines)
+    assert any(line.startswith("step 2 row 1 req-4 chain: differs by design (not a finding): node 0's children")
+               and line.endswith("bonus_token: recorded 39 != replayed 11") for line in lines)
     assert sr.hook_dir().endswith("_sglang_hook") and Path(sr.hook_dir(), "sitecustomize.py").is_file()
 
 

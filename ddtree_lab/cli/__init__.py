@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .checks import cmd_audit, cmd_doctor
 from .diagnose import cmd_diagnose
-from .common import EXIT_ERROR, CLIError
+from .common import EXIT_ERROR, CLIError, quiet_libraries
 from .live import cmd_lab, cmd_record
 from .steps import cmd_bundle, cmd_info, cmd_render, cmd_replay, cmd_sglang
 from ..step import LEVELS
@@ -217,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "chains; sglang:RULE / vllm:RULE: the rule end to end, its own draft sampling included, docs/ENGINES.md; "
                    "vllm:RULE runs vLLM's new model runner in the vLLM venv); "
                    "list: the inventory of both engines with each rule's last verdict")
+    p.add_argument("--format", choices=["text", "markdown"], default="text",
+                   help="with --engine list: one block per entry point wrapped to the terminal (text), or the "
+                   "Markdown table of docs/ENGINES.md")
     p.add_argument("--draft", choices=DRAFT_MODES, default="target-only",
                    help="with --engine: no draft probabilities (target-only rule) or real ones from a noisy drafter")
     p.add_argument("--engine-fault", choices=sorted(set(ENGINE_FAULTS) | set(RULE_FAULTS) | set(vllm_rules.RULE_FAULTS)),
@@ -343,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         configure_threads()  # DDTREE_LAB_THREADS=N overrides; record / audit --threads N too
+        quiet_libraries()  # no progress bars in a log (standard error not a terminal)
         return args.func(args)
     except KeyboardInterrupt:  # Ctrl-C: one line saying what was (not) written; every output is whole or absent
         print(interrupted_line(args.command, outputs, existed, list(WRITTEN)), file=sys.stderr)

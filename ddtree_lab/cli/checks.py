@@ -136,7 +136,10 @@ def engine_list(args) -> int:
         print(str(exc))
         return EXIT_PROBLEM
     verdicts = inv.last_verdicts()
-    print(inv.inventory_table(found, verdicts))
+    if args.format == "markdown":
+        print(inv.inventory_table(found, verdicts))
+    else:
+        print(inv.inventory_blocks(found, verdicts))
     if not verdicts:
         print(f"(no verdicts yet: run benchmarks/engine_audit.py, which writes {inv.VERDICTS_FILE.name})")
     return 0
@@ -211,7 +214,9 @@ def cmd_doctor(args) -> int:
     if args.sample < 1:
         raise CLIError(f"--sample {args.sample}: must be >= 1")
     kind = kind_of(args.source)
-    found = 0
+    from ..replaying import BY_DESIGN, by_design_line
+
+    found = design = 0
     checked = 0
     if kind == "recording":
         sg = sglang_module()
@@ -223,6 +228,18 @@ def cmd_doctor(args) -> int:
                 continue
             found += 1
             print(f"{args.source}: {p}")
+        from ..sglang.replay import replay_step
+
+        for k, step in enumerate(rec.steps):  # a by-design row: the one wording every verb gives it, not a problem
+            for row in range(len(step["rows"]) if only in (None, k) else 0):
+                try:
+                    r = replay_step(step, row, "reference", k)
+                except ValueError:  # a row the lab's verifier refuses: its problem is listed above
+                    continue
+                if r.by_design:
+                    design += 1
+                    print(by_design_line(f"{args.source}: step {r.step} row {r.row} {r.request_id} {r.kind}",
+                                         r.explanation))
     else:  # any source io.load opens: the doctor view of the diagnosis package
         from ..diagnosis import doctor
 
@@ -247,6 +264,13 @@ def cmd_doctor(args) -> int:
         found += len(report.problems)
         for p in report.invariants:
             print(f"{args.source}: {p}")
+        from ..diagnosis.common import engine_by_design
+
+        for s in steps:  # a converted engine recording's by-design steps: said, not counted as problems
+            why = engine_by_design(s)
+            if why:
+                design += 1
+                print(by_design_line(f"{args.source}: step {s.step}, request {s.request}", why))
         if report.rows is not None:
             assert step is not None  # the model check (report.rows) runs only with --model, which found the step
             print(f"step {step.step}, request {step.request}: {report.rows.text()}")
@@ -254,5 +278,6 @@ def cmd_doctor(args) -> int:
                 raise CLIError(f"step {step.step}, request {step.request}: the model check compared no node (none of "
                                "the sampled nodes' tokens is in its parent's stored rows); try another --seed or "
                                "`ddtree-lab diagnose` with --model")
-    print(f"{count(checked, 'row' if kind == 'recording' else 'step')} checked, {count(found, 'problem')}")
+    also = f" ({design} {BY_DESIGN}, not a problem)" if design else ""
+    print(f"{count(checked, 'row' if kind == 'recording' else 'step')} checked, {count(found, 'problem')}{also}")
     return EXIT_PROBLEM if found else 0

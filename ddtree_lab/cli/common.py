@@ -366,9 +366,29 @@ def lossy_note(steps) -> str:
     return f"{marks} ({len(lossy)} of {count(len(steps), 'step')})"
 
 
+def bars_off() -> bool:
+    """Whether progress bars are off: standard error is not a terminal (``2>log``, a pipe), where
+    a bar's carriage returns and escape codes would only litter the log."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    return not (callable(isatty) and isatty())
+
+
+def quiet_libraries() -> None:
+    """Turn the libraries' own bars off too (transformers' "Loading weights", huggingface_hub's)
+    when :func:`bars_off`: the environment switch before they are imported, their switch after."""
+    if not bars_off():
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 def progress(total: int, desc: str, unit: str = "step", quiet: bool = False):
     """A tqdm bar on standard error (standard output stays what the verb prints), for work
-    that takes more than a couple of seconds; ``quiet`` turns it off."""
+    that takes more than a couple of seconds; ``quiet`` turns it off, and so does a standard
+    error that is not a terminal (:func:`bars_off`)."""
     from tqdm import tqdm
 
     class _Bar(tqdm):  # cleared (not left on its own line) when an error or Ctrl-C ends the work
@@ -377,7 +397,8 @@ def progress(total: int, desc: str, unit: str = "step", quiet: bool = False):
                 self.leave = False
             return super().__exit__(exc_type, exc_value, traceback)
 
-    return _Bar(total=total, desc=desc, unit=unit, file=sys.stderr, disable=quiet, leave=True, dynamic_ncols=True)
+    return _Bar(total=total, desc=desc, unit=unit, file=sys.stderr, disable=quiet or bars_off(), leave=True,
+                dynamic_ncols=True)
 
 
 def load_model(spec: str | None, quiet: bool = False):

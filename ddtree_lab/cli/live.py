@@ -186,7 +186,7 @@ def cmd_record(args) -> int:
     session.extra_metadata["threads"] = threads
     from tqdm import tqdm
 
-    bar = tqdm(total=len(prompts) * args.max_new_tokens, unit="tok", desc="record", disable=args.quiet,
+    bar = tqdm(total=len(prompts) * args.max_new_tokens, unit="tok", desc="record", disable=args.quiet or common.bars_off(),
                file=sys.stderr)
     done = 0
     interrupted = False

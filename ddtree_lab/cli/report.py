@@ -116,15 +116,22 @@ def report_markdown(run, step, path: str, picture: str | None, picture_note: str
                                  "-" if x.value is None else f"{x.value:.6g}", "-" if x.limit is None else f"{x.limit:.6g}",
                                  x.message] for x in problems])
     if diagnosis is not None:
-        lines += ["", f"`diagnose` on the step (recorded data only): {count(len(diagnosis.findings), 'finding')}; "
+        from ..replaying import BY_DESIGN
+
+        design = len(diagnosis.by_design)
+        also = f" ({design} {BY_DESIGN}, not a finding)" if design else ""
+        lines += ["", f"`diagnose` on the step (recorded data only): {count(len(diagnosis.findings), 'finding')}{also}; "
                       f"{sum(r.ran for r in diagnosis.results)} of {len(diagnosis.results)} checks ran.", ""]
         lines += _table(["check", "ran", "items", "result"],
                         [[r.check, "yes" if r.ran else "no", r.checked if r.ran else "-",
                           (r.why if not r.ran else f"{count(len(r.findings), 'finding')}"
-                           + (f"; not run: {r.not_run}" if r.not_run else "") + (f" ({r.note})" if r.note else ""))]
+                           + (f"; not run: {r.not_run}" if r.not_run else "") + r.note_text())]
                          for r in diagnosis.results])
         if diagnosis.findings:
             lines += ["", "Findings:", ""] + [f"- {f.line()}" for f in diagnosis.findings]
+        if design:
+            lines += ["", "By design (documented behaviour of the engine, docs/SGLANG.md):", ""] + [
+                f"- BY DESIGN {r.check}: {line}" for r in diagnosis.results for line in r.by_design]
     lines += ["", "## Environment", ""]
     lines += _table(["", "here", "recorded with"], [list(r) for r in environment_rows(run)])
     lines += ["", "## Replay", "", "```bash"] + replay + ["```", ""]

@@ -259,6 +259,13 @@ def _replay_trace(args) -> int:
             tolerant += 1
         else:
             exact += 1
+    from ..diagnosis.common import engine_by_design
+    from ..replaying import by_design_line
+
+    for s in steps:  # a converted engine recording: the engine's own output against the lab's walk
+        why = engine_by_design(s)
+        if why:
+            print(by_design_line(f"step {s.step}, request {s.request}", f"the engine's own output (SGLang's): {why}"))
     # steps the selection names that were left out as damaged when the file was read (no Step to replay)
     damaged = sum(1 for (st, q) in getattr(run, "left_out", {})
                   if (args.step is None or st == args.step) and (args.request is None or q == args.request))

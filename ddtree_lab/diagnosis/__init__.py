@@ -46,6 +46,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..problems import Problem
+from ..replaying import BY_DESIGN
 from ..step import Run, Step
 from .causal import RecordedRowsCheck, TreeLogitsCheck, check_recorded_rows, check_tree_logits
 from .coins import check_coins
@@ -80,13 +81,21 @@ class Diagnosis:
         return [f for r in self.results for f in r.findings]
 
     @property
+    def by_design(self) -> list[str]:
+        """The documented by-design differences of the engine the checks met (one line each,
+        :func:`ddtree_lab.replaying.by_design_line`): said, never findings."""
+        return [line for r in self.results for line in r.by_design]
+
+    @property
     def faults(self) -> set[str]:
         """The planted-fault names the findings name."""
         return {f.fault for f in self.findings if f.fault}
 
     def text(self) -> str:
-        """One line per finding, then one per check (ran and what it compared, or why not)."""
+        """One line per finding, one per by-design difference (``BY DESIGN``), then one per check
+        (ran and what it compared, or why not)."""
         lines = [f.line() for f in self.findings]
+        lines += [f"BY DESIGN {r.check}: {line}" for r in self.results for line in r.by_design]
         unknown = [r.check for r in self.results if not r.ran and r.why == MODE_UNKNOWN]
         for r in self.results:
             if r.check not in unknown:
@@ -94,8 +103,9 @@ class Diagnosis:
             elif r.check == unknown[0]:  # the unknown mode said once, for every check it stops
                 lines.append(f"could not run {', '.join(unknown)}: {MODE_UNKNOWN}")
         lines += [f"unreadable: {p}" for p in self.problems]
-        n = len(self.findings)
-        lines.append(f"{n} finding{'s' if n != 1 else ''}; {sum(r.ran for r in self.results)} of "
+        n, design = len(self.findings), len(self.by_design)
+        also = f" ({design} {BY_DESIGN}, not a finding)" if design else ""
+        lines.append(f"{n} finding{'s' if n != 1 else ''}{also}; {sum(r.ran for r in self.results)} of "
                      f"{len(self.results)} checks ran ({self.seconds:.1f} s)")
         return "\n".join(lines)
 

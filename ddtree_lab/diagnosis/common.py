@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..step import Step
 
-__all__ = ["Finding", "CheckResult", "SURE", "next_command", "group_findings", "engine_emitted", "outcome"]
+__all__ = ["Finding", "CheckResult", "SURE", "next_command", "group_findings", "engine_emitted", "outcome",
+           "engine_by_design"]
 
 #: How sure a finding is: ``high`` (a named fault reproduces the recorded data exactly),
 #: ``medium`` (an invariant of the rule is broken, the cause is one of a few), ``low`` (a
@@ -73,20 +74,28 @@ class CheckResult:
     note: str = ""
     per_step: dict = field(default_factory=dict)  # (step, request) -> the fault name or kind found there
     not_run: str = ""  # the part of the check that could not run (it never counts as passing)
+    #: documented by-design differences of the engine (:func:`engine_by_design`), one line each in the
+    #: wording of :func:`ddtree_lab.replaying.by_design_line`: said, never counted as findings
+    by_design: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         if not self.ran:
             return f"could not run {self.check}: {self.why}"
         if self.findings:
-            return (f"{self.check}: {len(self.findings)} finding(s) over {self.checked} item(s){self._note()}"
+            return (f"{self.check}: {len(self.findings)} finding(s) over {self.checked} item(s){self.note_text()}"
                     + (f"; not run: {self.not_run}" if self.not_run else ""))
         if self.not_run:
-            return (f"ran part of {self.check}: {self.checked} item(s), nothing found{self._note()}; not run: "
+            return (f"ran part of {self.check}: {self.checked} item(s), nothing found{self.note_text()}; not run: "
                     f"{self.not_run}")
-        return f"passed {self.check}: {self.checked} item(s), nothing found{self._note()}"
+        return f"passed {self.check}: {self.checked} item(s), nothing found{self.note_text()}"
 
-    def _note(self) -> str:
-        return f" ({self.note})" if self.note else ""
+    def note_text(self) -> str:
+        """The note in parentheses (by-design differences counted first), or "" when there is none."""
+        from ..replaying import BY_DESIGN
+
+        design = f"{len(self.by_design)} {BY_DESIGN}, not a finding" if self.by_design else ""
+        note = "; ".join(n for n in (design, self.note) if n)
+        return f" ({note})" if note else ""
 
 
 def next_command(kind: str, step: int | None, request: int | None) -> str:
@@ -122,6 +131,20 @@ def engine_emitted(step) -> list[int] | None:
     if extra.get("source") != "sglang" or "sglang_emitted" not in extra:
         return None
     return list(extra["sglang_emitted"])
+
+
+def engine_by_design(step) -> str:
+    """The explanation of a step converted from an engine's recording whose engine output
+    differs from the target-only rule by design (an SGLang recording: the replay's
+    ``by_design``, e.g. SGLang's float32 ``u < S`` rejecting where exact arithmetic accepts at
+    ``u ~ S``; docs/SGLANG.md), or ``""``. Traces converted before ``extra["by_design"]`` was
+    kept: a differing step with an explanation (the only differing rows a conversion keeps
+    with one)."""
+    extra = step.extra or {}
+    if engine_emitted(step) is None or extra.get("verdict") != "differs":
+        return ""
+    why = str(extra.get("explanation") or "").strip()
+    return why if extra.get("by_design", bool(why)) else ""
 
 
 def outcome(step: Step) -> tuple[list[int], int] | None:

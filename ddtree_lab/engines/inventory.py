@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["NAME_PATTERN", "SCAN", "ENTRY_POINTS", "NOT_ENTRY_POINTS", "Entry", "InventoryError", "package_dir",
-           "scan", "inventory", "inventory_table", "VERDICTS_FILE", "last_verdicts"]
+           "scan", "inventory", "inventory_table", "inventory_blocks", "VERDICTS_FILE", "last_verdicts",
+           "VLLM_RULES_COME_IN"]
 
 #: Names that look like a verifier or a draft sampler (matched against the last part of a public name).
 NAME_PATTERN = re.compile(r"(accept|verif|reject|speculative_sampling|sample|lattice|selector_walk)", re.IGNORECASE)
@@ -299,11 +300,70 @@ def inventory_table(inv: dict, verdicts: dict | None = None) -> str:
             row = f"| {engine} | `{e.name}` (line {line}) | {e.role} | {e.runs} | {e.takes} | {e.audit} |"
             if verdicts is not None:
                 # an entry not audited here gets no verdict, even where its note names a rule
-                named = set() if e.audit.startswith(_NOT_HERE) else set(re.findall(r"\b(?:sglang|vllm):[a-z0-9-]+", e.audit))
-                rules = [k for k in verdicts if k in named]
+                rules = _rules_named(e, verdicts)
                 row += " " + ("; ".join(f"{k}: {verdicts[k]['verdict']}" for k in rules) or "-") + " |"
             lines.append(row)
     return "\n".join(lines)
+
+
+#: How vLLM's rules come into the inventory on a set-up without the vLLM venv (docs/ENGINES.md,
+#: "How to run it", says the same).
+VLLM_RULES_COME_IN = ("vLLM 0.33.0's rejection sampler and new model runner audit in their own venv: "
+                      "`bash scripts/setup_vllm.sh` makes it (once, ~1-2 min; or set DDTREE_LAB_VLLM_VENV)")
+
+
+def _rules_named(e: Entry, verdicts: dict) -> list[str]:
+    """The rules of ``verdicts`` that entry ``e``'s audit note names (none for an entry not audited here)."""
+    if e.audit.startswith(_NOT_HERE):
+        return []
+    named = set(re.findall(r"\b(?:sglang|vllm):[a-z0-9-]+", e.audit))
+    return [k for k in verdicts if k in named]
+
+
+def _verdict_words(rule: str, v: dict) -> str:
+    """``"sglang:chain: consistent with lossless (p = 0.68; planted faults: one-hot-q p = 0)"``."""
+    p = f"p = {v['p_value']:.2g}" if isinstance(v.get("p_value"), (int, float)) else ""
+    faults = "; planted faults: " + ", ".join(f"{k} p = {q:.2g}" for k, q in v["faults"].items()) if v.get("faults") else ""
+    more = f" ({p}{faults})" if p or faults else ""
+    return f"{rule}: {v.get('verdict', '?')}{more}"
+
+
+def inventory_blocks(inv: dict, verdicts: dict | None = None, width: int | None = None) -> str:
+    """The inventory for a terminal (``audit --engine list``): one block per entry point (engine
+    and file:function with its line, then role and where it runs, what it takes, the lab's audit
+    rules, and each rule's last verdict with its p-values), wrapped to ``width`` columns (default:
+    the terminal's, :func:`shutil.get_terminal_size`); an engine not inventoried here gets one
+    line saying why (vLLM: how its rules come in, :data:`VLLM_RULES_COME_IN`)."""
+    import shutil
+    import textwrap
+
+    width = max(40, width or shutil.get_terminal_size((100, 24)).columns)
+    verdicts = verdicts or {}
+
+    def wrap(label: str, text: str) -> list[str]:
+        return textwrap.wrap(f"{label}: {text}", width, initial_indent="  ", subsequent_indent="      ",
+                             break_on_hyphens=False, break_long_words=False) or [f"  {label}:"]
+
+    blocks = []
+    for engine, info in inv.items():
+        if info["missing"]:
+            line = f"{engine}: {info['missing']}"
+            if engine == "vllm":  # no rule listed: say how they come in (once, not the reason's own pointer)
+                why = re.sub(r" \(run `bash scripts/setup_vllm\.sh`[^)]*\)", "", info["missing"])
+                line = f"vllm: no rules listed ({why}); {VLLM_RULES_COME_IN}"
+            blocks.append("\n".join(textwrap.wrap(line, width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)))
+            continue
+        for e, line in info["entries"]:
+            lines = textwrap.wrap(f"{engine}  {e.name} (line {line})", width, subsequent_indent="    ",
+                                  break_on_hyphens=False, break_long_words=False)
+            lines += wrap("role", f"{e.role}; runs: {e.runs}") + wrap("takes", e.takes) + wrap("audit", e.audit)
+            rules = _rules_named(e, verdicts)
+            for rule in rules:
+                lines += wrap("verdict", _verdict_words(rule, verdicts[rule]))
+            if not rules and verdicts:
+                lines += wrap("verdict", "-")
+            blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 def write_doc_blocks(path: Path, inv: dict) -> str:

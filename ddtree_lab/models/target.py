@@ -620,7 +620,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    steps = tqdm(total=3, desc=f"converting {gguf.name} (once)")
+    steps = tqdm(total=3, desc=f"converting {gguf.name} (once)", disable=None)  # None: off where not a terminal
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     steps.update()
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)

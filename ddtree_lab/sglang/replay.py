@@ -19,8 +19,10 @@ node, names it, and shows no lab bonus. Every backend gets the same placeholder 
 row) there and the same treatment, so all backends classify a row alike.
 
 **Verdicts.** Each replayed row is ``"agrees"``, ``"differs"`` (with ``explanation`` when a
-by-design difference accounts for it) or ``"not replayable"`` (SGLang ran something the lab
-does not implement: rejection sampling with real draft probabilities, block verification).
+by-design difference accounts for it: ``by_design``, printed by every verb in the one wording of
+:func:`ddtree_lab.replaying.by_design_line` and never counted as a finding) or
+``"not replayable"`` (SGLang ran something the lab does not implement: rejection sampling with
+real draft probabilities, block verification).
 
 Plain functions for the command line: :func:`replay_recording` (a recording or its path, a
 backend -> results), :func:`replay_report` (the lines to print); :func:`ddtree_lab.io.convert` turns a recording
@@ -164,14 +166,14 @@ def _explain(parts: dict, lab: VerifyOutput, sgl: VerifyOutput, s: int) -> str:
     bonus = int(sgl.bonus_token[0])
     if lab_path[: len(sgl_path)] == sgl_path and len(lab_path) > len(sgl_path) and len(sgl_path) == s:
         return (f"SGLang walks at most num_speculative_tokens - 1 = {s - 1} draft tokens; "
-                "the lab walks to the leaf (by design)")
+                "the lab walks to the leaf")
     if parts["kind"] == "greedy":
         return ""
     probs = parts["target_probs"][0]
     if lab_path == sgl_path and bool(lab.support_exhausted[0]):
         rule = "token V-1" if parts["kind"] == "chain" else "the last positive token, else V-1"
         return (f"empty residual after the rejections: SGLang emits {rule} (here {bonus}); "
-                "the lab emits no bonus and reports support_exhausted (by design)")
+                "the lab emits no bonus and reports support_exhausted")
     # the first node the lab accepted and SGLang did not
     common = 0
     while common + 1 < min(len(lab_path), len(sgl_path)) and lab_path[common + 1] == sgl_path[common + 1]:
@@ -196,7 +198,7 @@ def _explain(parts: dict, lab: VerifyOutput, sgl: VerifyOutput, s: int) -> str:
         return (f"node {parent}'s children hold all of its row's mass (float32 sum {row_mass:.9g}); SGLang rejects "
                 f"node {child} because coin {coin:.9g} is not < S = {s_float:.9g}, then draws token {bonus} from the "
                 f"empty residual (target probability {p_bonus:g}); in exact arithmetic S = 1 > coin and the lab "
-                f"accepts node {child} (by design)")
+                f"accepts node {child}")
     return ""
 
 
@@ -275,9 +277,15 @@ def count_verdicts(results: Sequence[ReplayResult]) -> dict[str, int]:
 def replay_report(results: Sequence[ReplayResult]) -> list[str]:
     """One line per replayed row, then the counts, e.g.
     ``"12 rows: 8 agree, 1 differs (1 by design), 3 not replayable"``."""
+    from ..replaying import by_design_line
+
     lines = []
     for r in results:
-        head = f"step {r.step} row {r.row} {r.request_id} {r.kind}: {r.verdict}"
+        where = f"step {r.step} row {r.row} {r.request_id} {r.kind}"
+        if r.by_design:  # the one wording every verb gives it (not a finding)
+            lines.append(by_design_line(where, r.explanation) + "; " + "; ".join(r.differences))
+            continue
+        head = f"{where}: {r.verdict}"
         if r.differences:
             head += ": " + "; ".join(r.differences)
         if r.explanation:
@@ -374,7 +382,7 @@ def recording_to_trace(recording: Recording, top_m: int = 16):
                        "call": parts["call"], "row": row, "verdict": result.verdict,
                        "sglang_emitted": [t for t in sgl.emitted_tokens[0].tolist() if t >= 0],
                        "sglang_accept_length": int(sgl.accept_length[0]), "differences": result.differences,
-                       "explanation": result.explanation}))
+                       "explanation": result.explanation, "by_design": result.by_design}))
     meta = {"source": "sglang recording", "recording": recording.metadata, "skipped_rows": skipped,
             "requests": list(requests.values()),
             "target": {"name": str(recording.metadata.get("target", "unknown (SGLang)"))}, "vocab_size": vocab or None,

@@ -45,10 +45,12 @@ CURRENT_STYLE = {"color": "#e65100", "penwidth": "3.5"}
 WHAT_IF_COLOR = "#6a1b9a"
 WHAT_IF_STYLE = {"color": WHAT_IF_COLOR, "penwidth": "3"}
 FOCUS_STYLE = {"fillcolor": "#fff59d"}
-LEGEND = "#: node index · p: target p · q: drafter q · r: rank among the drafter's top-k"
+#: the edges' styles (:data:`EDGE_STYLE`) in words: the legend's second line.
+EDGE_LEGEND = "edges: green: accepted · red dashed: rejected · grey dotted: not decided yet"
+LEGEND = "#: node index · p: target p · q: drafter q · r: rank among the drafter's top-k\n" + EDGE_LEGEND
 #: the legend of a view without target rows (no p; depth and node log-weight instead).
 LEGEND_NO_ROWS = ("#: node index · d: depth · r: rank among the drafter's top-k (sibling rank) · "
-                  "logw: node log-weight · red: a child of an accepted-path node, not accepted")
+                  "logw: node log-weight · red: a child of an accepted-path node, not accepted\n" + EDGE_LEGEND)
 #: the width (characters) the note naming what a step does not record wraps at.
 NOTE_WIDTH = 120
 
@@ -119,6 +121,7 @@ def to_dot(view: StepView, what_if: list[int] | None = None) -> str:
     cur = view.cursor
     red = f', fontcolor="{LOSSY_COLOR}"' if view.lossy else ""
     legend = (LEGEND if view.rows_known else LEGEND_NO_ROWS) + (" · purple: the what-if walk" if what_if else "")
+    legend_dot = "\\n".join(_esc(line) for line in legend.split("\n"))  # one DOT line per legend line
     on_path = set(what_if or ())
     missing = sorted(on_path - set(view.nodes))
     if missing:
@@ -130,7 +133,7 @@ def to_dot(view: StepView, what_if: list[int] | None = None) -> str:
         if view.missing_note else ""
     out = ["digraph step {",
            '  graph [rankdir=LR, ordering=out, nodesep=0.04, ranksep=0.22, fontname="Helvetica",',
-           f'         label="{_esc(view.title)}\\n{_esc(legend)}{note}", labelloc=t, labeljust=l, fontsize=11{red}];',
+           f'         label="{_esc(view.title)}\\n{legend_dot}{note}", labelloc=t, labeljust=l, fontsize=11{red}];',
            '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10, margin="0.04,0.02", '
            'height=0.3];',
            "  edge [arrowsize=0.5];"]
