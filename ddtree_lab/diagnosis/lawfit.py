@@ -31,7 +31,7 @@ likelihood (log grid, then golden section), costed ``(1/2) log n`` (BIC, ``n`` t
 best family is named when it beats the target-only rule by
 :data:`~ddtree_lab.diagnosis.inference.MARGIN`, and it **fits** when its own law passes the
 output-law check's tests on its own PITs (no test below
-:data:`~ddtree_lab.diagnosis.law.LAW_ALPHA`) and it gives no observed outcome probability 0;
+:data:`~ddtree_lab.diagnosis.lawsample.LAW_ALPHA`) and it gives no observed outcome probability 0;
 else "no family fits". Families that change the rows read the stored top-M raw logits
 (level ``full``); a step whose row they cannot compute counts as the target-only rule's for
 them (no evidence either way).
@@ -54,7 +54,8 @@ from ..faults import RuleVariant
 from ..step import Step
 from ..verify.walking import children_of
 from .inference import MARGIN, SLIP, TEMPERATURE_RANGE, THRESHOLD_RANGE, Family, _StepData, families_for
-from .law import LAW_ALPHA, MIN_DRAWS, LawSample, law_tests, outcome
+from .common import outcome
+from .lawsample import LAW_ALPHA, MIN_DRAWS, LawSample, law_observations, law_tests
 
 __all__ = ["LawFamilyFit", "OutputLawFit", "fit_output_law"]
 
@@ -340,8 +341,6 @@ def fit_output_law(steps: list[Step], vocab: int) -> OutputLawFit:
     Raises:
         ValueError: no step the output-law check covers.
     """
-    from .law import law_observations
-
     covered = []
     for s in steps:
         try:
