@@ -33,8 +33,8 @@ from .model import DecisionRow as DecisionRow
 from .nodes import NodeView as NodeView
 from .model import StepView as StepView
 from .model import step_view as step_view
-from .labels import shared_text_ids as shared_text_ids
-from .labels import token_label as token_label
+from ..labels import shared_text_ids as shared_text_ids
+from ..labels import token_label as token_label
 from .model import walk_events as walk_events
 from .pick import informative_step as informative_step
 from .text import decisions_markdown as decisions_markdown

@@ -58,7 +58,7 @@ from ..step import Run, Step
 from ..verify import BonusDraw, WalkEvent, events_of
 from .collapse import collapse_nodes
 from .nodes import STATUSES, NodeView
-from .labels import LOSSY_COLOR, lossy_mark, mass_label, number_label, shared_text_ids, token_label
+from ..labels import LOSSY_COLOR, lossy_mark, mass_label, number_label, shared_text_ids, token_label
 
 __all__ = ["NodeView", "DecisionRow", "BonusView", "Cursor", "StepView", "WalkEvent", "step_view", "token_label",
            "lossy_mark", "walk_events", "STATUSES", "number_label", "mass_label",
