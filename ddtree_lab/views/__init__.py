@@ -2,7 +2,8 @@
 
 A :class:`ddtree_lab.step.Step` is lowered once to a :class:`StepView`
 (:mod:`ddtree_lab.views.model`: nodes, labelled probabilities, decision rows, the bonus draw,
-the walk events and a decision cursor, ``to_dict()``); everything else renders that:
+the walk events and a decision cursor (:mod:`ddtree_lab.views.cursor`), ``to_dict()``);
+everything else renders that:
 
 * :mod:`ddtree_lab.views.dot` -- the picture: :func:`to_dot`, :func:`step_svg`, :func:`svg_size`;
 * :mod:`ddtree_lab.views.text` -- :func:`to_text` (the tree), :func:`decisions_text`;
