@@ -5,6 +5,8 @@
 * :mod:`ddtree_lab.models.drafter`: the :class:`Drafter` protocol and :class:`DraftContext`;
 * :mod:`ddtree_lab.models.dflash`: :class:`DFlashDrafter` (the DFlash architecture, public
   checkpoints; the embedded default's drafter is trained here);
+* :mod:`ddtree_lab.models.dflash_checkpoint`: a DFlash checkpoint's config (:class:`DFlashConfig`),
+  parameter names and shapes, and :func:`load_dflash_state`;
 * :mod:`ddtree_lab.models.ridge`: :class:`RidgeDrafter` (per-offset ridge heads).
 """
 
