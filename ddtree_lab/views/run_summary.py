@@ -30,7 +30,8 @@ from typing import Sequence
 
 from ..analysis.stats import OFFERED_DEFINITION
 from ..io.acceptance import SUMMARY_CANNOT, AcceptanceSummaries
-from ..io.ddtree_reference import REFERENCE_CANNOT, STAGE_NAMES, ReferenceTraces, sibling_ranks_of
+from ..io.ddtree_reference import STAGE_NAMES, ReferenceTraces, sibling_ranks_of
+from ..io.ddtree_reference_run import REFERENCE_CANNOT
 from .compare import STOPPING_RULE, reference_vs_lab
 from ..labels import token_label
 
