@@ -101,6 +101,11 @@ from .diagnosis import doctor as doctor
 
 from .version import __version__ as __version__
 
+from .io import bundle as _bundle
+from .views import step_svg as _step_svg
+
+_bundle.draw_step = _step_svg  # bundles draw their step; io sits below the views, so the front door hands it over
+
 
 #: Names the record had before it was made of the stage objects, and the two problem classes
 #: before they were one (:class:`Problem`): still importable from the package's front door

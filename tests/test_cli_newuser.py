@@ -106,9 +106,9 @@ def test_record_checks_an_empty_prompt_and_a_ban_against_a_local_targets_vocabul
 
 
 def test_the_default_targets_vocabulary_is_read_from_its_gguf_header_without_loading_it():
-    from ddtree_lab.models.target import _gguf_vocab_size, default_target_gguf, target_vocab_size
+    from ddtree_lab.models.default_target import default_target_gguf, gguf_vocab_size, target_vocab_size
 
-    assert _gguf_vocab_size(default_target_gguf()) == 49152 == target_vocab_size()
+    assert gguf_vocab_size(default_target_gguf()) == 49152 == target_vocab_size()
 
 
 def test_record_refuses_a_safetensors_name_for_its_segment_file(no_model, tmp_path, capsys):

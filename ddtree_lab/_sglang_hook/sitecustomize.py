@@ -1,7 +1,7 @@
 """Start-up hook of ddtree-lab's SGLang recorder (``ddtree-lab sglang hook-dir``).
 
 On ``PYTHONPATH`` it runs in every Python process: when ``DDTREE_LAB_SGLANG_RECORD`` is set it
-calls :func:`ddtree_lab.sglang.recorder.install_from_env`; then it runs the ``sitecustomize``
+calls :func:`ddtree_lab.sglang.environment.install_from_env`; then it runs the ``sitecustomize``
 module it shadows, if there is one. It never stops the process: failures are printed.
 """
 
@@ -13,7 +13,7 @@ def _install() -> None:
     if not os.environ.get("DDTREE_LAB_SGLANG_RECORD"):
         return
     try:
-        from ddtree_lab.sglang.recorder import install_from_env
+        from ddtree_lab.sglang.environment import install_from_env
 
         install_from_env()
     except Exception as err:

@@ -2,7 +2,8 @@
 
 Where a recorded walk departs from the target-only rule, the verifier check asks which rule
 ran instead. Each **family** is a parametrised departure from the target-only rule along one
-axis (:class:`ddtree_lab.faults.RuleVariant`):
+axis (:class:`ddtree_lab.faults.RuleVariant`; the families, and each step's record read once for them,
+in :mod:`.families`):
 
 * ``temperature``: the walk on rows at another temperature ``T`` (the request's filters kept);
 * ``greedy``: argmax decisions (one-hot rows inside the verifier) on a sampled request;
@@ -63,42 +64,19 @@ from ..faults import RuleVariant
 from ..problems import Problem
 from ..sampling import SamplingParams
 from ..step import Step
-from ..verify import BonusDraw, Decision
-from ..verify.walking import children_of
-from .common import engine_emitted, outcome
-from .sampling import ATOL, RTOL, RowBounds, row_interval
+from .families import MARGIN, SLIP, TEMPERATURE_RANGE, THRESHOLD_RANGE, Family, StepData, engine_walk, families_for
+from .sampling import ATOL, RTOL
 
-__all__ = ["Family", "FamilyFit", "RuleInference", "families_for", "infer_rule", "SLIP", "MARGIN",
+__all__ = ["Family", "FamilyFit", "RuleInference", "families_for", "infer_rule", "engine_walk", "SLIP", "MARGIN",
            "TEMPERATURE_RANGE", "THRESHOLD_RANGE"]
 
-#: Probability of a slip (a recorded field the family does not predict) in the likelihood.
-SLIP = 1e-3
-#: A family is named when its log-likelihood beats the target-only rule's by this (ratio 100).
-MARGIN = math.log(100.0)
 
 #: On an engine's own walk (:func:`engine_walk`), a verdict whose coin lies within this of the
 #: running mass ``S_k`` the lab sums is undecided: the engine sums in its own order and float32
 #: rounding there decides the verdict, not the rule.
 EDGE = 2e-6
-#: The temperatures searched (log grid, then golden-section refinement).
-TEMPERATURE_RANGE = (0.05, 4.0)
-#: The thresholds ``threshold_acc`` searched (log grid), and the range of its log-uniform prior.
-THRESHOLD_RANGE = (0.05, 4.0)
 _GRID = 32
 _LOG_MATCH, _LOG_SLIP, _LOG_HALF = math.log1p(-SLIP), math.log(SLIP), math.log(0.5)
-
-
-@dataclass(frozen=True)
-class Family:
-    """One rule family: ``name`` (stable id), ``label`` (words), the :class:`RuleVariant` it
-    plants, ``fitted`` (the parameter estimated: ``"temperature"``, ``"threshold_acc"`` or
-    None) and ``fault`` (the planted fault of :data:`ddtree_lab.faults.FAULT_KINDS` it is, or None)."""
-
-    name: str
-    label: str
-    variant: RuleVariant
-    fitted: str | None = None
-    fault: str | None = None
 
 
 @dataclass(frozen=True)
@@ -163,45 +141,6 @@ class RuleInference:
     tied: list[FamilyFit] = field(default_factory=list)
 
 
-def families_for(params: SamplingParams | None) -> list[Family]:
-    """The families tried for a request with ``params`` (module docstring): the filter
-    families only when the request uses that filter, the others always."""
-    v = RuleVariant
-    out = [Family("temperature", "the walk at another temperature", v(rows="temperature", temperature=1.0),
-                  "temperature"),
-           Family("greedy", "argmax decisions on a sampled request (one-hot rows inside the verifier)",
-                  v(rows="greedy"), fault="verifier-greedy"),
-           Family("p-over-q", "per-child acceptance min(1, p/q) with the drafter's marginals q, the parent's coin",
-                  v(accept="p-over-q"), fault="verifier-p-over-q"),
-           Family("p-over-q-own-coin", "per-child acceptance min(1, p/q) with the drafter's marginals q, each child "
-                  "judged with its own coin", v(accept="p-over-q", coin="child"), fault="verifier-p-over-q-own-coin"),
-           Family("p-over-one-hot-q", "per-child acceptance min(1, p/q) with a one-hot q (u < p), the parent's coin",
-                  v(accept="p-over-one-hot")),
-           Family("p-over-one-hot-q-own-coin", "per-child acceptance min(1, p/q) with a one-hot q (u < p), each child "
-                  "judged with its own coin", v(accept="p-over-one-hot", coin="child")),
-           Family("threshold", "SGLang's lossy acceptance u <= S/t, reported as exact", v(accept="threshold"),
-                  "threshold_acc", fault="verifier-threshold"),
-           Family("root-coin", "the root's coin decides every level (a coin reused across levels)", v(coin="root"),
-                  fault="verifier-root-coin"),
-           Family("bonus-walk-coin", "the decisions follow the rule; the bonus is drawn with the final node's walk "
-                  "coin, not the final coin", v(bonus="walk-coin"), fault="verifier-final-coin-reuse"),
-           Family("bonus-parent-row", "the decisions follow the rule; the bonus is drawn from the final node's "
-                  "parent's row", v(bonus="parent-row"), fault="verifier-bonus-row")]
-    if params is None or params.is_greedy:
-        return out
-    if params.top_k > 0 and params.top_p < 1.0:
-        out.append(Family("other-order", "the verifier's rows apply the other filtering order (top-k and top-p "
-                          "swapped)", v(rows="other-order")))
-    if params.top_k > 0:
-        out.append(Family("top-k-dropped", "the verifier's rows drop the request's top-k", v(rows="top-k-dropped")))
-    if params.top_p < 1.0:
-        out.append(Family("top-p-dropped", "the verifier's rows drop the request's top-p", v(rows="top-p-dropped")))
-        out.append(Family("top-p-twice", "the verifier's rows apply the request's top-p twice", v(rows="top-p-twice")))
-    if params.min_p:
-        out.append(Family("min-p-dropped", "the verifier's rows drop the request's min-p", v(rows="min-p-dropped")))
-    return out
-
-
 _TARGET_ONLY = Family("target-only", "the target-only rule", RuleVariant())
 
 # -- one step's observations under one family ----------------------------------------------------
@@ -209,104 +148,6 @@ _TARGET_ONLY = Family("target-only", "the target-only rule", RuleVariant())
 
 def _near(recorded: float, lo: float, hi: float) -> bool:
     return lo - ATOL - RTOL * abs(lo) <= recorded <= hi + ATOL + RTOL * abs(hi)
-
-
-def engine_walk(step: Step) -> tuple[list[Decision], BonusDraw | None] | None:
-    """The decisions an engine's own output implies on a step converted from its recording (an
-    SGLang recording: the step's ``output`` is the lab's walk on the recorded rows and coins,
-    the engine's emitted tokens are in ``extra``, :func:`~ddtree_lab.diagnosis.common.engine_emitted`).
-
-    Along the engine's accepted path, in sibling order (``retrieve_next_sibling``), the children
-    before the accepted one are rejected and the accepted one accepted; at the last node every
-    child is rejected; the bonus is the engine's last emitted token. Only those verdicts and the
-    bonus token are the engine's: the coin, target probability and running mass ``S_k`` (float32)
-    filled in are the recorded coins and rows the engine was given, which rule inference does not
-    score on such a step (``_StepData.verdicts_only``).
-
-    Returns:
-        ``(decisions, bonus)``, or None: not an engine's step, or its tokens leave the tree.
-    """
-    if engine_emitted(step) is None or step.coins is None or step.child_probs is None:
-        return None
-    try:
-        got = outcome(step)
-    except ValueError:  # no buffers or tree to follow the tokens down
-        return None
-    if got is None:
-        return None
-    path, bonus_token = got
-    nt, ns = step.retrieve_next_token, step.retrieve_next_sibling
-    assert nt is not None and ns is not None and step.node_token_ids is not None  # outcome followed them
-    nt_l, ns_l, tok_l = nt.tolist(), ns.tolist(), step.node_token_ids.tolist()
-    coins, cp = step.coins.tolist(), step.child_probs.double().tolist()
-    out = []
-    for depth, parent in enumerate(path, start=1):
-        nxt = path[depth] if depth < len(path) else None
-        mass = 0.0
-        for child in children_of(step.request, nt_l, ns_l, parent, step.num_nodes):
-            mass = float(np.float32(mass + cp[child]))
-            out.append(Decision(step.request, depth, parent, child, tok_l[child], cp[child], mass, coins[parent],
-                                "accept" if child == nxt else "reject"))
-            if child == nxt:
-                break
-    node = path[-1]
-    bonus = BonusDraw(step.request, node, int(bonus_token), "residual" if nt_l[node] >= 0 else "leaf", float("nan"),
-                      step.final_coin, float("nan"))
-    return out, bonus
-
-
-class _StepData:
-    """What a step records for the score, read once (tensors to lists)."""
-
-    def __init__(self, step: Step, vocab: int, engine: bool = False):
-        self.step = step
-        self.vocab = vocab
-        coins = step.coins
-        assert coins is not None and step.child_probs is not None  # infer_rule checks them
-        self.coins = coins.tolist()
-        self.cp = step.child_probs.double().tolist()
-        tokens, parents, logws = step.node_token_ids, step.parents, step.node_logws
-        self.tokens = tokens.tolist() if tokens is not None else []
-        self.parents = parents.tolist() if parents is not None else []
-        #: an engine's own walk records only its verdicts and bonus token (:func:`engine_walk`)
-        self.verdicts_only = engine
-        if engine:
-            walk = engine_walk(step)
-            if walk is None:
-                raise ValueError(f"step {step.step}, request {step.request}: the engine's emitted tokens "
-                                 f"{engine_emitted(step)} do not follow the recorded tree")
-            self.decisions, self.bonus = walk
-        else:
-            self.decisions, self.bonus = list(step.decisions), step.bonus
-        self.logws = logws.tolist() if logws is not None else None
-        self.params = step.params
-        ids, logits, lse = step.row_logit_ids, step.row_logits, step.row_logsumexp
-        self.has_logits = ids is not None and logits is not None and lse is not None
-        self.ids, self.logits, self.lse = ids, logits, lse
-        self._rows: dict = {}
-
-    def row(self, node: int, variant: RuleVariant, request_rows: bool = False) -> RowBounds | None:
-        """Node ``node``'s row under ``variant`` (``request_rows``: the request's own) from the
-        stored top-M logits, or None (not stored, or not decided by them)."""
-        ids, logits, lse = self.ids, self.logits, self.lse
-        if ids is None or logits is None or lse is None or self.params is None or node >= len(ids):
-            return None
-        from ..faults import variant_params
-
-        key = (node, None if request_rows else (variant.rows, variant.temperature))
-        if key not in self._rows:
-            p = self.params
-            if variant.rows == "greedy" and not request_rows:
-                allowed = [i for i in ids[node].tolist() if i not in set(p.banned_token_ids)]
-                one = np.zeros(len(allowed))
-                one[0] = 1.0
-                got = RowBounds(np.asarray(allowed, dtype=np.int64), one, one.copy(), 0.0)
-            else:
-                cand = p if request_rows else variant_params(p, variant)
-                got = row_interval(ids[node], logits[node], float(lse[node]), cand, self.vocab,
-                                   twice=variant.rows == "top-p-twice" and not request_rows)
-            self._rows[key] = got
-        return self._rows[key]
 
 
 @dataclass
@@ -326,7 +167,7 @@ def _observe(recorded, lo, hi, exact_match=None) -> float:
     return _LOG_MATCH if ok else _LOG_SLIP
 
 
-def _score(sd: _StepData, variant: RuleVariant) -> list[_Obs]:
+def _score(sd: StepData, variant: RuleVariant) -> list[_Obs]:
     """Every observation of one step under ``variant`` (module docstring)."""
     s, obs = sd.step, []
     recorded_rows = variant.rows == "request"
@@ -379,7 +220,7 @@ def _score(sd: _StepData, variant: RuleVariant) -> list[_Obs]:
     return obs
 
 
-def _verdict(variant: RuleVariant, u: float, p_lo: float, p_hi: float, s_lo: float, s_hi: float, sd: _StepData, d):
+def _verdict(variant: RuleVariant, u: float, p_lo: float, p_hi: float, s_lo: float, s_hi: float, sd: StepData, d):
     """The family's verdict on a child, or None when its bounds straddle the coin."""
     if variant.accept == "cumulative":
         if p_hi <= 0.0:
@@ -405,7 +246,7 @@ def _verdict(variant: RuleVariant, u: float, p_lo: float, p_hi: float, s_lo: flo
     return "reject" if u >= min(1.0, p_hi / q if q > 0 else math.inf) else None
 
 
-def _bonus_obs(sd: _StepData, variant: RuleVariant) -> list[_Obs]:
+def _bonus_obs(sd: StepData, variant: RuleVariant) -> list[_Obs]:
     """The bonus token and residual mass under ``variant``, given the recorded walk."""
     s, b = sd.step, sd.bonus
     if b is None or b.token < 0 or s.final_coin is None:
@@ -473,7 +314,7 @@ def _bonus_prob_obs(s: Step, node: int, expected: float | None) -> list[_Obs]:
 # -- fitting -------------------------------------------------------------------------------------
 
 
-def _fit_at(family: Family, data: list[_StepData], parameter: float | None) -> tuple[FamilyFit, list[_Obs]]:
+def _fit_at(family: Family, data: list[StepData], parameter: float | None) -> tuple[FamilyFit, list[_Obs]]:
     variant = family.variant
     if family.fitted == "temperature":
         variant = dataclasses.replace(variant, temperature=float(parameter))  # type: ignore[arg-type]
@@ -514,7 +355,7 @@ def _golden(f, a: float, b: float, iterations: int):
     return best
 
 
-def _fit_temperature(family: Family, data: list[_StepData]) -> tuple[FamilyFit, list[_Obs]]:
+def _fit_temperature(family: Family, data: list[StepData]) -> tuple[FamilyFit, list[_Obs]]:
     """``T`` by maximum likelihood: the log grid, then two golden-section searches inside the
     best grid cell's neighbours: one on the likelihood (tie-broken by closeness), one on the
     closeness alone. The likelihood is a step function of ``T`` (a field matches within float
@@ -567,7 +408,7 @@ def threshold_interval(decisions) -> tuple[float, float]:
     return lo, hi
 
 
-def _fit_threshold(family: Family, data: list[_StepData]) -> tuple[FamilyFit, list[_Obs]]:
+def _fit_threshold(family: Family, data: list[StepData]) -> tuple[FamilyFit, list[_Obs]]:
     """``t`` of SGLang's rule. Where the decisions admit an interval ``(a, b]`` of ``t``, the
     likelihood is flat over it (every ``t`` in it gives the same verdicts), so the parameter's
     cost is its Occam factor under a log-uniform prior on :data:`THRESHOLD_RANGE`:
@@ -619,7 +460,7 @@ def infer_rule(steps: list[Step], vocab: int, families: list[Family] | None = No
     for s in steps:
         if s.coins is None or s.child_probs is None or s.output is None:
             raise ValueError(f"step {s.step}, request {s.request}: no coins, verify rows or output recorded")
-    data = [_StepData(s, vocab, engine) for s in steps]
+    data = [StepData(s, vocab, engine) for s in steps]
     params = steps[0].params
     fams = families_for(params) if families is None else families
     not_tried = []

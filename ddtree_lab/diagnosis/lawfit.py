@@ -3,7 +3,7 @@
 When the output-law check (:mod:`.law`) rejects the target's law, this module asks which
 verifier rule's law the outputs follow instead, reading what that check reads -- the accepted
 paths and bonus tokens against the tree and its rows -- and no coin and no decision log. The
-families are rule inference's (:func:`ddtree_lab.diagnosis.inference.families_for`, one
+families are rule inference's (:func:`ddtree_lab.diagnosis.families.families_for`, one
 :class:`~ddtree_lab.faults.RuleVariant` each); each gives, at every node the walk reaches, a
 law over its outcomes (move into child ``c_i`` in the buffers' sibling order, or leave the
 tree), and a law of the bonus token once it leaves. With ``p_i`` the children's probabilities
@@ -23,15 +23,15 @@ in the family's rows and ``S_k`` their running sum (capped at 1):
   from the parent's row: that row's residual.
 
 A step's probability under a family is mixed with the target-only rule's,
-``(1 - ε) P_family + ε P_target`` (``ε`` = :data:`~ddtree_lab.diagnosis.inference.SLIP`), so a
+``(1 - ε) P_family + ε P_target`` (``ε`` = :data:`~ddtree_lab.diagnosis.families.SLIP`), so a
 deterministic family (argmax rows) is not ruled out by one outcome it gives probability 0,
 and the log-likelihood is summed over the steps (an outcome both give probability 0 costs
 ``2 log ε``). ``T`` and ``t`` are fitted by maximum
 likelihood (log grid, then golden section), costed ``(1/2) log n`` (BIC, ``n`` the steps). The
 best family is named when it beats the target-only rule by
-:data:`~ddtree_lab.diagnosis.inference.MARGIN`, and it **fits** when its own law passes the
+:data:`~ddtree_lab.diagnosis.families.MARGIN`, and it **fits** when its own law passes the
 output-law check's tests on its own PITs (no test below
-:data:`~ddtree_lab.diagnosis.law.LAW_ALPHA`) and it gives no observed outcome probability 0;
+:data:`~ddtree_lab.diagnosis.lawsample.LAW_ALPHA`) and it gives no observed outcome probability 0;
 else "no family fits". Families that change the rows read the stored top-M raw logits
 (level ``full``); a step whose row they cannot compute counts as the target-only rule's for
 them (no evidence either way).
@@ -53,8 +53,9 @@ import torch
 from ..faults import RuleVariant
 from ..step import Step
 from ..verify.walking import children_of
-from .inference import MARGIN, SLIP, TEMPERATURE_RANGE, THRESHOLD_RANGE, Family, _StepData, families_for
-from .law import LAW_ALPHA, MIN_DRAWS, LawSample, law_tests, outcome
+from .families import MARGIN, SLIP, TEMPERATURE_RANGE, THRESHOLD_RANGE, Family, StepData, families_for
+from .common import outcome
+from .lawsample import LAW_ALPHA, MIN_DRAWS, LawSample, law_observations, law_tests
 
 __all__ = ["LawFamilyFit", "OutputLawFit", "fit_output_law"]
 
@@ -143,7 +144,7 @@ class _LawStep:
         self.tokens = step.node_token_ids.tolist()
         self.logws = step.node_logws.tolist() if step.node_logws is not None else None
         self.parents = step.parents.tolist() if step.parents is not None else []
-        self.data = _StepData(step, vocab) if step.coins is not None else _StepData(
+        self.data = StepData(step, vocab) if step.coins is not None else StepData(
             step.replace(coins=torch.zeros(step.num_nodes)), vocab)
         g = torch.Generator().manual_seed(2_000_003 * int(step.step) + int(step.request))
         self.v = torch.rand(len(path) + 1, generator=g, dtype=torch.float64).tolist()
@@ -340,8 +341,6 @@ def fit_output_law(steps: list[Step], vocab: int) -> OutputLawFit:
     Raises:
         ValueError: no step the output-law check covers.
     """
-    from .law import law_observations
-
     covered = []
     for s in steps:
         try:

@@ -13,7 +13,8 @@ apart by their content, never by running anything from them; :data:`SOURCES` lis
   ``NAME.json`` + ``NAME.safetensors`` recording is converted step by step;
 * ``"vllm recording"`` -- vLLM's real engine recorded from inside (:mod:`.vllm_recording`,
   :mod:`ddtree_lab.vllm`): one chain step per engine step and request;
-* ``"ddtree reference"`` -- the DDTree reference's tree traces (:mod:`.ddtree_reference`);
+* ``"ddtree reference"`` -- the DDTree reference's tree traces (:mod:`.ddtree_reference` reads them,
+  :mod:`.ddtree_reference_run` makes the Run);
 * ``"engine summary"`` -- an engine's per-request acceptance summary (:mod:`.acceptance`).
 
 A new source is one module and one line in :data:`.sources.REGISTRY`. A damaged step of a lab

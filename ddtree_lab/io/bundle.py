@@ -7,7 +7,7 @@ A bundle directory holds
   output and decision log, timings) in the trace container (every tensor and the JSON
   document checksummed, :func:`ddtree_lab.store.container.read_container`), the token texts of the
   tokens involved, and where it came from;
-* ``tree.svg``: the step's diagram (:func:`ddtree_lab.views.step_svg`);
+* ``tree.svg``: the step's diagram (:data:`draw_step`: :func:`ddtree_lab.views.step_svg`);
 * ``README.md``: what it is and how to replay it (``ddtree-lab replay DIR``).
 
 **The rows the verifier needs, reduced** (nothing else of the target's rows is kept):
@@ -40,6 +40,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -48,7 +49,8 @@ from ..replaying import Difference, compare_outputs, replay_differences
 from ..step import Run, Step, TargetRows
 from ..store.container import container_format, read_container, write_container
 from ..verify import VerifyOutput
-from .lab_trace import TraceFormatError, check_step_tensors, step_from_json, step_json, step_tensors
+from .lab_trace import BUNDLE_FORMAT, TraceFormatError, check_step_tensors, step_from_json, step_json, step_tensors
+from ..labels import mass_label, token_label
 from ..texts import join_texts
 
 __all__ = ["Bundle", "BundleReplay", "make_bundle", "save_bundle", "load_bundle", "replay_bundle", "bundle_step",
@@ -56,7 +58,7 @@ __all__ = ["Bundle", "BundleReplay", "make_bundle", "save_bundle", "load_bundle"
            "residual_cumsum", "dense_prefix", "float32_pieces"]
 
 
-FORMAT = "ddtree-lab-bundle"
+FORMAT = BUNDLE_FORMAT
 
 
 VERSION = 1
@@ -66,6 +68,18 @@ CHUNK = 64  # tokens of the bonus row kept verbatim (at most)
 
 
 FILES = ("bundle.safetensors", "tree.svg", "README.md")
+
+
+#: How :func:`make_bundle` draws the step for ``tree.svg``: ``draw_step(step, token_texts) -> svg``.
+#: The views sit above io, so this module does not import them: the package's front door
+#: (``ddtree_lab/__init__.py``, run before any submodule) sets it to :func:`ddtree_lab.views.step_svg`.
+draw_step: Callable[[Step, dict[int, str]], str] | None = None
+
+
+def _draw(step: Step, texts: dict[int, str]) -> str:
+    if draw_step is None:
+        raise RuntimeError("ddtree_lab.io.bundle.draw_step is not set (the package's __init__ sets it)")
+    return draw_step(step, texts)
 
 
 @dataclass
@@ -290,8 +304,6 @@ def make_bundle(run: Run, step: int | Step, request: int | None = None) -> Bundl
         ValueError: the step stores no verify rows (recorded at level ``off``).
         AssertionError: the reduction does not replay like the full step (a bug in this module).
     """
-    from .. import views  # making a bundle draws its step (views sit above io: imported at call time)
-
     if isinstance(step, Step):
         s, step, request = step, step.step, step.request
     elif request is None:
@@ -325,7 +337,7 @@ def make_bundle(run: Run, step: int | Step, request: int | None = None) -> Bundl
         meta["prompt"] = r.get("prompt")
         meta["context"] = join_texts(run.text(t) for t in generated) if generated else None
     bundle = Bundle(step=keep, final_row_start=c, final_row_base=base, final_row_tail=tail, token_texts=texts,
-                    svg=views.step_svg(s, run.token_texts), metadata=meta)
+                    svg=_draw(s, run.token_texts), metadata=meta)
     vocab = run.vocab_size
     try:
         full_out, _ = replay_differences(s, vocab)
@@ -340,8 +352,6 @@ def make_bundle(run: Run, step: int | Step, request: int | None = None) -> Bundl
 
 
 def _readme(b: Bundle) -> str:
-    from ..views.labels import mass_label, token_label
-
     def tok(t: int) -> str:  # a Markdown table cell: the id, then the label in a code span (| escaped)
         if t < 0:
             return "none (support exhausted)"

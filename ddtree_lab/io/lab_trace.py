@@ -68,10 +68,13 @@ from ..verify import BonusDraw, Decision, VerifyOutput, is_lossy
 from ..store.container import TraceFormatError, container_format, read_container, write_container
 
 __all__ = ["save_trace", "read_trace_file", "looks_like_trace_file", "check_step_tensors", "step_from_json", "step_tensors", "step_json",
-           "TraceFormatError", "FORMAT", "VERSION", "TENSOR_FIELDS"]
+           "TraceFormatError", "FORMAT", "VERSION", "TENSOR_FIELDS", "BUNDLE_FORMAT"]
 
 FORMAT = "ddtree-lab-trace"
 VERSION = 2
+#: The format of a bug-report bundle's document (:mod:`.bundle`, one step in this module's
+#: encoding): the one container document of this package that is not a lab trace.
+BUNDLE_FORMAT = "ddtree-lab-bundle"
 
 # Tensor fields of a Step: name -> dtype. Output tensors (accept_index, emitted_tokens)
 # live in Step.output and are stored under these names too.
@@ -276,8 +279,6 @@ def looks_like_trace_file(path: str | Path) -> bool:
     document is not a bundle's (reads the header only; a damaged document counts, so that
     :func:`read_trace_file` names the problem). Source ``"lab trace"`` of
     :func:`ddtree_lab.io.load`."""
-    from .bundle import FORMAT as BUNDLE_FORMAT  # bundle.py imports this module
-
     fmt = container_format(path)
     return fmt is not None and fmt != BUNDLE_FORMAT
 

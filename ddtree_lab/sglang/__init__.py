@@ -7,8 +7,9 @@
 * :mod:`.kernels` -- SGLang's own kernels on lab inputs (:func:`sglang_verify_greedy`,
   :func:`sglang_verify_chain`, :func:`sglang_verify_target_only`, :func:`sglang_build_tree`)
   and the lab's verifiers by backend (:func:`lab_verifiers`);
-* :mod:`.recorder` -- :class:`SGLangRecorder` (wrapping, the import hook), the environment
-  switch :func:`install_from_env` and :func:`hook_dir` for ``PYTHONPATH``;
+* :mod:`.recorder` -- :class:`SGLangRecorder` (wrapping, the import hook);
+* :mod:`.environment` -- the environment switch :func:`install_from_env` and :func:`hook_dir`
+  for ``PYTHONPATH``;
 * :mod:`.append` -- the append-only recording file (:class:`~.append.AppendSink`: a call's
   inputs before its kernel runs, outputs after; calls that did not return are kept and can be
   checked and replayed, :func:`~.pending.replay_pending`);
@@ -34,8 +35,8 @@ from .kernels import sglang_kernels as sglang_kernels
 from .kernels import sglang_unavailable_reason as sglang_unavailable_reason
 from .recorder import RecordFilter as RecordFilter
 from .recorder import SGLangRecorder as SGLangRecorder
-from .recorder import hook_dir as hook_dir
-from .recorder import install_from_env as install_from_env
+from .environment import hook_dir as hook_dir
+from .environment import install_from_env as install_from_env
 from .recording import Recording as Recording
 from .recording import RecordingFormatError as RecordingFormatError
 from .recording import load_recording as load_recording

@@ -1,7 +1,7 @@
 """The SGLang recorder's append-only file: a call's inputs on disk before its kernel runs, outputs after.
 
 Source ``"sglang recording (append-only)"`` of :func:`ddtree_lab.io.load`, written by
-:class:`AppendSink` (what :func:`~ddtree_lab.sglang.recorder.install_from_env` uses). A
+:class:`AppendSink` (what :func:`~ddtree_lab.sglang.environment.install_from_env` uses). A
 segment file (:mod:`ddtree_lab.store.segments`) whose segments are:
 
 * ``run``: ``{"format", "version", "metadata"}`` (the recorder's metadata; later ``run``

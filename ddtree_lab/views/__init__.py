@@ -2,7 +2,8 @@
 
 A :class:`ddtree_lab.step.Step` is lowered once to a :class:`StepView`
 (:mod:`ddtree_lab.views.model`: nodes, labelled probabilities, decision rows, the bonus draw,
-the walk events and a decision cursor, ``to_dict()``); everything else renders that:
+the walk events and a decision cursor (:mod:`ddtree_lab.views.cursor`), ``to_dict()``);
+everything else renders that:
 
 * :mod:`ddtree_lab.views.dot` -- the picture: :func:`to_dot`, :func:`step_svg`, :func:`svg_size`;
 * :mod:`ddtree_lab.views.text` -- :func:`to_text` (the tree), :func:`decisions_text`;
@@ -36,8 +37,8 @@ from .model import DecisionRow as DecisionRow
 from .nodes import NodeView as NodeView
 from .model import StepView as StepView
 from .model import step_view as step_view
-from .labels import shared_text_ids as shared_text_ids
-from .labels import token_label as token_label
+from ..labels import shared_text_ids as shared_text_ids
+from ..labels import token_label as token_label
 from .model import walk_events as walk_events
 from .pick import informative_step as informative_step
 from .text import decisions_markdown as decisions_markdown

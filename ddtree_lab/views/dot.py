@@ -17,8 +17,8 @@ import math
 import re
 import textwrap
 
-from .labels import LOSSY_COLOR, mass_label, token_label
-from .labels import number_label
+from ..labels import LOSSY_COLOR, mass_label, token_label
+from ..labels import number_label
 from .model import StepView, step_view
 from .nodes import NodeView
 

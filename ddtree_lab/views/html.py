@@ -11,8 +11,8 @@ import numpy as np
 
 from ..step import Run
 from .model import LOSSY_COLOR, StepView
-from .labels import mass_label
-from .labels import number_label
+from ..labels import mass_label
+from ..labels import number_label
 
 __all__ = ["decisions_table_html", "children_html", "mass_bar_svg", "bonus_html", "committed_html", "segments",
            "missing_note_html"]

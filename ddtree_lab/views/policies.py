@@ -199,7 +199,7 @@ def policy_tree_dot(result, texts=None) -> str:
     scored" where the result has none). ``texts``: a :class:`Run`, a ``{id: text}`` mapping or
     None (ids shown)."""
     from .dot import STATUS_STYLE
-    from .labels import token_label
+    from ..labels import token_label
     from .model import text_lookup
 
     def esc(text: str) -> str:

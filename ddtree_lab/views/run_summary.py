@@ -30,9 +30,10 @@ from typing import Sequence
 
 from ..analysis.stats import OFFERED_DEFINITION
 from ..io.acceptance import SUMMARY_CANNOT, AcceptanceSummaries
-from ..io.ddtree_reference import REFERENCE_CANNOT, STAGE_NAMES, ReferenceTraces, sibling_ranks_of
+from ..io.ddtree_reference import STAGE_NAMES, ReferenceTraces, sibling_ranks_of
+from ..io.ddtree_reference_run import REFERENCE_CANNOT
 from .compare import STOPPING_RULE, reference_vs_lab
-from .labels import token_label
+from ..labels import token_label
 
 __all__ = ["reference_stats", "summary_stats", "missing_report", "run_summary_text", "run_summary_html",
            "serving_vs_lab", "serving_vs_lab_figure", "round_tree_text", "round_tree_dot"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .labels import mass_label, number_label
+from ..labels import mass_label, number_label
 from .model import StepView
 
 __all__ = ["to_text", "decisions_text", "decisions_markdown"]

@@ -166,7 +166,7 @@ def reach_tree_dot(data: TunerData, result: TunerResult, k: int, texts=None, max
     draws at most ``max_children`` children (None: all); the rest and their subtrees become one
     grey note with their count and total reach."""
     from .dot import STATUS_STYLE
-    from .labels import shared_text_ids, token_label
+    from ..labels import shared_text_ids, token_label
     from .model import text_lookup
 
     def esc(text: str) -> str:
