@@ -31,7 +31,7 @@ def no_partial(directory: Path) -> list[Path]:
 
 
 def test_diagnose_sigint_while_loading_the_model_prints_one_line():
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DDTREE_LAB_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DDTREE_LAB_THREADS": "1", "DDTREE_LAB_PROGRESS": "1"}
     p = subprocess.Popen([sys.executable, "-m", "ddtree_lab.cli", "diagnose", str(TRACE), "--model", "default"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
     err = bytearray()

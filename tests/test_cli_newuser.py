@@ -204,6 +204,8 @@ def test_replay_hints_say_what_the_file_is_and_which_command_reads_it(tmp_path, 
 def test_loading_a_model_shows_progress_on_stderr_and_nothing_on_stdout(monkeypatch, capsys):
     import ddtree_lab.models as models
 
+    monkeypatch.setenv("DDTREE_LAB_PROGRESS", "1")  # captured stderr is no terminal: bars on anyway
+
     monkeypatch.setattr(models, "load_default_target", lambda: "a target")  # no real load in the fast loop
     assert cli.common.load_model("default") == "a target"
     out, err = capsys.readouterr()
@@ -214,6 +216,8 @@ def test_loading_a_model_shows_progress_on_stderr_and_nothing_on_stdout(monkeypa
 
 def test_diagnose_with_a_model_shows_each_check_on_stderr(monkeypatch, capsys):
     import ddtree_lab.diagnosis as diagnosis
+
+    monkeypatch.setenv("DDTREE_LAB_PROGRESS", "1")  # captured stderr is no terminal: bars on anyway
 
     def load_models(model, run):
         raise RuntimeError("MODEL LOADED")

@@ -368,7 +368,11 @@ def lossy_note(steps) -> str:
 
 def bars_off() -> bool:
     """Whether progress bars are off: standard error is not a terminal (``2>log``, a pipe), where
-    a bar's carriage returns and escape codes would only litter the log."""
+    a bar's carriage returns and escape codes would only litter the log; ``DDTREE_LAB_PROGRESS=1``
+    keeps them on anyway (``0``: off on a terminal too)."""
+    forced = os.environ.get("DDTREE_LAB_PROGRESS")
+    if forced in ("0", "1"):
+        return forced == "0"
     isatty = getattr(sys.stderr, "isatty", None)
     return not (callable(isatty) and isatty())
 

@@ -96,14 +96,19 @@ def main(argv: list[str] | None = None) -> int:
                      "prompt_token_ids": p, "params": {k: q.get(k) for k in ("temperature", "top_k", "top_p", "seed")},
                      "generated_token_ids": list(c.token_ids), "text": c.text, "finish_reason": c.finish_reason})
     tokens = sum(len(r["generated_token_ids"]) for r in rows)
+    from . import plugin  # the recorder this process runs, if any (offline: one process)
+
+    rec = plugin.installed()
+    own = None if rec is None else rec.own_seconds
     doc = {"format": "ddtree-lab-vllm-requests", "version": 1, "vllm_version": vllm.__version__,  # pyright: ignore[reportAttributeAccessIssue]
  "method": a.method,
            "num_speculative_tokens": a.k if spec else 0, "model": str(a.model), "drafter": a.drafter,
            "recorded": not a.no_record, "fixes": a.fix, "level": a.level, "top_m": a.top_m, "engine_start_seconds": started,
-           "generate_seconds": seconds, "tokens": tokens, "tokens_per_second": tokens / seconds if seconds else None,
+           "generate_seconds": seconds, "recorder_seconds": own, "tokens": tokens, "tokens_per_second": tokens / seconds if seconds else None,
            "spec_decode_counters": counters, "requests": rows}
     (out / "requests.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({"ok": True, "tokens": tokens, "seconds": seconds, "engine_start_seconds": started}), flush=True)
+    print(json.dumps({"ok": True, "tokens": tokens, "seconds": seconds, "engine_start_seconds": started,
+                      "recorder_seconds": own}), flush=True)
     return 0
 
 

@@ -26,3 +26,8 @@ def register() -> None:
         _installed = False
         print(f"[ddtree-lab vllm recorder] not installed ({type(exc).__name__}: {exc}): the engine serves "
               "without recording", file=sys.stderr, flush=True)
+
+
+def installed():
+    """The recorder this process runs (a :class:`~ddtree_lab.vllm.recorder.VLLMRecorder`), or None."""
+    return _installed or None

@@ -224,6 +224,7 @@ class VLLMRecorder:
         self.writer: SegmentWriter | None = None
         self.steps = 0
         self.errors: list[str] = []
+        self.own_seconds = 0.0  # time spent in the recorder's own work (the engine's calls excluded)
         self.before_first_step: Callable[[], None] | None = None  # set by install_from_env: wraps the sampler
         self._blocks: dict[str, tuple] = {}  # request id -> the drafter block its next drafts come from
         self._lock = threading.Lock()
@@ -257,6 +258,7 @@ class VLLMRecorder:
             if spec_decode_metadata is None or recorder.writer is None or recorder.writer.stopped:
                 return original(runner, logits, spec_decode_metadata)
             ctx: dict = {"t0": time.perf_counter()}
+            t0 = ctx["t0"]
             try:
                 ctx["requests"] = recorder._batch(runner, spec_decode_metadata)
                 sm = runner.input_batch.sampling_metadata
@@ -265,22 +267,26 @@ class VLLMRecorder:
                 # the raw rows before the sampler processes them (it may change `logits` in place), reduced to
                 # their top-M here (the whole rows kept at the full level only)
                 raw = logits[spec_decode_metadata.target_logits_indices].detach().float().cpu()
-                ctx["raw_top"] = _top(raw, recorder.top_m)
+                ctx["raw_top"], ctx["raw_rows"] = _top(raw, recorder.top_m), raw
                 if recorder.level == "full":
                     ctx["raw_full"] = raw
             except Exception as exc:  # the engine never sees a recorder error
                 recorder._error("reading the batch", exc)
                 return original(runner, logits, spec_decode_metadata)
             _local.step = ctx
+            t1 = time.perf_counter()
+            recorder.own_seconds += t1 - t0
             try:
                 out = original(runner, logits, spec_decode_metadata)
             finally:
                 _local.step = None
+            t2 = time.perf_counter()
             try:
-                ctx["seconds"] = time.perf_counter() - ctx["t0"]
+                ctx["seconds"] = t2 - ctx["t0"]
                 recorder._write(ctx, out.sampled_token_ids)
             except Exception as exc:
                 recorder._error("writing the step", exc)
+            recorder.own_seconds += time.perf_counter() - t2
             return out
 
         return _sample
@@ -308,10 +314,15 @@ class VLLMRecorder:
             if "rows-shifted" in recorder.plants:
                 target_logits = _shift_rows(target_logits, list(num_draft_tokens))
             ctx = _current()
+            t = time.perf_counter()
             if ctx is not None:
                 ctx["draft_token_ids"] = draft_token_ids.detach().to("cpu", torch.int64).clone()
                 ctx["draft_probs"] = "one-hot" if draft_probs is None else "given"
-                ctx["proc_top"] = _top(target_logits, recorder.top_m)
+                raw = ctx.get("raw_rows")
+                # unprocessed rows (an all-greedy batch, no logits processor) reuse the raw rows' top-M: one
+                # comparison instead of a second pass of topk and logsumexp
+                same = raw is not None and raw.shape == target_logits.shape and torch.equal(raw, target_logits.cpu())
+                ctx["proc_top"] = ctx["raw_top"] if same else _top(target_logits, recorder.top_m)
                 ctx["vocab_size"] = int(target_logits.shape[-1])
                 if recorder.level == "full":
                     ctx["proc_full"] = target_logits.detach().float().cpu().clone()
@@ -319,6 +330,7 @@ class VLLMRecorder:
                 ctx["all_greedy"] = bool(sampling_metadata.all_greedy)
                 temp = sampling_metadata.temperature
                 ctx["row_greedy"] = None if temp is None else (temp.detach().cpu() < 1e-5).tolist()
+            recorder.own_seconds += time.perf_counter() - t
             return original(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                             target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs)
 
@@ -365,11 +377,13 @@ class VLLMRecorder:
                 rows = torch.repeat_interleave(torch.arange(len(counts)), counts.cpu())
                 recovered_token_ids.copy_((target_probs * inv_q[rows].to(target_probs.dtype)).argmax(-1))
             ctx = _current()
+            t = time.perf_counter()
             if ctx is not None:
                 ctx["recovered"] = recovered_token_ids.detach().cpu().to(torch.int64).clone()
                 ctx["race"] = _race(target_probs, inv_q, draft_token_ids, cu_num_draft_tokens)
                 if recorder.level == "full":
                     ctx["inv_q_full"] = inv_q.detach().float().cpu().clone()
+            recorder.own_seconds += time.perf_counter() - t
             return out
 
         return _Wrapped(_sample_recovered_tokens, original)
@@ -401,7 +415,9 @@ class VLLMRecorder:
 
             def compute_logits(*a, **kw):
                 out = inner(*a, **kw)
+                t = time.perf_counter()
                 seen.append(_top(out, recorder.top_m))
+                recorder.own_seconds += time.perf_counter() - t
                 return out
 
             own = model.__dict__.get("compute_logits")
@@ -413,10 +429,12 @@ class VLLMRecorder:
                     del model.compute_logits  # back to the class's method
                 else:
                     model.compute_logits = own
+            t = time.perf_counter()
             try:
                 recorder._keep_block(proposer, seen)
             except Exception as exc:
                 recorder._error("keeping the drafter block", exc)
+            recorder.own_seconds += time.perf_counter() - t
             return out
 
         return _sample_draft_tokens
