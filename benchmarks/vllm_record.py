@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--method", choices=("dflash", "ngram"), default="dflash")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "vllm_record.out.txt"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "vllm_record.out.txt"), help="appended to")
     a = ap.parse_args(argv)
     if a.repeats < 1 or a.max_new_tokens < 1:
         raise SystemExit("--repeats and --max-new-tokens must be >= 1")
@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"({'met' if own <= 0.10 else 'NOT met'} by the in-engine measure)")
     text = "\n".join(lines)
     print(text)
-    Path(a.out).write_text(text + "\n")
+    with open(a.out, "a") as f:
+        f.write(text + "\n\n")
     return 0
 
 

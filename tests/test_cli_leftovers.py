@@ -51,3 +51,23 @@ def test_the_legend_names_every_edge_style():
     run = dl.load(str(SAMPLED))
     text = dl.views.to_dot(dl.views.step_view(run.steps[4], run))
     assert "style=dashed" in text and "\\nedges: green: accepted · red dashed: rejected" in text
+
+
+def test_a_safetensors_trace_cut_short_is_named_as_cut_not_as_another_format(tmp_path, capsys):
+    """Issue 34.15d: a trace cut short is one (a safetensors file missing its end), said in one line
+    with the bytes its header declares against the bytes there are; safetensors' own words are not
+    shown. A file that is not safetensors at all is still called that."""
+    from ddtree_lab.cli import main
+
+    src = Path(__file__).resolve().parent.parent / "fixtures" / "traces" / "smollm2_t08_b32.ddtrace.safetensors"
+    for size, want in ((200_000, "the file ends"), (src.stat().st_size - 10, "10 missing")):
+        cut = tmp_path / f"cut{size}.ddtrace.safetensors"
+        cut.write_bytes(src.read_bytes()[:size])
+        assert main(["info", str(cut)]) == 2
+        err = capsys.readouterr().err
+        assert "a safetensors file cut short" in err and want in err and "deserializ" not in err.lower(), err
+        assert len(err.strip().splitlines()) == 1
+    junk = tmp_path / "junk.ddtrace.safetensors"
+    junk.write_bytes(b"hello, not a trace at all")
+    assert main(["info", str(junk)]) == 2
+    assert "not a safetensors file" in capsys.readouterr().err

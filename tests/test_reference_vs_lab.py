@@ -171,3 +171,16 @@ def test_a_tie_between_two_nodes_is_named_and_only_a_tie_agrees(gap, agree):
     if agree:
         assert [(t["round"], t["node"]) for t in q0["ties"]] == [(2, i), (2, j)]
         assert f"round 2 node {i}" in reference_vs_lab_text(data)
+
+
+def test_a_smollm2_reference_dump_shows_text_not_ids(target):
+    """Issue 34.15a: the dump names no tokenizer, but its prompts encode to its prompt ids through
+    the embedded default's chat template, so its tokens read as text (the tokenizer of the lab's
+    own target); a dump whose prompt ids do not match gets none."""
+    from ddtree_lab.models.default_target import default_token_texts
+
+    ref = load(DUMP)
+    q = ref.metadata["requests"][0]
+    first = q["generated_token_ids"][0]
+    assert ref.token_texts and ref.token_texts[first] == target.token_text(first)
+    assert default_token_texts([(q["prompt"], q["prompt_token_ids"][:-1])], {first}) == {}

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..step import Run
-from ..store.container import TraceFormatError, safetensors_metadata
+from ..store.container import TraceFormatError, safetensors_damage, safetensors_metadata
 from ..store.segments import first_doc, is_segment_file
 from . import (acceptance, append_trace, bundle, ddtree_reference, ddtree_reference_run, lab_trace, sglang_recording,
                vllm_recording)
@@ -124,7 +124,7 @@ def _looks_like(p: Path) -> str:
         return "JSON that is neither an SGLang recording, DDTree reference tree traces nor an engine acceptance summary"
     meta = safetensors_metadata(p)
     if meta is None:
-        return "not a safetensors file (nor JSON)"
+        return safetensors_damage(p) or "not a safetensors file (nor JSON)"
     beside = p.with_suffix(".json")
     return ("safetensors without ddtree_lab metadata"
             + (f" and {beside.name} is not an SGLang recording" if beside.exists() else "") + " (drafter weights?)")

@@ -46,6 +46,38 @@ def safetensors_metadata(path: str | Path) -> dict[str, str] | None:
         return None
 
 
+def safetensors_damage(path: str | Path) -> str | None:
+    """Why a file that begins like a safetensors file does not open as one, in words (a file cut
+    short: the bytes its header declares against the bytes there are), or None when it does not
+    begin like one (an 8-byte little-endian header length, then a JSON header). Reads the header only."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return None
+            n = int.from_bytes(head, "little")
+            if not 2 <= n <= 100_000_000:
+                return None
+            first = f.read(1)
+            if first != b"{":
+                return None
+            if 8 + n > size:
+                return (f"a safetensors file cut short: its header declares {n} bytes, the file ends "
+                        f"{8 + n - size} bytes before the header does ({size} bytes in all)")
+            header = json.loads(first + f.read(n - 1))
+    except (OSError, ValueError):
+        return None
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)
+            and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2]
+    need = 8 + n + (max(ends) if ends else 0)
+    if need > size:
+        return (f"a safetensors file cut short: its tensors need {need} bytes, the file has {size} "
+                f"({need - size} missing)")
+    return "a damaged safetensors file (its header reads, its tensors do not)"
+
+
 def container_format(path: str | Path) -> str | None:
     """The ``format`` of the file's ``"ddtree_lab"`` document (:func:`write_container`; header
     only), ``""`` when that document is damaged or names no format (the reader names the
@@ -126,7 +158,8 @@ def read_container(path: str | Path, fmt: str, versions: Sequence[int], what: st
     try:
         f = safe_open(str(path), framework="pt")
     except Exception as exc:  # safetensors raises its own error types
-        raise TraceFormatError(f"{path}: not a safetensors file ({exc})") from exc
+        damage = safetensors_damage(path)
+        raise TraceFormatError(f"{path}: {damage}" if damage else f"{path}: not a safetensors file") from exc
     with f:
         meta = f.metadata() or {}
         if "ddtree_lab" not in meta:
