@@ -43,13 +43,13 @@ def test_diagnose_sigint_while_loading_the_model_prints_one_line():
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    deadline = time.monotonic() + 120
-    while b"check/s" not in err and p.poll() is None and time.monotonic() < deadline:  # diagnose's bar: it works
+    deadline = time.monotonic() + 120  # bars on (stderr is a pipe): diagnose's bar says it works
+    while b"check/s" not in err and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert p.poll() is None, f"diagnose ended before it was interrupted: {bytes(err)!r}"
     p.send_signal(signal.SIGINT)
-    out, _ = p.communicate(timeout=60)
-    reader.join(timeout=10)
+    p.wait(timeout=60)
+    reader.join(timeout=10)  # the reader drains stderr to its end (one reader: no byte read twice or lost)
     text = err.decode()
     assert p.returncode == 130, text[-2000:]
     assert visible_lines(text) == ["ddtree-lab diagnose: interrupted"], text[-2000:]
