@@ -78,6 +78,59 @@ def _env(args, out: Path | None) -> dict:
     return env
 
 
+#: the keys a prompts line may hold (another is a typo, e.g. "temprature": refused, not ignored)
+PROMPT_KEYS = ("prompt", "id", "temperature", "top_k", "top_p", "seed", "max_new_tokens")
+#: the engine's context (``--max-model-len`` of the offline runner): prompt + new tokens must fit
+MAX_MODEL_LEN = 1024
+
+
+def check_prompts(path: Path, given: str) -> int:
+    """Every line of a ``vllm record`` prompts file checked before the engine starts: JSON objects
+    with a non-empty ``prompt`` string, no key but :data:`PROMPT_KEYS`, sampling parameters the
+    lab's :class:`~ddtree_lab.sampling.SamplingParams` accepts (temperature >= 0 and finite, top-k an
+    integer, top-p in (0, 1], seed an integer), ``max_new_tokens`` an integer in [1, 1024).
+
+    Returns:
+        the number of prompts.
+
+    Raises:
+        CLIError: no such file, no prompt, or the first bad line (named with its line number).
+    """
+    from ..sampling import SamplingParams
+
+    if not path.is_file():
+        raise CLIError(f"--prompts {given}: no such file")
+    n = 0
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"--prompts {given}: line {i}"
+        try:
+            q = json.loads(line)
+        except ValueError as exc:
+            raise CLIError(f"{where} is not JSON ({exc})") from None
+        if not isinstance(q, dict):
+            raise CLIError(f"{where} is not a JSON object ({type(q).__name__})")
+        if not isinstance(q.get("prompt"), str) or not q["prompt"]:
+            raise CLIError(f"{where}: \"prompt\" must be a non-empty string, got {q.get('prompt')!r}")
+        unknown = sorted(set(q) - set(PROMPT_KEYS))
+        if unknown:
+            raise CLIError(f"{where}: unknown key(s) {unknown} (known: {', '.join(PROMPT_KEYS)})")
+        try:
+            SamplingParams(temperature=q.get("temperature", 0.0), top_k=q.get("top_k", 0), top_p=q.get("top_p", 1.0),
+                           seed=q.get("seed"))
+        except (TypeError, ValueError) as exc:
+            raise CLIError(f"{where}: {exc}") from None
+        m = q.get("max_new_tokens", 1)
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m < MAX_MODEL_LEN:
+            raise CLIError(f"{where}: \"max_new_tokens\" must be an integer in [1, {MAX_MODEL_LEN}) (the engine's "
+                           f"context is {MAX_MODEL_LEN} tokens), got {m!r}")
+        n += 1
+    if n == 0:
+        raise CLIError(f"--prompts {given}: no prompts (one JSON object a line)")
+    return n
+
+
 def _out_dir(args, names: tuple[str, ...]) -> Path:
     """``-o DIR`` checked before any work: no input of the verb, and no earlier recording (or
     ``names``) in it unless ``--force``."""
@@ -92,6 +145,19 @@ def _clear(out: Path) -> None:
     out.mkdir(exist_ok=True)
     for f in out.glob("vllm-pid*.ddvllm*"):
         f.unlink()
+
+
+def _check_port(port: int) -> None:
+    """``--port``: in [1, 65535] and free on 127.0.0.1 (checked before the engine starts)."""
+    import socket
+
+    if not 1 <= port <= 65535:
+        raise CLIError(f"--port {port}: must be in [1, 65535]")
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise CLIError(f"--port {port}: cannot listen on 127.0.0.1:{port} ({exc.strerror or exc})") from None
 
 
 def _check_common(args) -> None:
@@ -113,16 +179,7 @@ def cmd_vllm_record(args) -> int:
     if args.max_new_tokens < 1:
         raise CLIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     prompts = Path(args.prompts)
-    if not prompts.is_file():
-        raise CLIError(f"--prompts {args.prompts}: no such file")
-    for i, line in enumerate(prompts.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                q = json.loads(line)
-            except ValueError as exc:
-                raise CLIError(f"--prompts {args.prompts}: line {i} is not JSON ({exc})") from None
-            if not isinstance(q, dict) or not isinstance(q.get("prompt"), str) or not q["prompt"]:
-                raise CLIError(f"--prompts {args.prompts}: line {i} has no non-empty \"prompt\"")
+    check_prompts(prompts, args.prompts)
     py = engine_python()
     model, drafter = _model(args.model), _drafter(args)
     _clear(out)
@@ -160,9 +217,15 @@ def cmd_vllm_serve(args) -> int:
     """Serve the model with vLLM's OpenAI server on 127.0.0.1, recording every step."""
     _check_common(args)
     out = _out_dir(args, ())
+    _check_port(args.port)
     py = engine_python()
     model, drafter = _model(args.model), _drafter(args)
     _clear(out)
+    # what a reader of the recording needs to name the models (the server writes no requests.json)
+    (out / "requests.json").write_text(json.dumps({
+        "format": "ddtree-lab-vllm-requests", "version": 1, "method": args.method, "num_speculative_tokens": args.k,
+        "model": model, "drafter": drafter, "served": f"http://127.0.0.1:{args.port}/v1", "requests": []},
+        indent=1) + "\n")
     spec = {"method": args.method, "num_speculative_tokens": args.k}
     if drafter:
         spec["model"] = drafter
@@ -177,6 +240,18 @@ def cmd_vllm_serve(args) -> int:
     print(f"vllm serve: http://127.0.0.1:{args.port}/v1 (model name 'default'), recording into {out}; "
           "Ctrl-C stops it", file=sys.stderr)
     proc = subprocess.Popen(cmd, env=_env(args, out), start_new_session=True)
+
+    def stop(signum, frame):  # SIGTERM / SIGHUP to this wrapper stop the server too (its own process group)
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        print(f"vllm serve: stopped by signal {signum}; the recording is in {out}", file=sys.stderr)
+        sys.exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
     try:
         return proc.wait()
     except KeyboardInterrupt:

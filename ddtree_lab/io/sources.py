@@ -109,6 +109,10 @@ def _json_problem(p: Path) -> str | None:
 def _looks_like(p: Path) -> str:
     """What an unclaimed file looks like, in words (for the error; it decides nothing)."""
     if p.is_dir():
+        recordings = sorted(p.glob("*.ddvllm"))
+        if recordings:  # vllm recording files that do not open as one
+            bad = next((f for f in recordings if not vllm_recording.looks_like_vllm_recording(f)), recordings[0])
+            return f"a directory of vLLM recording files, but {bad.name} is not one (its first segment is damaged)"
         if any(p.glob("*.json")) or any(p.glob("*.jsonl")):
             return "a directory: give the file itself (a bundle directory holds bundle.safetensors)"
         return "is not a bundle (no bundle.safetensors in it)"
