@@ -266,7 +266,8 @@ def check_verifier(run: Run, steps: list[Step] | None = None, catalogue: bool = 
             got = verifier_step(s, vocab_of(s))
         except ValueError as exc:
             skipped.append(s)
-            result.note = f"step {s.step}, request {s.request}: {exc}"
+            where = f"step {s.step}, request {s.request}: "
+            result.note = str(exc) if str(exc).startswith(where) else where + str(exc)
             continue
         result.checked += 1
         lo, hi = threshold_interval(s.decisions)
