@@ -82,7 +82,7 @@ def test_figure_draws_each_runs_applied_values_and_the_request(shipped, fixed):
         assert list(_series(fig, "fixed", name).y) == _recorded(fixed, 1, 0, name)
     requested = [t for t in fig.data if t.name == "requested"]
     assert sorted(t.y[0] for t in requested) == pytest.approx([0.8, 0.9])
-    assert "step 1, request 0-" in fig.layout.title.text and "(greedy)" not in fig.layout.title.text
+    assert "step 1, request france-t0.8-p0.9" in fig.layout.title.text and "(greedy)" not in fig.layout.title.text
 
 
 def test_figure_of_a_clean_run_is_linear_and_on_the_requested_line(fixed):

@@ -186,7 +186,7 @@ def _draft(t: dict, tokens: list[int]) -> tuple[DraftTopK | None, torch.Tensor, 
     return DraftTopK(ids.clone(), logprobs.clone()), ranks, logws
 
 
-def _step(doc: dict, r: dict, t: dict, request: int, path: Path) -> Step:
+def _step(doc: dict, r: dict, t: dict, request: int, path: Path, user_id: str | None = None) -> Step:
     k, vocab, greedy = int(r["num_draft_tokens"]), int(doc["vocab_size"]), bool(r["greedy"])
     prompt, committed = t["prompt_token_ids"].tolist(), t["output_token_ids"].tolist()
     history = prompt + committed
@@ -209,11 +209,13 @@ def _step(doc: dict, r: dict, t: dict, request: int, path: Path) -> Step:
     vllm = {"params_requested": r.get("params"), "params_applied": r.get("applied"), "draft_probs": r["draft_probs"],
             "processed_ids": t["target_ids"], "processed_logits": t["target_logits"], "processed_lse": t["target_lse"],
             "greedy": greedy, "bonus_row": r.get("bonus_row"), "bonus_seed": r.get("bonus_seed"),
-            "recorded_bonus_token": r.get("bonus_token"), "row": r["row"], "file": path.name}
+            "recorded_bonus_token": r.get("bonus_token"), "row": r["row"], "file": path.name,
+            "engine_request_id": str(r["request_id"])}
     for name in ("recovered", "race_ids", "race_p", "race_inv_q", "uniform", "target_p_draft", "inv_q", "target_rows"):
         if name in t:
             vllm[name] = t[name]
-    step = record_step(step=int(doc["step"]), request=request, request_id=str(r["request_id"]), params=params,
+    # the id the user gave the request (the prompts file's "id"), else vLLM's own (kept in extra)
+    step = record_step(step=int(doc["step"]), request=request, request_id=user_id or str(r["request_id"]), params=params,
                        tree=tree, buffers=compile_retrieve(tree, prefix), output=output, coins=coins,
                        final_coin=0.0 if greedy else None,
                        draft=draft, probs=rows, level="full", prefix_len=prefix,
@@ -284,14 +286,15 @@ def load_vllm_run(path: str | Path) -> Run:
                 if rid not in index:
                     known = by_prefix.get(rid.split("-")[0], {})
                     index[rid] = len(requests)
-                    requests.append({"request": len(requests), "request_id": rid, "id": known.get("id"),
+                    requests.append({"request": len(requests), "request_id": known.get("id") or rid,
+                                     "engine_request_id": rid, "id": known.get("id"),
                                      "prompt": known.get("prompt"),
                                      "prompt_token_ids": t[f"{i}.prompt_token_ids"].tolist(),
                                      "params": requested_params(r.get("params"), bool(r["greedy"])).to_dict(),
                                      "generated_token_ids": known.get("generated_token_ids"),
                                      "finish_reason": known.get("finish_reason")})
                 mine = {name.split(".", 1)[1]: v for name, v in t.items() if name.split(".", 1)[0] == str(i)}
-                steps.append(_step(doc, r, mine, index[rid], f))
+                steps.append(_step(doc, r, mine, index[rid], f, requests[index[rid]]["id"]))
             meta.setdefault("vocab_size", doc.get("vocab_size"))
     if not meta:
         raise TraceFormatError(f"{p}: not a vLLM recording (no vllm-run header)")
