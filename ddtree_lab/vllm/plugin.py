@@ -8,8 +8,12 @@ vLLM calls :func:`register` in every engine process it starts (offline ``vllm.LL
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-_installed = None
+if TYPE_CHECKING:
+    from .recorder import VLLMRecorder
+
+_installed: "VLLMRecorder | bool | None" = None  # None: not yet asked; False: off (or failed)
 
 
 def register() -> None:
@@ -28,6 +32,6 @@ def register() -> None:
               "without recording", file=sys.stderr, flush=True)
 
 
-def installed():
+def installed() -> "VLLMRecorder | None":
     """The recorder this process runs (a :class:`~ddtree_lab.vllm.recorder.VLLMRecorder`), or None."""
-    return _installed or None
+    return _installed if not isinstance(_installed, bool) and _installed is not None else None
