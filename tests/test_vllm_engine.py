@@ -205,6 +205,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _engine_processes(out: Path) -> list[int]:
+    """Processes recording into ``out`` (DDTREE_LAB_VLLM_RECORD in their environment), after a
+    moment for the killed ones to go."""
+    time.sleep(2)
+    found = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"DDTREE_LAB_VLLM_RECORD={out}".encode() in env.read_bytes().split(b"\0"):
+                found.append(int(env.parent.name))
+        except OSError:
+            continue
+    return found
+
+
 def test_serve_on_loopback_records_and_a_sigkill_loses_no_finished_step(tmp_path):
     """`ddtree-lab vllm serve` on 127.0.0.1: a streamed request through the OpenAI API, the whole
     server SIGKILLed while it decodes; every token the client received is in the recording's
@@ -247,6 +261,10 @@ def test_serve_on_loopback_records_and_a_sigkill_loses_no_finished_step(tmp_path
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
         server.wait(30)
+        left = _engine_processes(out)
+        for pid in left:  # none should be left: the server shares the wrapper's group; never leak one
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"engine processes outlived the SIGKILL of the server's group: {left}"
     run = load(out)
     assert len(run.steps) > 0
     emitted = sum(len(s.emitted) for s in run.steps)

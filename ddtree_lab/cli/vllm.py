@@ -239,14 +239,16 @@ def cmd_vllm_serve(args) -> int:
         cmd += ["--speculative-config", json.dumps(spec)]
     print(f"vllm serve: http://127.0.0.1:{args.port}/v1 (model name 'default'), recording into {out}; "
           "Ctrl-C stops it", file=sys.stderr)
-    proc = subprocess.Popen(cmd, env=_env(args, out), start_new_session=True)
+    # the server stays in this process group: a signal to the group (a terminal's Ctrl-C, a kill of the
+    # whole server) reaches it and its engine processes
+    proc = subprocess.Popen(cmd, env=_env(args, out))
 
-    def stop(signum, frame):  # SIGTERM / SIGHUP to this wrapper stop the server too (its own process group)
-        os.killpg(proc.pid, signal.SIGTERM)
+    def stop(signum, frame):  # SIGTERM / SIGHUP to this wrapper alone stop the server too
+        proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            proc.kill()
         print(f"vllm serve: stopped by signal {signum}; the recording is in {out}", file=sys.stderr)
         sys.exit(128 + signum)
 
@@ -254,13 +256,12 @@ def cmd_vllm_serve(args) -> int:
         signal.signal(sig, stop)
     try:
         return proc.wait()
-    except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGINT)
+    except KeyboardInterrupt:  # the server got the terminal's SIGINT too (same group): let it stop
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        print(f"vllm serve: stopped; the recording is in {out}", file=sys.stderr)
+            proc.kill()
+        print(f"\nvllm serve: stopped; the recording is in {out}", file=sys.stderr)
         return 130
 
 
