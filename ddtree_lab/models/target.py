@@ -34,7 +34,8 @@ from .default_target import (DEFAULT_TARGET_NAME, cache_dir, default_target_dir,
                              default_target_name, target_vocab_size)
 
 __all__ = ["TargetModel", "TreeForward", "BatchCache", "load_default_target", "default_target_gguf", "cache_dir",
-           "token_text", "default_target_dir", "default_target_name", "default_token_texts", "target_vocab_size",
+           "token_text", "default_target_dir", "default_target_name", "default_token_texts", "token_texts_of",
+           "target_vocab_size",
            "DEFAULT_TARGET_NAME"]
 
 @dataclass
@@ -528,12 +529,23 @@ def default_token_texts(prompts: list[tuple[str, list[int]]], ids: set[int]) -> 
     checks = [(p, list(t)) for p, t in prompts if isinstance(p, str) and p and t]
     if not checks or not (here / "tokenizer.json").is_file():
         return {}
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(here)
+    tok = _tokenizer(here)
     for prompt, want in checks:
         enc = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                       return_dict=True)
         if list(enc["input_ids"]) != want:
             return {}
+    return {i: token_text(tok, i) for i in sorted(ids) if i >= 0}
+
+
+def _tokenizer(directory: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def token_texts_of(directory: Path, ids: set[int]) -> dict[int, str]:
+    """:func:`token_text` of each of ``ids`` (negative ones skipped) with the tokenizer of a model
+    ``directory`` (a Hugging Face directory holding ``tokenizer.json``)."""
+    tok = _tokenizer(directory)
     return {i: token_text(tok, i) for i in sorted(ids) if i >= 0}

@@ -101,13 +101,19 @@ class _Wrapped:
             setattr(self._original, name, value)
 
 
+def _position_rows(cu_num_draft_tokens: torch.Tensor, device=None) -> torch.Tensor:
+    """``[T]`` the batch row of each draft position, from vLLM's ``cu_num_draft_tokens [bs]``."""
+    counts = torch.diff(cu_num_draft_tokens.long(), prepend=cu_num_draft_tokens.new_zeros(1).long())
+    return torch.repeat_interleave(torch.arange(len(counts), device=device), counts.to(device))
+
+
 def _expand_fixed(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from=0,
                   replace_to=0) -> torch.Tensor:
     """``rejection_sampler.expand_batch_to_tokens`` as its docstring defines it (``x [bs]``
     repeated per request's tokens, ``replace_from`` values replaced by ``replace_to``), for the
     ``cpu-expand`` fix (:data:`FIXES`)."""
-    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
-    out = torch.repeat_interleave(x, counts.to(x.device), output_size=num_tokens)
+    out = x[_position_rows(cu_num_tokens, x.device)]
+    assert out.shape[0] == num_tokens, (out.shape, num_tokens)
     return torch.where(out == replace_from, torch.full_like(out, replace_to), out)
 
 
@@ -176,8 +182,7 @@ def _race(target_probs: torch.Tensor, inv_q: torch.Tensor, draft_token_ids: torc
     """The recovered-token race's leading entrants per draft position, from the engine's own
     ``target_probs [T, V]`` and ``inv_q [bs, V]``: ``ids [T, R]`` (the R best residual scores
     ``p * inv_q``, the draft zeroed), the engine's ``p`` and ``inv_q`` there, and ``p_draft [T]``."""
-    counts = torch.diff(cu_num_draft_tokens.long(), prepend=cu_num_draft_tokens.new_zeros(1).long())
-    rows = torch.repeat_interleave(torch.arange(len(counts), device=inv_q.device), counts.to(inv_q.device))
+    rows = _position_rows(cu_num_draft_tokens, inv_q.device)
     d = draft_token_ids.reshape(-1, 1).long()
     p = target_probs.detach().float()
     score = p * inv_q.detach().float()[rows]
@@ -373,8 +378,7 @@ class VLLMRecorder:
             out = original(recovered_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,
                            inv_q, *args, **kwargs)
             if no_residual:
-                counts = torch.diff(cu_num_draft_tokens.long(), prepend=cu_num_draft_tokens.new_zeros(1).long())
-                rows = torch.repeat_interleave(torch.arange(len(counts)), counts.cpu())
+                rows = _position_rows(cu_num_draft_tokens, inv_q.device)
                 recovered_token_ids.copy_((target_probs * inv_q[rows].to(target_probs.dtype)).argmax(-1))
             ctx = _current()
             t = time.perf_counter()

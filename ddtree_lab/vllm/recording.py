@@ -361,12 +361,8 @@ def _texts(model: str | None, steps: list[Step], requests: list[dict]) -> dict[i
     here = _local(model, "model")
     if here is None or not (here / "tokenizer.json").is_file():
         return {}
-    model = str(here)
-    from transformers import AutoTokenizer
+    from ..models.target import token_texts_of
 
-    from ..models.target import token_text
-
-    tok = AutoTokenizer.from_pretrained(model)
     ids: set[int] = set()
     for s in steps:
         ids |= s.token_ids()
@@ -374,4 +370,4 @@ def _texts(model: str | None, steps: list[Step], requests: list[dict]) -> dict[i
             ids |= set(s.row_logit_ids[:, :8].flatten().tolist())
     for q in requests:
         ids |= set(q.get("generated_token_ids") or [])
-    return {i: token_text(tok, i) for i in sorted(ids) if i >= 0}
+    return token_texts_of(here, ids)
