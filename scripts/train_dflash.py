@@ -2,8 +2,11 @@
 
 Recipe (DFlash, arXiv 2602.06036, section on training; z-lab/dflash for the architecture):
 
-1. Data: ``scripts/make_dflash_data.py`` (the target's own answers to the training prompts, with
-   the features of the chosen target layers recorded while it generated).
+1. Data: ``scripts/make_dflash_engine_data.py`` (the default: vLLM's answers to 6,200 training
+   prompts, each shard checked against the lab's target, features from the lab's forward; in
+   ``<cache>/dflash_engine_data``) or ``scripts/make_dflash_data.py`` (the lab's own ``generate``
+   on 620 prompts; ``--data <cache>/dflash_data``). Shards that appear while the run trains are
+   added every ``--reload-minutes``.
 2. Every step takes ``--batch`` sequences and ``--blocks`` random anchor positions ``a`` per
    sequence (inside the generated part). Each block ``[ids[a], mask x (L-1)]`` sees the context
    features of positions ``< a`` and the other tokens of its own block (no causal mask inside),
@@ -14,9 +17,13 @@ Recipe (DFlash, arXiv 2602.06036, section on training; z-lab/dflash for the arch
    afresh every step (a sampled softmax; evaluation always uses the full vocabulary).
 4. AdamW, linear warm-up then cosine decay over a wall-clock budget (``--minutes``): the run
    stops on time. A checkpoint (public DFlash layout, fp16) and the loss curve are written every
-   ``--checkpoint-minutes`` so a partial run still yields weights.
+   ``--checkpoint-minutes`` so a partial run still yields weights, with the whole training state
+   (fp32 weights, AdamW moments, step, time spent, random states, logs; safetensors + JSON, no
+   pickle) in ``--state``: ``--resume`` continues from it, in this session or a later one, on the
+   same schedule (the budget counts the minutes already spent).
 
     python scripts/train_dflash.py [--minutes 45] [--layers 2] [--threads 2] [--out fixtures/drafters/smollm2_dflash_b16]
+    python scripts/train_dflash.py --resume --minutes 90   # the same run, its budget raised to 90 min
 """
 
 from __future__ import annotations
@@ -40,17 +47,24 @@ from ddtree_lab.models.dflash import (DFlashConfig, DFlashDraftModel, DFlashDraf
 REPO = Path(__file__).resolve().parents[1]
 
 
-def data_files(split: str) -> list[Path]:
-    """The batch files of ``split`` (``train`` / ``heldout``) written by make_dflash_data.py."""
-    return sorted((cache_dir() / "dflash_data").glob(f"{split}_*.safetensors"))
+def default_data_dir() -> Path:
+    return cache_dir() / "dflash_engine_data"
 
 
-def load_split(split: str) -> tuple[list[dict], dict]:
-    """Every sequence of ``split`` (``train`` / ``heldout``) written by make_dflash_data.py."""
+def data_files(split: str, data: Path) -> list[Path]:
+    """The shard files of ``split`` (``train`` / ``heldout``) in ``data`` (written by
+    make_dflash_engine_data.py or make_dflash_data.py; rejected shards have none)."""
+    return sorted(data.glob(f"{split}_*.safetensors"))
+
+
+def load_split(split: str, data: Path, skip: set[str] = frozenset()) -> tuple[list[dict], dict, list[str]]:
+    """Every sequence of ``split`` in ``data`` but those of the files named in ``skip``; returns
+    ``(rows, metadata of the last file, names of the files read)``."""
     rows, meta = [], {}
-    files = data_files(split)
-    if not files:
-        raise FileNotFoundError(f"no {split} data in {cache_dir() / 'dflash_data'}: run scripts/make_dflash_data.py")
+    files = [f for f in data_files(split, data) if f.name not in skip]
+    if not files and not skip:
+        raise FileNotFoundError(f"no {split} data in {data}: run scripts/make_dflash_engine_data.py "
+                                "(or scripts/make_dflash_data.py with --data <cache>/dflash_data)")
     for f in files:
         with safe_open(str(f), framework="pt") as h:
             meta = h.metadata()
@@ -58,7 +72,34 @@ def load_split(split: str) -> tuple[list[dict], dict]:
             for j in range(n):
                 rows.append({"ids": h.get_tensor(f"ids.{j}"), "features": h.get_tensor(f"features.{j}"),
                              "prompt_len": int(h.get_tensor(f"prompt_len.{j}")[0]), "sampled": meta["sampled"]})
-    return rows, meta
+    return rows, meta, [f.name for f in files]
+
+
+def data_record(data: Path) -> dict:
+    """How the data was made, for the model card: ``{generator, decoding, seconds, threads,
+    new_tokens, engine}`` from the engine data's ``manifest.json`` or make_dflash_data.py's
+    ``record.json`` (an empty dict when neither exists)."""
+    if (data / "manifest.json").exists():
+        m = json.loads((data / "manifest.json").read_text())
+        sh = m.get("shards", {})
+        eng = sorted({f"vllm {v['vllm_version']}" for v in sh.values()})
+        thr = sorted({v.get("engine_threads") for v in sh.values()} - {None})
+        rejected = sorted(k for k, v in sh.items() if not v["verdict"]["passed"])
+        return {"generator": "scripts/make_dflash_engine_data.py", "engine": ", ".join(eng),
+                "decoding": "2 of 3 shards greedy, 1 of 3 sampled at T=0.7; held-out greedy",
+                "new_tokens": "160-256 (drawn per request)", "threads": thr[0] if len(thr) == 1 else thr,
+                "engine_seconds": sum(v["generate_seconds"] for v in sh.values()),
+                "check_seconds": sum(v["verdict"]["forward_seconds"] for v in sh.values()),
+                "seconds": sum(v["generate_seconds"] + v["verdict"]["forward_seconds"] for v in sh.values()),
+                "rejected_shards": rejected,
+                "checks": {k: {kk: v["verdict"].get(kk) for kk in ("check", "tokens", "mismatches", "ties", "p_value",
+                                                                    "passed")} for k, v in sorted(sh.items())}}
+    if (data / "record.json").exists():
+        r = json.loads((data / "record.json").read_text())
+        return {"generator": "scripts/make_dflash_data.py", "engine": "the lab (transformers generate)",
+                "decoding": r.get("decoding", "2 of 3 batches greedy, 1 of 3 sampled at T=0.7"),
+                "new_tokens": str(r.get("new_tokens")), "threads": r.get("threads"), "seconds": r.get("seconds")}
+    return {}
 
 
 def make_batch(rows: list[dict], batch: int, blocks: int, L: int, rng: random.Random):
@@ -138,6 +179,42 @@ def quick_eval(model, rows: list[dict], L: int, mask_token_id: int, embed: torch
             "chain_tau": round(sum(taus) / max(1, len(taus)), 3)}
 
 
+def save_state(state_dir: Path, model, opt, feature_scale: torch.Tensor, info: dict) -> None:
+    """The whole training state: ``state.safetensors`` (fp32 weights ``model.*``, AdamW moments
+    ``exp_avg.*`` / ``exp_avg_sq.*``, ``feature_scale``) and ``state.json`` (step, seconds spent,
+    logs, random state, arguments). Written to ``.partial`` files then renamed, the JSON last."""
+    from safetensors.torch import save_file
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {f"model.{k}": v.detach().float().contiguous() for k, v in model.state_dict().items()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for p, st in opt.state.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in st:
+                tensors[f"{key}.{names[id(p)]}"] = st[key].contiguous()
+    tensors["feature_scale"] = feature_scale.contiguous()
+    save_file(tensors, str(state_dir / "state.safetensors.partial"))
+    (state_dir / "state.safetensors.partial").rename(state_dir / "state.safetensors")
+    (state_dir / "state.json.partial").write_text(json.dumps(info) + "\n")
+    (state_dir / "state.json.partial").rename(state_dir / "state.json")
+
+
+def load_state(state_dir: Path) -> dict:
+    """What :func:`save_state` wrote: ``{"tensors": {...}, "json": {...}}``."""
+    from safetensors.torch import load_file
+
+    return {"tensors": load_file(str(state_dir / "state.safetensors")),
+            "json": json.loads((state_dir / "state.json").read_text())}
+
+
+def restore_optimizer(opt, model, tensors: dict, step: int) -> None:
+    """Put the saved AdamW moments back (the step count is the run's step)."""
+    for n, p in model.named_parameters():
+        if f"exp_avg.{n}" in tensors:
+            opt.state[p] = {"step": torch.tensor(float(step)), "exp_avg": tensors[f"exp_avg.{n}"].clone(),
+                            "exp_avg_sq": tensors[f"exp_avg_sq.{n}"].clone()}
+
+
 def save_curve(log: list[dict], path: Path, quick: list[dict] | None = None) -> None:
     """The training loss per step (and its EMA) and, on a second axis, the held-out hit rates
     of :func:`quick_eval` (top-1 and top-8 at the first position) over the run."""
@@ -187,6 +264,20 @@ def write_card_md(record: dict, path: Path) -> None:
     ev = record["held_out_eval"]
     a, d, r = record["architecture"], record["data"], record["recipe"]
     rows = " | ".join(f"{x:.2f}" for x in ev["top1_by_position"])
+    engine_part = (f" (engine {d['engine_minutes']} min, the lab's checks and features {d['check_minutes']} min)"
+                   if d.get("engine_minutes") is not None and "check_minutes" in d else "")
+    checks = d.get("checks") or {}
+    greedy = [c for c in checks.values() if c.get("mismatches") is not None]
+    sampled = [c for c in checks.values() if c.get("p_value") is not None]
+    pvals = ", ".join(f"{c['p_value']:.2g}" for c in sampled)
+    checks_part = ""
+    if checks:
+        checks_part = (f" Every shard was checked against the lab's own target before training: greedy shards "
+                       f"token for token, teacher-forced, on every 4th request ({sum(c['tokens'] for c in greedy)} "
+                       f"tokens, {sum(c['mismatches'] for c in greedy)} mismatches, {sum(c['ties'] or 0 for c in greedy)} "
+                       f"ties); sampled shards by the PIT of each token under the target's T = 0.7 law (KS p-values "
+                       f"{pvals}). Rejected shards: "
+                       f"{', '.join(d.get('rejected_shards') or []) or 'none'}.")
     text = f"""# {record['name']}: DFlash drafter for {record['target']}
 
 A DFlash block drafter (KV injection of target features, block size {a['block_size']}) trained on this
@@ -198,12 +289,13 @@ project's CPU machine by `scripts/train_dflash.py`; weights in the public DFlash
   layers {a['target_layer_ids']} (outputs, HF `hidden_states[l + 1]`), projected by `fc`; mask token
   `{a['mask_token']}` (id {a['mask_token_id']}); the target's embedding and LM head are shared and frozen.
 - Data: self-distillation. The target answered {d['train_sequences']} training prompts
-  (`{d['prompts']}`, {d['new_tokens_per_prompt']} new tokens each; {d['decoding']}),
-  {d['train_tokens']} tokens in all (prompts included); generated by `{d['generator']}` in
-  {d['generation_minutes']} min on {d['generation_threads']} CPU thread(s). {d['held_out_sequences']} held-out prompts
-  (other topics and templates) were answered greedily for evaluation only.
-- Recipe: {r['batch']} sequences x {r['blocks']} random anchors per step, loss weight exp(-(k-1)/{r['gamma']}),
-  lr {r['lr']} ({r['optimizer']}), sampled softmax (data tokens + {r['negatives']} random negatives).
+  (`{d['prompts']}`, {d['new_tokens_per_prompt']} new tokens; {d['decoding']}) through {d.get('engine') or 'the lab'},
+  {d['train_tokens']} tokens in all ({d.get('train_generated_tokens', '?')} generated, the rest prompts); made by
+  `{d['generator']}` in {d['generation_minutes']} min on {d['generation_threads']} CPU thread(s){engine_part}.
+  {d['held_out_sequences']} held-out prompts (other topics and templates) were answered greedily for evaluation
+  only.{checks_part}
+- Recipe: {('initialised from `' + r['init'] + '` (the previous drafter), then ') if r.get('init') else ''}{r['batch']} sequences x {r['blocks']} random anchors per step, loss weight exp(-(k-1)/{r['gamma']}),
+  lr {r['lr']} ({r['optimizer']}), sampled softmax (the data's {r.get('softmax_tokens', 'all')} most frequent tokens + the batch's labels + {r['negatives']} random negatives).
 - Run: {record['steps']} steps in {record['train_minutes']} min on {record['threads']} CPU thread(s); final loss (EMA)
   {record['final_loss_ema']}; data generation and training together {record['total_minutes']} min.
   Loss curve: `docs/dflash_loss.png`.
@@ -233,6 +325,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--negatives", type=int, default=1024)
+    ap.add_argument("--softmax-tokens", type=int, default=8192,
+                    help="the sampled softmax always holds the data's most frequent tokens, this many")
     ap.add_argument("--eval-sequences", type=int, default=16, help="held-out sequences in the recorded hit rate")
     ap.add_argument("--eval-checkpoints", action="store_true",
                     help="also measure the held-out hit rate at intermediate checkpoints (costs CPU)")
@@ -241,14 +335,25 @@ def main() -> None:
                     help="torch threads (default: ddtree_lab.threads' choice for this machine)")
     ap.add_argument("--eval-minutes", type=float, default=2.0,
                     help="print held-out hit rates (quick_eval) this often")
+    ap.add_argument("--data", default=None, help="data directory (default: <cache>/dflash_engine_data)")
+    ap.add_argument("--state", default=None, help="training state directory (default: <cache>/dflash_train_state)")
+    ap.add_argument("--resume", action="store_true", help="continue the run saved in --state")
+    ap.add_argument("--init", default=None,
+                    help="start from this DFlash checkpoint directory (same layers and block size) instead of random weights")
+    ap.add_argument("--reload-minutes", type=float, default=5.0, help="look for new data shards this often")
     args = ap.parse_args()
+    data = Path(args.data) if args.data else default_data_dir()
+    state_dir = Path(args.state) if args.state else cache_dir() / "dflash_train_state"
+    if args.resume and not (state_dir / "state.json").exists():
+        ap.error(f"--resume: no training state in {state_dir} (state.json)")
     for name, ok, rule in (
             ("minutes", args.minutes > 0, "> 0"), ("checkpoint_minutes", args.checkpoint_minutes > 0, "> 0"),
             ("eval_minutes", args.eval_minutes > 0, "> 0"), ("layers", args.layers >= 1, ">= 1"),
             ("block_size", args.block_size >= 2, ">= 2"), ("batch", args.batch >= 1, ">= 1"),
             ("blocks", args.blocks >= 1, ">= 1"), ("gamma", args.gamma > 0, "> 0"), ("lr", args.lr > 0, "> 0"),
             ("warmup", args.warmup >= 1, ">= 1"), ("negatives", args.negatives >= 0, ">= 0"),
-            ("eval_sequences", args.eval_sequences >= 1, ">= 1"),
+            ("softmax_tokens", args.softmax_tokens >= 1, ">= 1"),
+            ("eval_sequences", args.eval_sequences >= 1, ">= 1"), ("reload_minutes", args.reload_minutes > 0, "> 0"),
             ("threads", args.threads is None or args.threads >= 1, ">= 1")):
         value = getattr(args, name)
         if not ok or (isinstance(value, float) and not math.isfinite(value)):  # nan fails every comparison
@@ -262,28 +367,31 @@ def main() -> None:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     for split in ("train", "heldout"):
-        if not data_files(split):
-            ap.error(f"no {split} data in {cache_dir() / 'dflash_data'}: run scripts/make_dflash_data.py first")
+        if not data_files(split, data):
+            ap.error(f"no {split} data in {data}: run scripts/make_dflash_engine_data.py first")
     t_start = time.time()
     target = load_default_target()
     for p in target.model.parameters():
         p.requires_grad_(False)
-    rows, meta = load_split("train")
-    held, _ = load_split("heldout")
+    rows, meta, files_read = load_split("train", data)
+    held, _, _ = load_split("heldout", data)
     layer_ids = json.loads(meta["layer_ids"])
-    record_path = cache_dir() / "dflash_data" / "record.json"
-    data_record = json.loads(record_path.read_text()) if record_path.exists() else {}
+    made = data_record(data)
     # Preconditioning of fc: the target's features span four orders of magnitude per dimension
     # (massive activations up to ~2e4 on a few dimensions), which makes Adam's steps on fc swamp
     # the context with noise. Training therefore sees every feature dimension divided by its RMS
     # over the training text, and the exported fc.weight is divided by the same scale, so the
     # shipped drafter reads the raw features (the public architecture, unchanged).
-    sq = torch.zeros(rows[0]["features"].shape[1], dtype=torch.float64)
-    count = 0
-    for r in rows:
-        sq += r["features"].double().pow(2).sum(0)
-        count += r["features"].shape[0]
-    feature_scale = (sq / count).sqrt().float().clamp(min=1e-2)
+    saved = load_state(state_dir) if args.resume else None
+    if saved is not None:
+        feature_scale = saved["tensors"]["feature_scale"]
+    else:
+        sq = torch.zeros(rows[0]["features"].shape[1], dtype=torch.float64)
+        count = 0
+        for r in rows:
+            sq += r["features"].double().pow(2).sum(0)
+            count += r["features"].shape[0]
+        feature_scale = (sq / count).sqrt().float().clamp(min=1e-2)
     for r in rows:
         r["features"] = (r["features"].float() / feature_scale).to(torch.float16)
     held_scaled = [dict(r, features=(r["features"].float() / feature_scale).to(torch.float16)) for r in held]
@@ -303,12 +411,37 @@ def main() -> None:
             torch.nn.init.normal_(p, std=0.02)
     with torch.no_grad():  # the output feeds the target's LM head: start at a tenth of its final-norm scale (small logits)
         model.norm.weight.copy_(0.1 * target.model.model.norm.weight)
+    init_label = None
+    if args.init:  # where the weights started: a path in this repository is named with its commit
+        ip = Path(args.init).resolve()
+        init_label = args.init
+        if ip.is_relative_to(REPO):
+            import subprocess
+
+            rev = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%h", "--", str(ip)],
+                                 capture_output=True, text=True).stdout.strip()
+            init_label = f"{ip.relative_to(REPO)}" + (f" at commit {rev}" if rev else "")
+    if args.init and saved is None:
+        init = DFlashDrafter.load(target, args.init, dtype=torch.float32).model
+        if (init.config.num_hidden_layers, init.config.block_size) != (args.layers, L):
+            raise SystemExit(f"--init {args.init}: {init.config.num_hidden_layers} layers, block size "
+                             f"{init.config.block_size}; this run asks {args.layers}, {L}")
+        model.load_state_dict(init.state_dict())
+        with torch.no_grad():  # the checkpoint's fc reads raw features; training feeds them divided by the scale
+            model.fc.weight.mul_(feature_scale[None, :])
+        print(f"initialised from {args.init}", flush=True)
     head = target.model.get_output_embeddings().weight.detach()  # [V, H], frozen (tied to the embedding)
     embed = target.model.get_input_embeddings().weight.detach()
-    vocab = torch.unique(torch.cat([r["ids"] for r in rows]))
-    in_vocab = torch.zeros(head.shape[0], dtype=torch.bool)
-    in_vocab[vocab] = True
-    outside = torch.nonzero(~in_vocab)[:, 0]
+    def softmax_vocab(rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``--softmax-tokens`` most frequent tokens of the data, and every other token."""
+        counts = torch.bincount(torch.cat([r["ids"] for r in rows]), minlength=head.shape[0])
+        k = min(args.softmax_tokens, int((counts > 0).sum()))
+        vocab = torch.sort(torch.topk(counts, k).indices).values
+        in_vocab = torch.zeros(head.shape[0], dtype=torch.bool)
+        in_vocab[vocab] = True
+        return vocab, torch.nonzero(~in_vocab)[:, 0]
+
+    vocab, outside = softmax_vocab(rows)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     weights = torch.exp(-torch.arange(L - 1, dtype=torch.float32) / args.gamma)
     budget = args.minutes * 60
@@ -320,7 +453,7 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{len(rows)} training sequences ({sum(r['ids'].numel() for r in rows)} tokens), {len(held)} held-out; "
           f"target layers {layer_ids}; drafter {args.layers} layers, {n_params / 1e6:.2f} M parameters; "
-          f"softmax over {vocab.numel()} data tokens + {args.negatives} negatives", flush=True)
+          f"softmax over the {vocab.numel()} most frequent data tokens + labels + {args.negatives} negatives", flush=True)
 
     def checkpoint(step: int, final: bool = False) -> dict:
         export = copy.deepcopy(model).eval()
@@ -332,29 +465,34 @@ def main() -> None:
             # Evaluate the fp16 weights as shipped (reloaded), through the drafter's own lifecycle.
             shipped = DFlashDrafter.load(target, out_dir, dtype=torch.float32)
             rates = block_hit_rates(shipped, eval_seqs, stride=4, features=eval_feats)
-            evals.append({"step": step, "minutes": round((time.time() - t_start) / 60, 2), **rates})
+            evals.append({"step": step, "minutes": round(spent() / 60, 2), **rates})
         else:
             rates = evals[-1] if evals else {"anchors": 0, "top1_by_position": [], "chain_tau": None}
             rates = {k: rates[k] for k in ("anchors", "top1_by_position", "chain_tau")}
         model.train()
         record = {
             "name": "smollm2-dflash-b16", "target": target.name, "kind": "DFlash (KV injection), trained here",
-            "final": final, "steps": step, "train_minutes": round((time.time() - t_train) / 60, 2),
-            "total_minutes": round((time.time() - t_train) / 60 + data_record.get("seconds", float("nan")) / 60, 1),
+            "final": final, "steps": step, "train_minutes": round(spent() / 60, 2),
+            "total_minutes": round(spent() / 60 + made.get("seconds", float("nan")) / 60, 1),
             "architecture": {"layers": args.layers, "block_size": L, "target_layer_ids": layer_ids,
                              "mask_token": "<empty_output>", "mask_token_id": int(mask_token_id),
                              "parameters": n_params, "weights_dtype": "float16"},
-            "data": {"generator": "scripts/make_dflash_data.py", "prompts": "fixtures/drafters/dflash_prompts.json",
+            "data": {"generator": made.get("generator"), "engine": made.get("engine"),
+                     "prompts": "fixtures/drafters/dflash_prompts.json",
                      "train_sequences": len(rows), "train_tokens": int(sum(r["ids"].numel() for r in rows)),
-                     "new_tokens_per_prompt": int(meta["new_tokens"]),
-                     "decoding": "2 of 3 batches greedy, 1 of 3 sampled at T=0.7",
-                     "held_out_sequences": len(held),
-                     "generation_minutes": round(data_record.get("seconds", float("nan")) / 60, 2),
-                     "generation_threads": data_record.get("threads")},
+                     "train_generated_tokens": int(sum(r["ids"].numel() - r["prompt_len"] for r in rows)),
+                     "new_tokens_per_prompt": made.get("new_tokens", meta.get("new_tokens")),
+                     "decoding": made.get("decoding"), "held_out_sequences": len(held),
+                     "generation_minutes": round(made.get("seconds", float("nan")) / 60, 2),
+                     "engine_minutes": round(made.get("engine_seconds", float("nan")) / 60, 2),
+                     "check_minutes": round(made.get("check_seconds", float("nan")) / 60, 2),
+                     "generation_threads": made.get("threads"), "rejected_shards": made.get("rejected_shards", []),
+                     "checks": made.get("checks", {}), "files": len(files_read)},
             "recipe": {k: getattr(args, k) for k in ("minutes", "batch", "blocks", "gamma", "lr", "warmup", "negatives",
-                                                     "seed")}
-                      | {"optimizer": "AdamW(0.9, 0.95), wd 0.01, grad clip 1.0, warm-up + cosine over the time budget",
-                         "loss": "CE weighted exp(-(k-1)/gamma), sampled softmax (data tokens + random negatives)",
+                                                     "softmax_tokens", "seed")}
+                      | {"init": init_label,
+                         "optimizer": "AdamW(0.9, 0.95), wd 0.01, grad clip 1.0, warm-up + cosine over the time budget",
+                         "loss": "CE weighted exp(-(k-1)/gamma), sampled softmax (frequent data tokens + the batch's labels + random negatives)",
                          "preconditioning": "fc trained on features divided by their per-dimension RMS; exported fc.weight divided by the same scale"},
             "final_loss_ema": round(ema, 4) if ema is not None else None,
             "held_out_eval": {"sequences": eval_seqs, "stride": 4, **rates},
@@ -363,21 +501,42 @@ def main() -> None:
         (out_dir / "model_card.json").write_text(card_json(record))
         write_card_md(record, out_dir / "MODEL_CARD.md")
         (out_dir / "train_log.json").write_text(json.dumps(log) + "\n")
+        save_state(state_dir, model, opt, feature_scale, {
+            "step": step, "train_seconds": spent(), "log": log, "quick": quick, "evals": evals,
+            "python_rng": rng.getstate(), "args": {k: v for k, v in vars(args).items() if k != "resume"},
+            "layers": args.layers, "block_size": L, "files_read": files_read})
         save_curve(log, REPO / "docs" / "dflash_loss.png", quick)
         tqdm.write(f"checkpoint step {step}: held-out top-1 by position {rates['top1_by_position'][:6]}..., "
                    f"chain tau {rates['chain_tau']}" + ("" if final or args.eval_checkpoints else " (last measured)"))
         return record
 
-    t_train = time.time()
-    next_ckpt = t_train + args.checkpoint_minutes * 60
-    next_eval = t_train + args.eval_minutes * 60
     quick: list[dict] = []
     ema = None
     step = 0
+    spent_before = 0.0
+    if saved is not None:
+        j = saved["json"]
+        if (j["layers"], j["block_size"]) != (args.layers, L):
+            raise SystemExit(f"--resume: the saved run has {j['layers']} layers, block size {j['block_size']}; "
+                             f"this one asks {args.layers}, {L}")
+        model.load_state_dict({k[len("model."):]: v for k, v in saved["tensors"].items() if k.startswith("model.")})
+        restore_optimizer(opt, model, saved["tensors"], j["step"])
+        step, spent_before, log, quick, evals = j["step"], j["train_seconds"], j["log"], j["quick"], j["evals"]
+        rng.setstate(tuple(x if not isinstance(x, list) else tuple(x) for x in j["python_rng"]))
+        ema = log[-1]["loss"] if log else None
+        print(f"resumed at step {step} after {spent_before / 60:.1f} min of training", flush=True)
+    t_train = time.time()
+
+    def spent() -> float:
+        return spent_before + time.time() - t_train
+
+    next_ckpt = t_train + args.checkpoint_minutes * 60
+    next_eval = t_train + args.eval_minutes * 60
+    next_reload = t_train + args.reload_minutes * 60
     bar = tqdm(desc="training", unit="step", mininterval=5)
     model.train()
     while True:
-        frac = (time.time() - t_train) / budget
+        frac = spent() / budget
         if frac >= 1.0:
             break
         lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
@@ -390,7 +549,8 @@ def main() -> None:
         hidden = model.block_forward(embed[tokens], block_pos, ctx_kv, mask)
         hidden = hidden.view(args.batch, args.blocks, L, -1)[:, :, 1:]  # [B, nb, L-1, H]
         negatives = outside[torch.randint(outside.numel(), (args.negatives,))]
-        sub = torch.cat([vocab, negatives])
+        # the frequent tokens, this batch's labels (a rare one too) and the random negatives
+        sub = torch.unique(torch.cat([vocab, labels[labels >= 0], negatives]))
         lookup = torch.full((head.shape[0],), -1, dtype=torch.int64)
         lookup[sub] = torch.arange(sub.numel())
         logits = hidden @ head[sub].T
@@ -405,12 +565,23 @@ def main() -> None:
         opt.step()
         step += 1
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-        log.append({"step": step, "loss": round(loss.item(), 4), "lr": lr, "t": round(time.time() - t_train, 1)})
+        log.append({"step": step, "loss": round(loss.item(), 4), "lr": lr, "t": round(spent(), 1)})
         bar.update()
-        bar.set_postfix(loss=f"{ema:.3f}", lr=f"{lr:.2e}", min=f"{(time.time() - t_train) / 60:.1f}")
+        bar.set_postfix(loss=f"{ema:.3f}", lr=f"{lr:.2e}", min=f"{spent() / 60:.1f}")
+        if time.time() >= next_reload:  # shards the data stage finished since the last look
+            new, _, new_files = load_split("train", data, skip=set(files_read))
+            if new:
+                for r in new:
+                    r["features"] = (r["features"].float() / feature_scale).to(torch.float16)
+                rows += new
+                files_read += new_files
+                vocab, outside = softmax_vocab(rows)
+                tqdm.write(f"added {len(new_files)} shard(s): {len(rows)} sequences, "
+                           f"{sum(r['ids'].numel() for r in rows)} tokens")
+            next_reload = time.time() + args.reload_minutes * 60
         if time.time() >= next_eval:
             q = quick_eval(model, held_scaled, L, int(mask_token_id), embed, head)
-            quick.append({"step": step, "minutes": round((time.time() - t_train) / 60, 2), **q})
+            quick.append({"step": step, "minutes": round(spent() / 60, 2), "sequences": len(rows), **q})
             tqdm.write(f"step {step} ({quick[-1]['minutes']} min) loss {ema:.3f}: held-out top-1 {q['top1'][:4]} "
                        f"top-8@1 {q['top8_pos1']} chain tau {q['chain_tau']}")
             next_eval = time.time() + args.eval_minutes * 60

