@@ -69,8 +69,10 @@ def _pit(logits: torch.Tensor, seq: list[int], prompt_len: int, temperature: flo
     return u.clamp(0, 1), lp, expected
 
 
-def check_shard(target, doc: dict, layer_ids: list[int], args) -> tuple[dict, dict | None]:
-    """``(verdict, tensors or None)`` for one shard document (``ddtree_lab.vllm.datagen``)."""
+def check_shard(target, doc: dict, layer_ids: list[int], args, engine: dict | None = None) -> tuple[dict, dict | None]:
+    """``(verdict, tensors or None)`` for one shard document (``ddtree_lab.vllm.datagen``).
+    ``engine``: the features the engine recorded (``ids.{j}``, ``features.{j}``), or None (the
+    lab's forward then runs on every request and its features are the data)."""
     from scipy.stats import kstest
 
     temperature = float(doc["temperature"])
@@ -80,7 +82,19 @@ def check_shard(target, doc: dict, layer_ids: list[int], args) -> tuple[dict, di
     us, lps, exps = [], [], []
     gen = torch.Generator().manual_seed(1234)
     t0 = time.time()
-    order = list(range(len(reqs)))
+    feature_err: list[float] = []
+    feature_fail: list[dict] = []
+    if engine is not None:  # the engine's features are the data; the lab's forward checks a sample
+        for j, r in enumerate(reqs):
+            seq = r["prompt_token_ids"] + r["generated_token_ids"]
+            if engine[f"ids.{j}"].tolist() != seq:
+                feature_fail.append({"request": j, "why": "the feature file's tokens are not prompt + generated"})
+            tensors[f"ids.{j}"] = torch.tensor(seq)
+            tensors[f"features.{j}"] = engine[f"features.{j}"]
+            tensors[f"prompt_len.{j}"] = torch.tensor([len(r["prompt_token_ids"])])
+        order = [j for j in range(len(reqs)) if j % args.check_every == 0]
+    else:
+        order = list(range(len(reqs)))
     for i in range(0, len(order), FORWARD_BATCH):
         idx = order[i : i + FORWARD_BATCH]
         seqs = [reqs[j]["prompt_token_ids"] + reqs[j]["generated_token_ids"] for j in idx]
@@ -89,9 +103,16 @@ def check_shard(target, doc: dict, layer_ids: list[int], args) -> tuple[dict, di
             rows = _forward(target, seqs, layer_ids, checked)
         for j, s, ok, (feats, logits) in zip(idx, seqs, checked, rows):
             plen = len(reqs[j]["prompt_token_ids"])
-            tensors[f"ids.{j}"] = torch.tensor(s)
-            tensors[f"features.{j}"] = feats
-            tensors[f"prompt_len.{j}"] = torch.tensor([plen])
+            if engine is None:
+                tensors[f"ids.{j}"] = torch.tensor(s)
+                tensors[f"features.{j}"] = feats
+                tensors[f"prompt_len.{j}"] = torch.tensor([plen])
+            else:  # both fp16 (the lab's rounded from fp32): equal up to rounding
+                e = engine[f"features.{j}"].float()
+                err = float((e - feats.float()).norm() / feats.float().norm().clamp(min=1e-30))
+                feature_err.append(err)
+                if not err <= args.feature_tolerance:
+                    feature_fail.append({"request": j, "relative_error": err})
             if not ok or logits is None:
                 continue
             if temperature == 0.0:
@@ -107,7 +128,11 @@ def check_shard(target, doc: dict, layer_ids: list[int], args) -> tuple[dict, di
                 us.append(u)
                 lps.append(lp)
                 exps.append(ex)
-    verdict: dict = {"forward_seconds": round(time.time() - t0, 1), "tie_tolerance": args.tie_tolerance}
+    verdict: dict = {"forward_seconds": round(time.time() - t0, 1), "tie_tolerance": args.tie_tolerance,
+                     "features": "engine (checked on a sample)" if engine is not None else "lab forward"}
+    if engine is not None:
+        verdict |= {"feature_requests_checked": len(feature_err), "feature_max_relative_error": max(feature_err, default=None),
+                    "feature_tolerance": args.feature_tolerance, "feature_failures": feature_fail[:8]}
     if temperature == 0.0:
         frac = greedy["mismatches"] / max(1, greedy["tokens"])
         passed = greedy["tokens"] > 0 and frac <= args.max_mismatch
@@ -126,6 +151,10 @@ def check_shard(target, doc: dict, layer_ids: list[int], args) -> tuple[dict, di
                         "ks_statistic": float(ks.statistic), "p_value": float(ks.pvalue),
                         "mean_logprob": float(lp.mean()), "expected_mean_logprob": float(ex.mean()),
                         "passed": bool(ks.pvalue >= args.alpha), "alpha": args.alpha}
+    if feature_fail or (engine is not None and not feature_err):
+        verdict["passed"] = False
+        verdict["why"] = (f"{len(feature_fail)} request(s) whose engine features differ from the lab's"
+                          if feature_fail else "no request's features were compared: the check could not run")
     return verdict, (tensors if verdict["passed"] else None)
 
 
@@ -162,7 +191,14 @@ def cmd_check(args) -> None:
             and not (data / f"{s['name']}.safetensors").exists() and not (data / f"{s['name']}.rejected.json").exists()]
     for s in tqdm(todo, desc="lab checks shards"):
         doc = json.loads((data / f"{s['name']}.json").read_text())
-        verdict, tensors = check_shard(target, doc, layer_ids, args)
+        engine = None
+        if (data / f"{s['name']}.features.safetensors").exists():
+            from safetensors.torch import load_file
+
+            engine = load_file(str(data / f"{s['name']}.features.safetensors"))
+            if doc.get("features", {}).get("layer_ids") != layer_ids:
+                raise SystemExit(f"{s['name']}: the engine recorded layers {doc.get('features')}, the drafter reads {layer_ids}")
+        verdict, tensors = check_shard(target, doc, layer_ids, args, engine)
         entry = {"split": s["split"], "temperature": doc["temperature"], "requests": len(doc["requests"]),
                  "prompt_tokens": sum(len(r["prompt_token_ids"]) for r in doc["requests"]),
                  "generated_tokens": doc["generated_tokens"], "engine": doc["engine"],
@@ -175,6 +211,8 @@ def cmd_check(args) -> None:
             path = data / f"{s['name']}.safetensors"
             save_file(tensors, str(path.with_suffix(".partial")), metadata=meta)
             path.with_suffix(".partial").rename(path)
+            if engine is not None:  # the shard file holds them now
+                (data / f"{s['name']}.features.safetensors").unlink()
         else:
             (data / f"{s['name']}.rejected.json").write_text(json.dumps(entry, indent=1) + "\n")
         manifest["shards"][s["name"]] = entry

@@ -8,10 +8,16 @@ Three stages, each resumable (a killed run starts again where it stopped):
    tokens; evaluation only). Written once to ``<data>/plan.json``; a different plan for the same
    directory is an error.
 2. ``generate``: vLLM answers every shard that has no ``<name>.json`` yet
-   (:mod:`ddtree_lab.vllm.datagen`, run with the engine's venv; no speculative decoding).
-3. ``check``: every generated shard is checked against the lab's own decoding before anything
-   trains on it, and the drafter's context features are computed by the lab's own target forward
-   (``TargetModel``, fp32; layer ``l``'s output is HF ``hidden_states[l + 1]``):
+   (:mod:`ddtree_lab.vllm.datagen`, run with the engine's venv; no speculative decoding) and
+   records, from inside its forward, the outputs of the target layers the drafter reads
+   (``<name>.features.safetensors``; ``--lab-features`` leaves that to stage 3).
+3. ``check``: every generated shard is checked against the lab's own target before anything
+   trains on it; the lab's forward (``TargetModel``, fp32; layer ``l``'s output is HF
+   ``hidden_states[l + 1]``) runs on every ``--check-every``-th request, or on all of them when the
+   engine recorded no features:
+
+   - the engine's features of each checked request equal the lab's up to
+     ``--feature-tolerance`` (relative Frobenius norm; fp16 rounding alone is ~2e-4);
 
    - greedy shards: on every ``--check-every``-th request, teacher-forced, the lab target's argmax
      at each generated position equals the engine's token, or the engine's token is within
@@ -34,12 +40,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,10 +93,16 @@ def cmd_generate(args) -> None:
     from ddtree_lab.cli.vllm import engine_python
     from ddtree_lab.models.target import default_target_dir
 
+    from ddtree_lab.models.dflash import build_target_layer_ids
+
     plan = cmd_plan(args)
+    n_layers = json.loads((default_target_dir() / "config.json").read_text())["num_hidden_layers"]
+    layer_ids = build_target_layer_ids(int(n_layers), args.num_draft_layers)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), VLLM_CPU_KVCACHE_SPACE=str(args.kv_gib))
     cmd = [str(engine_python()), "-m", "ddtree_lab.vllm.datagen", "--model", str(default_target_dir()),
            "--plan", str(plan), "--out", str(args.data)]
+    if not args.lab_features:
+        cmd += ["--layers", ",".join(map(str, layer_ids))]
     if args.limit is not None:
         cmd += ["--limit", str(args.limit)]
     log = Path(args.data) / "engine.log"
@@ -116,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="threads for the engine and for the lab's forward")
     ap.add_argument("--kv-gib", type=int, default=6, help="the engine's KV cache (VLLM_CPU_KVCACHE_SPACE)")
     ap.add_argument("--limit", type=int, default=None, help="generate at most this many new shards")
+    ap.add_argument("--num-draft-layers", type=int, default=5, help="target layers the drafter reads")
+    ap.add_argument("--lab-features", action="store_true",
+                    help="do not record features in the engine: the check stage computes them all with the lab's forward")
+    ap.add_argument("--feature-tolerance", type=float, default=1e-3,
+                    help="the engine's features fail when ||engine - lab|| / ||lab|| exceeds this on a checked request")
     ap.add_argument("--check-every", type=int, default=4, help="check every n-th request of a shard")
     ap.add_argument("--tie-tolerance", type=float, default=1e-3, help="logit gap counted as a tie")
     ap.add_argument("--alpha", type=float, default=1e-3, help="a sampled shard fails below this p-value")
