@@ -39,6 +39,30 @@ def _stable_desc(key: torch.Tensor) -> torch.Tensor:
     return torch.sort(key, dim=-1, descending=True, stable=True).indices
 
 
+def _first(key: torch.Tensor, count: torch.Tensor, most: int) -> torch.Tensor:
+    """Mask of the first ``count[b]`` entries of row ``b`` in (key descending, index ascending)
+    order, ``count <= most``: the ``count``-th largest value by ``topk``, everything above it,
+    and of the entries equal to it the first ones in index order (a stable sort's choice,
+    without sorting the row)."""
+    most = min(most, key.shape[1])
+    values = key.topk(most, dim=1, sorted=True).values
+    edge = values.gather(1, (count - 1).clamp(0, most - 1)[:, None])
+    above = key > edge
+    tie = key == edge
+    room = count[:, None] - above.sum(1, keepdim=True)
+    return (above | (tie & (tie.cumsum(1) <= room))) & (count > 0)[:, None]
+
+
+def _compact(mask: torch.Tensor, width: int) -> torch.Tensor:
+    """Per row, the indices where ``mask`` is set, ascending, in ``width`` slots (at most
+    ``width`` are set); empty slots hold ``mask.shape[1]``."""
+    bs, total = mask.shape
+    slot = torch.where(mask, mask.cumsum(1) - 1, width)
+    out = torch.full((bs, width + 1), total, dtype=torch.int64, device=mask.device)
+    out.scatter_(1, slot, torch.arange(total, device=mask.device).expand(bs, total))
+    return out[:, :width]
+
+
 def build_tree_device(
     draft_token_ids: torch.Tensor,
     draft_logprobs: torch.Tensor,
@@ -121,12 +145,9 @@ def build_tree_device(
         c_valid &= (cand >= floor) | c_spine
         c_valid |= c_spine  # spine log-weights are finite (rank 0 of a row is)
         key = torch.where(c_spine, math.inf, torch.where(c_valid, cand, -math.inf))
-        order = _stable_desc(key)
-        take = (torch.arange(width * k, device=device) < (quota + (d < spine_depth))[:, None])
-        chosen = torch.zeros_like(c_valid).scatter_(1, order, take) & c_valid
-        # the chosen candidates, back in (parent slot, rank) order, into the width slots
-        pick = torch.sort(torch.where(chosen, torch.arange(width * k, device=device), width * k), dim=-1).values
-        pick = pick[:, :width] if width * k >= width else pick
+        chosen = _first(key, quota + (d < spine_depth), width) & c_valid
+        # the chosen candidates, still in (parent slot, rank) order, into the width slots
+        pick = _compact(chosen, width)
         ok = pick < width * k
         idx = pick.clamp(max=width * k - 1)
         logw = torch.where(ok, cand.gather(1, idx), -math.inf)
@@ -145,14 +166,13 @@ def build_tree_device(
     all_tok = torch.stack([lv[5] for lv in levels], 1).reshape(bs, -1)
     total = depth_count * width
     key = torch.where(all_spine, math.inf, torch.where(all_valid, all_logw, -math.inf))
-    order = _stable_desc(key)
-    spine_count = all_spine.sum(1)
-    take = torch.arange(total, device=device) < (spine_count + quota)[:, None]
-    kept = torch.zeros_like(all_valid).scatter_(1, order, take) & all_valid
-    # tree order: the kept nodes by the key (-logw, depth, rank tuple) = stable sort of logw
-    tree = _stable_desc(torch.where(kept, all_logw, -math.inf))[:, :width]  # flat index per row 1..B
+    kept = _first(key, all_spine.sum(1) + quota, width) & all_valid
+    # tree order: the kept nodes, in (depth, rank tuple) order, stably sorted by log-weight
+    flat = _compact(kept, width)
     count = kept.sum(1)
     row_ok = slot[None, :] < count[:, None]
+    kept_logw = torch.where(row_ok, all_logw.gather(1, flat.clamp(max=total - 1)), -math.inf)
+    tree = flat.gather(1, _stable_desc(kept_logw)).clamp(max=total - 1)  # flat index of rows 1..B
     row_of = torch.zeros(bs, total, dtype=torch.int64, device=device)  # flat node -> row (1..)
     row_of.scatter_(1, tree, torch.where(row_ok, slot + 1, 0).expand(bs, width))
     depth_of = torch.arange(depth_count, device=device).repeat_interleave(width)  # [D*W]
