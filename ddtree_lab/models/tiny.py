@@ -10,6 +10,8 @@ nothing.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from .drafter import DraftContext
@@ -46,7 +48,7 @@ def random_target(hidden_size: int = 64, num_layers: int = 2, seed: int = 0, dty
                          max_position_embeddings=4096, tie_word_embeddings=True,
                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(dtype=dtype, device=device)
+    model = LlamaForCausalLM(config).to(dtype=dtype, device=device)  # pyright: ignore[reportCallIssue]  # transformers types this .to as unbound
     return TargetModel(model, tokenizer, name=f"random-llama-H{hidden_size}-L{num_layers}")
 
 
@@ -62,12 +64,13 @@ class RandomDrafter:
     """
 
     name = "random-drafter"
+    target_layer_ids: Sequence[int]
 
     def __init__(self, vocab_size: int, block_size: int = 16, seed: int = 0, scale: float = 3.0,
                  device: str | torch.device = "cpu"):
         g = torch.Generator().manual_seed(seed)
         self.block_size = int(block_size)
-        self.target_layer_ids = [0]
+        self.target_layer_ids = (0,)
         self.embedding = (torch.randn(vocab_size, 16, generator=g) / 4.0).to(device)
         self.positions = (torch.randn(self.block_size - 1, 16, generator=g) / 4.0).to(device)
         self.scale = float(scale)
