@@ -53,6 +53,7 @@ def main() -> None:
             for temperature in (0.0, 0.8):
                 s = dl.LiveSession(target, drafter, budget=budget, record="off",
                                    sampling=dl.SamplingParams(temperature=temperature))
+                s.tree_build = "device"  # what a GPU step runs
                 s.start([PROMPTS[i % len(PROMPTS)] for i in range(bs)])
                 s.step(1000)
                 stages, counter = count_step(s)

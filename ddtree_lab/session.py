@@ -5,9 +5,10 @@ One step for the batch of active requests (Ringel & Romano, arXiv 2604.12989, §
 
 1. ``draft``: the drafter's logits for the L-1 positions after each anchor, then the draft
    top-k (:func:`ddtree_lab.draft_topk_from_logits`);
-2. ``build``: :func:`ddtree_lab.build_device.build_tree_device` (whole batch, on the draft's
-   device, no host read; the same trees as :func:`ddtree_lab.build_tree`), or the session's tree
-   policy (``policy=``, :mod:`ddtree_lab.analysis.policies`) called once per request on the host;
+2. ``build``: on an accelerator :func:`ddtree_lab.build_device.build_tree_device` (whole batch,
+   on the draft's device, no host read), on the CPU :func:`ddtree_lab.build_tree` (the same trees,
+   ~20x faster there: ``benchmarks/tree_build_device.out.txt``); :attr:`LiveSession.tree_build`
+   picks one. Or the session's tree policy (``policy=``, :mod:`ddtree_lab.analysis.policies`) called once per request on the host;
 3. ``compile``: :func:`ddtree_lab.compile_retrieve` (buffers, tree mask, positions);
 4. ``target``: ONE forward over every active request's tree
    (:meth:`ddtree_lab.models.TargetModel.tree_forward_batch`: ragged trees padded to the batch's
@@ -42,7 +43,7 @@ from .buffers import compile_retrieve
 from .sampling import SamplingParams, normalize_params, target_probs
 from .record import TOP_M_LOGITS, record_step
 from .step import LEVELS, STAGES, DraftTopK, Run, Step
-from .build import DDTreeBuildResult
+from .build import DDTreeBuildResult, build_tree
 from .build_device import build_tree_device
 from .draft import draft_topk_from_logits
 from .verify import VerifyOutput, draw_coins, make_generators, residual_draw, verify_sampled
@@ -102,6 +103,11 @@ def default_backend(record: str, device) -> str:
 
 class LiveSession:
     """DDTree speculative decoding of a batch of prompts, live, recording each step.
+
+    ``tree_build`` (attribute, default ``"auto"``): ``"device"`` builds each step's trees with
+    :func:`~ddtree_lab.build_device.build_tree_device` where the draft lies (no host read),
+    ``"host"`` with :func:`ddtree_lab.build_tree` on the host; ``"auto"`` is ``"device"`` on an
+    accelerator and ``"host"`` on the CPU. Both give the same trees (``tests/test_build_device.py``).
 
     Args:
         target: a :class:`ddtree_lab.models.TargetModel`.
@@ -375,7 +381,14 @@ class LiveSession:
 
     # -- the build and verify stages (one of each is chosen in __init__) ----------------------
 
+    tree_build: str = "auto"
+
     def _build_ddtree(self, ids, lps, anchors, budgets) -> DDTreeBuildResult:
+        if self.tree_build not in ("auto", "device", "host"):
+            raise ValueError(f"LiveSession.tree_build: 'auto', 'device' or 'host', not {self.tree_build!r}")
+        if self.tree_build == "host" or (self.tree_build == "auto" and ids.device.type == "cpu"):
+            return build_tree(ids.cpu(), lps.cpu(), anchors, budgets, self.max_depth, top1_spine=self.top1_spine,
+                              min_prob=self.min_prob)
         # on the draft's device, no host read: the top-k comes from draft_topk_from_logits,
         # which checked the logits, so its rows are not read back to be checked again
         return build_tree_device(ids, lps, anchors.to(ids.device), budgets, self.max_depth,

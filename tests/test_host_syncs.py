@@ -96,6 +96,7 @@ def test_host_syncs_per_live_step(monkeypatch, tiny, temperature):
         for budget in (8, 64):
             session = dl.LiveSession(target, drafter, budget=budget, record="off",
                                      sampling=dl.SamplingParams(temperature=temperature))
+            session.tree_build = "device"  # what a GPU step runs ("auto" builds on the host on a CPU)
             session.start([PROMPTS[i % len(PROMPTS)] for i in range(bs)])
             session.step(1000)  # a warm step; the second is counted
             assert len(session._rows) == bs  # nobody left: the counted step runs the whole batch
