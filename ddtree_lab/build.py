@@ -152,8 +152,22 @@ def request_budgets(budget: int | torch.Tensor | Sequence[int], bs: int) -> list
     return values
 
 
-def _prepare(draft_token_ids, draft_logprobs, anchor_token_ids, budget, max_depth, min_prob):
-    check_draft_topk(draft_token_ids, draft_logprobs)
+def check_build_arguments(draft_token_ids, draft_logprobs, anchor_token_ids, budget, max_depth, min_prob,
+                          *, validate: bool = True) -> tuple[list[int], int, float | None]:
+    """The checked arguments of a tree builder: ``(budgets, max_depth, log(min_prob) or None)``.
+
+    With ``validate`` the draft rows are checked too (:func:`ddtree_lab.check_draft_topk`, on
+    the host); without it only dtypes and shapes (no tensor value is read).
+
+    Raises:
+        TypeError / ValueError: as :func:`build_tree` says.
+    """
+    if validate:
+        check_draft_topk(draft_token_ids, draft_logprobs)
+    else:
+        check_tensor("draft_token_ids", draft_token_ids, dtype=torch.int64, ndim=3)
+        check_tensor("draft_logprobs", draft_logprobs, dtype=torch.float32, ndim=3)
+        check_shape("draft_logprobs", draft_logprobs, tuple(draft_token_ids.shape))
     bs, depth_all, _ = draft_token_ids.shape
     check_tensor("anchor_token_ids", anchor_token_ids, dtype=torch.int64, ndim=1)
     check_shape("anchor_token_ids", anchor_token_ids, (bs,))
@@ -198,7 +212,7 @@ def build_tree_reference(
 
     Same arguments, result and errors as :func:`build_tree`; see there.
     """
-    budgets, depth_limit, log_min = _prepare(
+    budgets, depth_limit, log_min = check_build_arguments(
         draft_token_ids, draft_logprobs, anchor_token_ids, budget, max_depth, min_prob
     )
     bs = draft_token_ids.shape[0]
@@ -565,7 +579,7 @@ def build_tree(
             or a draft row that is NaN, unsorted, unnormalised or has a repeated token
             (the message names request and depth).
     """
-    budgets, depth_limit, log_min = _prepare(
+    budgets, depth_limit, log_min = check_build_arguments(
         draft_token_ids, draft_logprobs, anchor_token_ids, budget, max_depth, min_prob
     )
     device = draft_token_ids.device

@@ -5,10 +5,10 @@ One step for the batch of active requests (Ringel & Romano, arXiv 2604.12989, §
 
 1. ``draft``: the drafter's logits for the L-1 positions after each anchor, then the draft
    top-k (:func:`ddtree_lab.draft_topk_from_logits`);
-2. ``build``: :func:`ddtree_lab.build_tree` (whole batch, on the host: the draft top-k comes to
-   the host once per step: the first of a GPU step's two host reads, the second is the
-   verify output), or the session's tree policy (``policy=``, :mod:`ddtree_lab.analysis.policies`)
-   called once per request;
+2. ``build``: on an accelerator :func:`ddtree_lab.build_device.build_tree_device` (whole batch,
+   on the draft's device, no host read), on the CPU :func:`ddtree_lab.build_tree` (the same trees,
+   ~20x faster there: ``benchmarks/tree_build_device.out.txt``); :attr:`LiveSession.tree_build`
+   picks one. Or the session's tree policy (``policy=``, :mod:`ddtree_lab.analysis.policies`) called once per request on the host;
 3. ``compile``: :func:`ddtree_lab.compile_retrieve` (buffers, tree mask, positions);
 4. ``target``: ONE forward over every active request's tree
    (:meth:`ddtree_lab.models.TargetModel.tree_forward_batch`: ragged trees padded to the batch's
@@ -44,6 +44,7 @@ from .sampling import SamplingParams, normalize_params, target_probs
 from .record import TOP_M_LOGITS, record_step
 from .step import LEVELS, STAGES, DraftTopK, Run, Step
 from .build import DDTreeBuildResult, build_tree
+from .build_device import build_tree_device
 from .draft import draft_topk_from_logits
 from .verify import VerifyOutput, draw_coins, make_generators, residual_draw, verify_sampled
 
@@ -102,6 +103,11 @@ def default_backend(record: str, device) -> str:
 
 class LiveSession:
     """DDTree speculative decoding of a batch of prompts, live, recording each step.
+
+    ``tree_build`` (attribute, default ``"auto"``): ``"device"`` builds each step's trees with
+    :func:`~ddtree_lab.build_device.build_tree_device` where the draft lies (no host read),
+    ``"host"`` with :func:`ddtree_lab.build_tree` on the host; ``"auto"`` is ``"device"`` on an
+    accelerator and ``"host"`` on the CPU. Both give the same trees (``tests/test_build_device.py``).
 
     Args:
         target: a :class:`ddtree_lab.models.TargetModel`.
@@ -316,11 +322,11 @@ class LiveSession:
     def step(self, max_new_tokens: int) -> list[Step]:
         """One DDTree step for every unfinished request, one batched target forward.
 
-        On a GPU the step reads from the device twice: the draft top-k comes to the host for
-        the tree build (the build runs on the host), and the verify output (accepted paths,
-        tokens: the step's result) comes back once for the commit. The buffers go to the
-        device once; the target forward and, at levels ``light`` / ``off`` with Triton, verify
-        stay on the device in between. Stage timings use CUDA events (no extra waits).
+        The tree is built on the device (no host read); the step's result (accepted paths,
+        emitted and bonus tokens) comes back in one copy for the commit. Host reads that remain
+        (counted per stage by ``benchmarks/host_syncs.py``): the draft top-k's candidate
+        extraction, the buffers' checks, and the verify backends' per-request walks. Stage
+        timings use CUDA events (no extra waits).
 
         Returns:
             the step traces of the requests that took part (empty at level ``off``).
@@ -338,7 +344,6 @@ class LiveSession:
         draft_logits = self.faults.draft_logits(self.drafter.draft_logits(self.faults.draft_context(context)))
         budgets = [self.request_budgets[r.request] for r in active]
         ids, lps = draft_topk_from_logits(draft_logits.float(), k=min(max(budgets + [1]), draft_logits.shape[-1]))
-        ids, lps = ids.cpu(), lps.cpu()  # host read 1 of 2: the tree build runs on the host
         clock.mark("draft")
         tree = self._build(ids, lps, anchors, budgets)
         clock.mark("build")
@@ -356,6 +361,7 @@ class LiveSession:
         clock.mark("verify")
         traces = []
         if self.record != "off":
+            ids, lps = ids.cpu(), lps.cpu()  # the recorded draft top-k, on the host
             for b, r in enumerate(active):
                 traces.append(self._record(step_no, b, r, ids, lps, tree, vi, logits, probs, coins, final, out))
         clock.mark("record")
@@ -375,15 +381,24 @@ class LiveSession:
 
     # -- the build and verify stages (one of each is chosen in __init__) ----------------------
 
+    tree_build: str = "auto"
+
     def _build_ddtree(self, ids, lps, anchors, budgets) -> DDTreeBuildResult:
-        return build_tree(ids, lps, anchors, budgets, self.max_depth, top1_spine=self.top1_spine,
-                          min_prob=self.min_prob)
+        if self.tree_build not in ("auto", "device", "host"):
+            raise ValueError(f"LiveSession.tree_build: 'auto', 'device' or 'host', not {self.tree_build!r}")
+        if self.tree_build == "host" or (self.tree_build == "auto" and ids.device.type == "cpu"):
+            return build_tree(ids.cpu(), lps.cpu(), anchors, budgets, self.max_depth, top1_spine=self.top1_spine,
+                              min_prob=self.min_prob)
+        # on the draft's device, no host read: the top-k comes from draft_topk_from_logits,
+        # which checked the logits, so its rows are not read back to be checked again
+        return build_tree_device(ids, lps, anchors.to(ids.device), budgets, self.max_depth,
+                                 top1_spine=self.top1_spine, min_prob=self.min_prob, validate=False)
 
     def _build_policy(self, ids, lps, anchors, budgets) -> DDTreeBuildResult:
         from .analysis.policies import build_policy_trees
 
         assert self.policy is not None and self.policy_context is not None  # set together (_check_policy)
-        return build_policy_trees(self.policy, ids, lps, anchors, budgets,
+        return build_policy_trees(self.policy, ids.cpu(), lps.cpu(), anchors, budgets,
                                   dataclasses.replace(self.policy_context, batch_size=len(budgets)))
 
     def _full_rows(self, vi, logits, params) -> torch.Tensor | None:
@@ -430,15 +445,21 @@ class LiveSession:
 
     def _commit(self, active: list[RequestState], out: VerifyOutput, features: torch.Tensor, num_rows: int,
                 max_new_tokens: int) -> None:
-        paths = [[i for i in row if i >= 0] for row in out.accept_index.tolist()]
+        # the one host read of the step's result: accepted paths, emitted tokens, support
+        # exhausted and bonus token of every request, in one copy
+        n_path, n_emit = out.accept_index.shape[1], out.emitted_tokens.shape[1]
+        result = torch.cat([out.accept_index, out.emitted_tokens.to(out.accept_index.device),
+                            out.support_exhausted.to(out.accept_index)[:, None],
+                            out.bonus_token.to(out.accept_index)[:, None]], 1).tolist()
+        paths = [[i for i in row[:n_path] if i >= 0] for row in result]
         self.target.keep_paths(self._batch, self.faults.kept_rows(paths), num_rows)
-        emitted_all = out.emitted_tokens.tolist()
         for b, r in enumerate(active):
+            emitted, exhausted, bonus = result[b][n_path:n_path + n_emit], result[b][-2], result[b][-1]
             path = paths[b]
             idx = torch.tensor(path, dtype=torch.int64, device=features.device)
             self.drafter.commit(r.request, self.faults.drafter_features(features[b].index_select(0, idx)), r.prefix_len)
             r.prefix_len += len(path)
-            for t in (t for t in emitted_all[b] if t >= 0):
+            for t in (t for t in emitted if t >= 0):
                 r.generated.append(t)
                 if t in self.target.eos_token_ids:
                     r.finish_reason = "eos"
@@ -446,9 +467,9 @@ class LiveSession:
                 if len(r.generated) >= max_new_tokens:
                     r.finish_reason = "length"
                     break
-            if bool(out.support_exhausted[b]) and r.finish_reason is None:
+            if exhausted and r.finish_reason is None:
                 r.finish_reason = "support_exhausted"
-            r.anchor = int(out.bonus_token[b])
+            r.anchor = int(bonus)
         self._leave_finished()
 
     # -- whole runs --------------------------------------------------------------------------

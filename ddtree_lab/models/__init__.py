@@ -10,6 +10,8 @@
 * :mod:`ddtree_lab.models.dflash_checkpoint`: a DFlash checkpoint's config (:class:`DFlashConfig`),
   parameter names and shapes, and :func:`load_dflash_state`;
 * :mod:`ddtree_lab.models.ridge`: :class:`RidgeDrafter` (per-offset ridge heads).
+* :mod:`ddtree_lab.models.tiny`: :func:`random_target` and :class:`RandomDrafter` (random weights,
+  for host-sync counts and timings that need the pipeline, not trained weights).
 """
 
 from .drafter import DraftContext as DraftContext

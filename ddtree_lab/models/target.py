@@ -382,14 +382,15 @@ class TargetModel:
         total = cache.get_seq_length()
         base = total - num_rows
         src_b, src_c, dst_c = [], [], []
+        lengths = state.lengths.tolist()  # host-side lengths, read once
         for b, path in enumerate(paths):
-            p = int(state.lengths[b])
+            p = lengths[b]
             for j, i in enumerate(path):
                 src_b.append(b)
                 src_c.append(base + i)
                 dst_c.append(p + j)
         new_len = state.lengths + torch.tensor([len(p) for p in paths], dtype=torch.int64)
-        keep = int(new_len.max()) if new_len.numel() else 0
+        keep = max((n + len(p) for n, p in zip(lengths, paths)), default=0)
         if src_b:
             sb, sc, dc = (torch.tensor(v, dtype=torch.int64) for v in (src_b, src_c, dst_c))
             for layer in cache.layers:

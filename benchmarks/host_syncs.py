@@ -1,0 +1,69 @@
+"""Host synchronisations per live step, by stage and by call site (issue 36), on the CPU.
+
+A random-weight Llama with SmolLM2's tokenizer and a seeded random drafter
+(:mod:`ddtree_lab.models.tiny`), level ``off``, bs in {1, 32}, B in {8, 64}, greedy and
+T = 0.8: the second step of each session is counted with
+:class:`ddtree_lab.hostsync.HostSyncCounter`, per stage (read at the session's stage marks),
+then the sites of bs 32, B 64, T = 0.8. Goal (issue 36): <= 3 per step, the same at every
+batch size and budget.
+
+    python benchmarks/host_syncs.py
+"""
+
+from __future__ import annotations
+
+import ddtree_lab as dl
+from ddtree_lab import session as session_module
+from ddtree_lab.hostsync import HostSyncCounter
+from ddtree_lab.models.tiny import RandomDrafter, random_target
+
+PROMPTS = ["Explain why the sky is blue.", "Write a poem about the sea.", "Why do cats purr?"]
+STAGES = ("draft", "build", "compile", "target", "verify", "record", "commit")
+
+
+def count_step(session) -> tuple[dict[str, int], HostSyncCounter]:
+    marks = []
+    counter = HostSyncCounter()
+    real = session_module._Clock.mark
+
+    def mark(self, name: str) -> None:
+        marks.append((name, counter.total))
+        real(self, name)
+
+    session_module._Clock.mark = mark
+    try:
+        with counter:
+            session.step(1000)
+    finally:
+        session_module._Clock.mark = real
+    out, last = {}, 0
+    for name, total in marks:
+        out[name], last = total - last, total
+    return out, counter
+
+
+def main() -> None:
+    target = random_target()
+    drafter = RandomDrafter(target.vocab_size)
+    print("host syncs per live step (level off), by stage")
+    print(f"{'bs':>3} {'B':>3} {'T':>4} " + " ".join(f"{s:>7}" for s in STAGES) + "   total")
+    keep = None
+    for bs in (1, 32):
+        for budget in (8, 64):
+            for temperature in (0.0, 0.8):
+                s = dl.LiveSession(target, drafter, budget=budget, record="off",
+                                   sampling=dl.SamplingParams(temperature=temperature))
+                s.tree_build = "device"  # what a GPU step runs
+                s.start([PROMPTS[i % len(PROMPTS)] for i in range(bs)])
+                s.step(1000)
+                stages, counter = count_step(s)
+                print(f"{bs:>3} {budget:>3} {temperature:>4} " + " ".join(f"{stages.get(n, 0):>7}" for n in STAGES)
+                      + f"   {counter.total:>5}")
+                keep = counter
+    assert keep is not None
+    print("\nbs 32, B 64, T 0.8: sites (count, call, site)")
+    print(keep.table())
+
+
+if __name__ == "__main__":
+    main()
