@@ -298,7 +298,7 @@ project's CPU machine by `scripts/train_dflash.py`; weights in the public DFlash
   lr {r['lr']} ({r['optimizer']}), sampled softmax (the data's {r.get('softmax_tokens', 'all')} most frequent tokens + the batch's labels + {r['negatives']} random negatives).
 - Run: {record['steps']} steps in {record['train_minutes']} min on {record['threads']} CPU thread(s); final loss (EMA)
   {record['final_loss_ema']}; data generation and training together {record['total_minutes']} min.
-  Loss curve: `docs/dflash_loss.png`.
+  Loss curve: `{record.get('curve', 'docs/dflash_loss.png')}`.
 
 ## Measured on held-out text ({ev['anchors']} anchors in {len(ev['sequences'])} sequences, every {ev['stride']}th position)
 
@@ -338,6 +338,7 @@ def main() -> None:
     ap.add_argument("--data", default=None, help="data directory (default: <cache>/dflash_engine_data)")
     ap.add_argument("--state", default=None, help="training state directory (default: <cache>/dflash_train_state)")
     ap.add_argument("--resume", action="store_true", help="continue the run saved in --state")
+    ap.add_argument("--curve", default=str(REPO / "docs" / "dflash_loss.png"), help="where the loss curve goes")
     ap.add_argument("--init", default=None,
                     help="start from this DFlash checkpoint directory (same layers and block size) instead of random weights")
     ap.add_argument("--reload-minutes", type=float, default=5.0, help="look for new data shards this often")
@@ -497,6 +498,8 @@ def main() -> None:
             "final_loss_ema": round(ema, 4) if ema is not None else None,
             "held_out_eval": {"sequences": eval_seqs, "stride": 4, **rates},
             "evals": evals, "quick_evals": quick, "threads": threads,
+            "curve": str(Path(args.curve).resolve().relative_to(REPO)) if Path(args.curve).resolve().is_relative_to(REPO)
+            else args.curve,
         }
         (out_dir / "model_card.json").write_text(card_json(record))
         write_card_md(record, out_dir / "MODEL_CARD.md")
@@ -505,7 +508,7 @@ def main() -> None:
             "step": step, "train_seconds": spent(), "log": log, "quick": quick, "evals": evals,
             "python_rng": rng.getstate(), "args": {k: v for k, v in vars(args).items() if k != "resume"},
             "layers": args.layers, "block_size": L, "files_read": files_read})
-        save_curve(log, REPO / "docs" / "dflash_loss.png", quick)
+        save_curve(log, Path(args.curve), quick)
         tqdm.write(f"checkpoint step {step}: held-out top-1 by position {rates['top1_by_position'][:6]}..., "
                    f"chain tau {rates['chain_tau']}" + ("" if final or args.eval_checkpoints else " (last measured)"))
         return record
