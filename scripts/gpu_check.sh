@@ -146,7 +146,7 @@ if [[ $DRY == 1 ]]; then
       # the step itself, on the CPU with tiny shapes: it must report and finish
       if out=$(DDTREE_LAB_THREADS=${DDTREE_LAB_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} timeout 300 bash -c "$cmd --dry-run" 2>&1) \
           && grep -q "^STEP $name done" <<<"$out"; then
-        note "$name: ran on the CPU (tiny shapes): $(grep -E '^(GOAL|STEP)' <<<"$out" | grep -v ' done in ' | tail -n 1 | cut -c1-110)"
+        note "$name: ran on the CPU (tiny shapes): $(grep -E '^(GOAL|STEP)' <<<"$out" | grep -v ' done in ' | tail -n 1 | cut -c1-200)"
       else
         miss "$name: the dry run of '$cmd' did not report: $(tail -n 1 <<<"$out")"
       fi
