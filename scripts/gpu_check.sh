@@ -13,7 +13,7 @@
 #     env, greedy-equivalence, step-split-smollm, step-split-qwen3-8b, verify-floor,
 #     tree-build-floor, host-syncs (what each measures and its goal: that file's docstring).
 #     --dry-run RUNS every step on the CPU with tiny shapes (`--dry-run` of gpu_plan.py) and
-#     checks that each reports; GPU_CHECK_QWEN_LAYERS=N gives the Qwen3-8B-shaped target N
+#     checks that each reports (tests/test_gpu_plan.py runs it); GPU_CHECK_QWEN_LAYERS=N gives the Qwen3-8B-shaped target N
 #     layers instead of 36.
 #   call 2: the engines' CUDA-only kernels through the audit's own entry points (SGLang's
 #     selector_walk_triton, accept_sampling_triton, MarkovSampleStep.triton,
