@@ -6,6 +6,22 @@
 #   bash scripts/gpu_check.sh --dry-run  # on any machine: the plan, its budget, imports, each
 #                                        # command's arguments, its files, the summary's columns
 #   bash scripts/gpu_check.sh --only triton-verify,verify-bench   # a subset (either mode)
+#   bash scripts/gpu_check.sh --call 2   # which device call of issue 36's plan (default 1)
+#
+# Issue 36's plan (a device session has 15 minutes in all, the machine's start included):
+#   call 1 (default, <= 8 min): benchmarks/gpu_plan.py's steps, random weights only --
+#     env, greedy-equivalence, step-split-smollm, step-split-qwen3-8b, verify-floor,
+#     tree-build-floor, host-syncs (what each measures and its goal: that file's docstring).
+#     --dry-run RUNS every step on the CPU with tiny shapes (`--dry-run` of gpu_plan.py) and
+#     checks that each reports (tests/test_gpu_plan.py runs it); GPU_CHECK_QWEN_LAYERS=N gives the Qwen3-8B-shaped target N
+#     layers instead of 36.
+#   call 2: the engines' CUDA-only kernels through the audit's own entry points (SGLang's
+#     selector_walk_triton, accept_sampling_triton, MarkovSampleStep.triton,
+#     blockwise_rejection_triton: tests/test_sglang_gpu.py -k cuda_kernels; vLLM's Triton
+#     rejection-sampler kernels compiled: benchmarks/engine_audit.py --rules vllm:*, which needs
+#     a CUDA build of .venv-vllm), then the Triton verifiers' differential tests and audit.
+#   call 3: the checks of issue 11 / 27 (session-gpu, tree-build-cuda, live-step-cuda,
+#     verify-bench, tree-cost-cuda).
 #
 # Each check runs under its own time limit (cut to what is left of the total budget); its
 # output goes to $OUT_DIR/<name>.log (default gpu_check_out/), the summary to
@@ -20,14 +36,18 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
 ONLY=""
+CALL=1
 while (( $# )); do
   case "$1" in
     --dry-run) DRY=1 ;;
+    --call)
+      [[ "${2:-}" =~ ^[123]$ ]] || { echo "gpu_check: --call needs 1, 2 or 3" >&2; exit 2; }
+      CALL=$2; shift ;;
     --only)
       if [[ -z "${2:-}" || "$2" == --* ]]; then echo "gpu_check: --only needs a comma-separated list of check names" >&2; exit 2; fi
       ONLY=$2; shift ;;
     --only=*) ONLY=${1#--only=}; [[ -n "$ONLY" ]] || { echo "gpu_check: --only= needs check names" >&2; exit 2; } ;;
-    *) echo "gpu_check: unknown argument '$1' (use --dry-run, --only NAME[,NAME...])" >&2; exit 2 ;;
+    *) echo "gpu_check: unknown argument '$1' (use --dry-run, --call 1|2|3, --only NAME[,NAME...])" >&2; exit 2 ;;
   esac
   shift
 done
@@ -47,16 +67,38 @@ COST_WEIGHTS=""
 # triton-verify leaves out the sm80/sm90/sm100 compile test: it compiles on the host with ptxas
 # (minutes, no device needed) and CI runs it; on an H200 it alone outran the check's limit.
 # name | limit in seconds | command
-CHECKS=(
+# call 1: issue 36's most informative checks, random weights, limits summing to <= 480 s
+QWEN=""; [[ -n "${GPU_CHECK_QWEN_LAYERS:-}" ]] && QWEN="--qwen-layers $(printf '%q' "$GPU_CHECK_QWEN_LAYERS")"
+CALL1=(
+  "env|20|$PY benchmarks/gpu_plan.py --step env"
+  "greedy-equivalence|50|$PY benchmarks/gpu_plan.py --step greedy-equivalence"
+  "step-split-smollm|80|$PY benchmarks/gpu_plan.py --step step-split-smollm"
+  "step-split-qwen3-8b|150|$PY benchmarks/gpu_plan.py --step step-split-qwen3-8b $QWEN"
+  "verify-floor|60|$PY benchmarks/gpu_plan.py --step verify-floor"
+  "tree-build-floor|40|$PY benchmarks/gpu_plan.py --step tree-build-floor"
+  "host-syncs|40|$PY benchmarks/gpu_plan.py --step host-syncs"
+)
+# call 2: the engines' CUDA-only kernels (their audit entry points), then the Triton verifiers
+CALL2=(
+  "sglang-kernels|90|$PY -m pytest -q -x tests/test_sglang_gpu.py"
+  "vllm-kernels|150|$PY benchmarks/engine_audit.py --rules vllm:dflash2,vllm:dflash2-block,vllm:onehot,vllm:onehot-block,vllm:rejection-sampler --seeds 5"
   "triton-verify|120|$PY -m pytest -q -x tests/test_verify_triton.py --deselect tests/test_verify_triton.py::test_every_kernel_configuration_compiles_for_sm80_sm90_sm100_without_spills"
   "audit-triton|35|$PY -m pytest -q -x tests/test_audit.py -k triton"
+)
+# call 3: issue 11 / 27's checks
+CALL3=(
   "session-gpu|55|$PY -m pytest -q -x -s tests/test_session_gpu.py"
-  "sglang-kernels|50|$PY -m pytest -q -x tests/test_sglang_gpu.py"
   "tree-build-cuda|35|$PY benchmarks/tree_build.py --device cuda --repeat 3 --skip-builders"
   "live-step-cuda|60|$PY benchmarks/live_step.py --device cuda --skip-threads"
   "verify-bench|55|$PY benchmarks/verify.py"
   "tree-cost-cuda|70|$PY benchmarks/tree_cost.py --device cuda --repeats 20 --rounds --round-tokens 16 --json $OUT_DIR/tree_cost_cuda.json $COST_WEIGHTS"
 )
+
+case $CALL in
+  1) CHECKS=("${CALL1[@]}") ;;
+  2) CHECKS=("${CALL2[@]}") ;;
+  3) CHECKS=("${CALL3[@]}") ;;
+esac
 
 # --only: keep the named checks (a device that lacks what the others need, e.g. the model's
 # weights or SGLang's CUDA build, runs the rest); an unknown name is an error, not a silent skip
@@ -100,7 +142,15 @@ if [[ $DRY == 1 ]]; then
   for c in "${CHECKS[@]}"; do
     IFS='|' read -r name _ cmd <<<"$c"
     read -r -a words <<<"$cmd"
-    if [[ "$cmd" == *" -m pytest "* ]]; then
+    if [[ "$cmd" == *"benchmarks/gpu_plan.py --step"* ]]; then
+      # the step itself, on the CPU with tiny shapes: it must report and finish
+      if out=$(DDTREE_LAB_THREADS=${DDTREE_LAB_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} timeout 300 bash -c "$cmd --dry-run" 2>&1) \
+          && grep -q "^STEP $name done" <<<"$out"; then
+        note "$name: ran on the CPU (tiny shapes): $(grep -E '^(GOAL|STEP)' <<<"$out" | grep -v ' done in ' | tail -n 1 | cut -c1-200)"
+      else
+        miss "$name: the dry run of '$cmd' did not report: $(tail -n 1 <<<"$out")"
+      fi
+    elif [[ "$cmd" == *" -m pytest "* ]]; then
       files=(); kexpr=""; prev=""
       for w in "${words[@]}"; do [[ "$w" == tests/*.py ]] && files+=("$w"); [[ "$prev" == "-k" ]] && kexpr="$w"; prev="$w"; done
       if out=$(TRITON_INTERPRET=1 "$PY" -m pytest --collect-only -q "${files[@]}" ${kexpr:+-k "$kexpr"} 2>&1); then
@@ -181,7 +231,8 @@ for r in "${ROWS[@]}"; do
   printf '%s\t%s\t%s\t%s\n' "$a" "$b" "$c" "$d" >>"$OUT_DIR/summary.tsv"
 done
 echo "total $(( $(date +%s) - start ))s"
-for n in tree-build-cuda live-step-cuda verify-bench tree-cost-cuda; do
+grep -h '^GOAL' "$OUT_DIR"/*.log 2>/dev/null
+for n in tree-build-cuda live-step-cuda verify-bench tree-cost-cuda; do  # call 3's tables
   [[ -s "$OUT_DIR/$n.log" ]] && { echo; echo "== $n"; grep -v '^Loading' "$OUT_DIR/$n.log" | tail -n 25; }
 done
 exit $fail

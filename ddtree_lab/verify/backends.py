@@ -41,7 +41,9 @@ from .._arguments import check_tensor
 from ..buffers import DDTreeVerifyInput, check_verify_buffers
 from ..sampling import SamplingParams, apply_bans_batch, normalize_params, target_probs
 from .lazy import verify_lazy
-from .reference import check_thresholds, check_verify_input, validate_coins, verify_greedy, verify_sampled
+from .reference import (check_coin_shapes, check_thresholds, check_verify_input, check_verify_shapes, coin_flags,
+                        raise_coin_values, raise_verify_input_values, verify_greedy, verify_input_flags,
+                        verify_sampled)
 from .triton import KERNEL_ORDER, triton_usable, verify_triton_greedy, verify_triton_sampled
 from .types import VerifyOutput
 
@@ -49,6 +51,17 @@ __all__ = ["verify_tree", "verify_tree_greedy", "select_backend", "BACKENDS"]
 
 BACKENDS = ("auto", "reference", "torch-lazy", "triton")
 
+
+
+def _check_values(vi: DDTreeVerifyInput, vocab: int, coins: torch.Tensor, final_coins: torch.Tensor) -> None:
+    """The value checks of :func:`check_verify_input` and :func:`validate_coins` with one host
+    read per device (their flags stacked; the messages come from re-running the failing check)."""
+    flags = {}
+    for f in (verify_input_flags(vi, vocab), coin_flags(coins, final_coins)):
+        flags.setdefault(f.device, []).append(f)
+    if any(bool(torch.cat(fs).any()) for fs in flags.values()):
+        raise_verify_input_values(vi, vocab)
+        raise_coin_values(coins, final_coins)
 
 
 def select_backend(backend: str, device: torch.device | str) -> tuple[str, str]:
@@ -110,11 +123,12 @@ def verify_tree(
         RuntimeError: ``backend="triton"`` where it cannot run.
     """
     check_tensor("target_logits", target_logits, dtype=(torch.float32, torch.float16, torch.bfloat16), ndim=3)
-    check_verify_input(verify_input, target_logits, "target_logits")
+    check_verify_shapes(verify_input, target_logits, "target_logits")
     bs, n, vocab = target_logits.shape
     items = normalize_params(params, bs, vocab)
-    validate_coins(coins, final_coins, bs, n)
+    check_coin_shapes(coins, final_coins, bs, n)
     check_thresholds(threshold_single, threshold_acc)
+    _check_values(verify_input, vocab, coins, final_coins)
     if validate:
         check_verify_buffers(verify_input)
     name, _why = select_backend(backend, target_logits.device)

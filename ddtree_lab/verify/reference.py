@@ -12,10 +12,11 @@ from ..buffers import DDTreeVerifyInput, check_verify_buffers
 from ..sampling import SamplingParams, check_logits_rows
 from .rules import GreedyRule, SampledRule
 from .types import VerifyOutput
-from .walking import walk_batch
+from .walking import host_tree, walk_batch
 
 __all__ = ["verify_greedy", "verify_sampled", "walk_sampled_batch", "draw_coins", "make_generators",
-           "check_verify_input", "validate_coins", "check_thresholds"]
+           "check_verify_input", "validate_coins", "check_thresholds", "check_verify_shapes", "verify_input_flags",
+           "raise_verify_input_values", "check_coin_shapes", "coin_flags", "raise_coin_values"]
 
 
 def make_generators(params: Sequence[SamplingParams], device: torch.device | str = "cpu") -> list[torch.Generator]:
@@ -44,21 +45,42 @@ def draw_coins(generators: Sequence[torch.Generator], num_rows: int) -> tuple[to
     return stacked[:, :num_rows].contiguous(), stacked[:, num_rows].contiguous()
 
 
-def check_verify_input(vi: DDTreeVerifyInput, rows: torch.Tensor, name: str) -> None:
+def check_verify_shapes(vi: DDTreeVerifyInput, rows: torch.Tensor, name: str) -> None:
+    """The type and shape half of :func:`check_verify_input` (reads no value: no host sync)."""
     if not isinstance(vi, DDTreeVerifyInput):
         raise TypeError(f"verify_input must be a DDTreeVerifyInput, got {type(vi).__name__}")
     bs, n = vi.node_token_ids.shape
     if rows.dim() != 3 or tuple(rows.shape[:2]) != (bs, n):
         raise ValueError(f"{name} must have shape [bs={bs}, N={n}, V], got {tuple(rows.shape)}")
-    vocab = rows.shape[2]
     check_shape("num_nodes", vi.num_nodes, (bs,))
+    for fname in ("retrieve_next_token", "retrieve_next_sibling"):
+        check_shape(fname, getattr(vi, fname), (bs, n))
+
+
+def verify_input_flags(vi: DDTreeVerifyInput, vocab: int) -> torch.Tensor:
+    """``[4]`` bool on ``vi``'s device, computed without a host read: num_nodes outside
+    ``[1, N]``; a ``retrieve_next_token`` / ``retrieve_next_sibling`` entry out of range; a
+    token id outside ``[0, vocab)`` (shapes checked first: :func:`check_verify_shapes`)."""
+    n = vi.node_token_ids.shape[1]
+    real = torch.arange(n, device=vi.node_token_ids.device)[None, :] < vi.num_nodes[:, None]
+    flags = [((vi.num_nodes < 1) | (vi.num_nodes > n)).any()]
+    for fname in ("retrieve_next_token", "retrieve_next_sibling"):
+        buf = getattr(vi, fname)
+        flags.append((((buf < -1) | (buf >= vi.num_nodes[:, None])) & real).any())
+    flags.append((real & ((vi.node_token_ids < 0) | (vi.node_token_ids >= vocab))).any())
+    return torch.stack(flags)
+
+
+def raise_verify_input_values(vi: DDTreeVerifyInput, vocab: int) -> None:
+    """Raise the first value problem :func:`verify_input_flags` flags, naming request and node
+    (reads the values on the host: for the error path)."""
+    n = vi.node_token_ids.shape[1]
     bad_count = (vi.num_nodes < 1) | (vi.num_nodes > n)
     if bad_count.any():
         b = int(bad_count.nonzero()[0])
         raise ValueError(f"num_nodes, request {b}: {int(vi.num_nodes[b])} is outside [1, N={n}]")
     for fname in ("retrieve_next_token", "retrieve_next_sibling"):
         buf = getattr(vi, fname)
-        check_shape(fname, buf, (bs, n))
         bad = (buf < -1) | (buf >= vi.num_nodes[:, None])
         bad &= torch.arange(n, device=buf.device)[None, :] < vi.num_nodes[:, None]
         if bad.any():
@@ -69,6 +91,16 @@ def check_verify_input(vi: DDTreeVerifyInput, rows: torch.Tensor, name: str) -> 
     if bad.any():
         b, i = (int(v) for v in bad.nonzero()[0])
         raise ValueError(f"node_token_ids, request {b}, node {i}: token {int(vi.node_token_ids[b, i])} not in [0, {vocab})")
+
+
+def check_verify_input(vi: DDTreeVerifyInput, rows: torch.Tensor, name: str) -> None:
+    """Raise TypeError / ValueError unless ``vi`` fits ``rows`` ``[bs, N, V]`` and its buffers and
+    token ids are in range (one host read of the value checks' flags; the message names the
+    first bad request and node)."""
+    check_verify_shapes(vi, rows, name)
+    vocab = rows.shape[2]
+    if verify_input_flags(vi, vocab).any():
+        raise_verify_input_values(vi, vocab)
 
 
 def verify_greedy(verify_input: DDTreeVerifyInput, target_logits: torch.Tensor, *, validate: bool = True) -> VerifyOutput:
@@ -165,27 +197,46 @@ def walk_sampled_batch(vi, row_of, coins, final_coins, threshold_single, thresho
     """The sampled walk of every request of a batch; ``row_of(b, i)`` gives node ``i``'s float32
     row of request ``b`` and is called only for rows the walk reaches (the reference reads a
     full tensor, the lazy backend computes rows on demand)."""
-    tokens = vi.node_token_ids.tolist()
+    tree = host_tree(vi)
+    tokens = tree.tokens
     coin_rows, final = coins.tolist(), final_coins.tolist()
 
     def rule_of(b):
         return SampledRule(b, tokens[b], lambda i: row_of(b, i), coin_rows[b], final[b], threshold_single,
                             threshold_acc, None if final_masses is None else final_masses[b])
 
-    return walk_batch(vi, rule_of, backend, (threshold_single, threshold_acc))
+    return walk_batch(vi, rule_of, backend, (threshold_single, threshold_acc), tree)
 
 
-def validate_coins(coins: torch.Tensor, final_coins: torch.Tensor, bs: int, n: int) -> None:
+def check_coin_shapes(coins: torch.Tensor, final_coins: torch.Tensor, bs: int, n: int) -> None:
+    """The type and shape half of :func:`validate_coins` (no host read)."""
     check_tensor("coins", coins, dtype=torch.float32, ndim=2)
     check_shape("coins", coins, (bs, n))
     check_tensor("final_coins", final_coins, dtype=torch.float32, ndim=1)
     check_shape("final_coins", final_coins, (bs,))
+
+
+def coin_flags(coins: torch.Tensor, final_coins: torch.Tensor) -> torch.Tensor:
+    """``[2]`` bool on the coins' device (no host read): a coin / a final coin outside ``[0, 1)``."""
+    return torch.stack([(~((c >= 0) & (c < 1))).any().to(coins.device) for c in (coins, final_coins)])
+
+
+def raise_coin_values(coins: torch.Tensor, final_coins: torch.Tensor) -> None:
+    """Raise for the first coin outside ``[0, 1)``, naming request (and node)."""
     for name, c in (("coins", coins), ("final_coins", final_coins)):
         bad = ~((c >= 0) & (c < 1))
         if bad.any():
             where = [int(v) for v in bad.nonzero()[0]]
             raise ValueError(f"{name}, request {where[0]}{', node ' + str(where[1]) if len(where) > 1 else ''}: "
                              f"{float(c[tuple(where)])} is not in [0, 1)")
+
+
+def validate_coins(coins: torch.Tensor, final_coins: torch.Tensor, bs: int, n: int) -> None:
+    """Raise TypeError / ValueError unless ``coins [bs, N]`` and ``final_coins [bs]`` are float32
+    in ``[0, 1)`` (one host read)."""
+    check_coin_shapes(coins, final_coins, bs, n)
+    if coin_flags(coins, final_coins).any():
+        raise_coin_values(coins, final_coins)
 
 
 def check_thresholds(threshold_single: float, threshold_acc: float) -> None:
