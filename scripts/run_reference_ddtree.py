@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--budget", type=int, default=32, help="the tree budget (draft nodes)")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--drafter", type=Path, default=DRAFTER, help="the DFlash checkpoint directory (default: the shipped one)")
     args = ap.parse_args(argv)
     if args.out.exists():
         raise SystemExit(f"{args.out} exists: remove it first (this script never replaces a file)")
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
     lab_target, _ = load_default("cpu")
     target = AutoModelForCausalLM.from_pretrained(lab_target.model.config._name_or_path, dtype=torch.float32).eval()
-    drafter = DFlashDraftModel.from_pretrained(str(DRAFTER), dtype=torch.float32).eval()
+    drafter = DFlashDraftModel.from_pretrained(str(args.drafter), dtype=torch.float32).eval()
     prompts = json.loads(PROMPTS.read_text())["held_out"][: args.prompts]
     lines = []
     for k, prompt in enumerate(prompts):

@@ -54,7 +54,8 @@ def default_data_dir() -> Path:
 def data_files(split: str, data: Path) -> list[Path]:
     """The shard files of ``split`` (``train`` / ``heldout``) in ``data`` (written by
     make_dflash_engine_data.py or make_dflash_data.py; rejected shards have none)."""
-    return sorted(data.glob(f"{split}_*.safetensors"))
+    # not the engine's raw ``<shard>.features.safetensors``: only shards the check stage passed
+    return sorted(f for f in data.glob(f"{split}_*.safetensors") if not f.name.endswith(".features.safetensors"))
 
 
 def load_split(split: str, data: Path, skip: set[str] = frozenset()) -> tuple[list[dict], dict, list[str]]:
