@@ -122,7 +122,7 @@ def _take_features(outs, prompt_ids: list[list[int]]) -> dict:
         seq = p + [int(t) for t in o.outputs[0].token_ids]
         b = by_external.get(str(o.request_id)) or _BUFFERS.get(str(o.request_id))
         if b is None:
-            raise RuntimeError(f"request {j} ({o.request_id}): no features were recorded (recorded: {sorted(_BUFFERS)[:4]}, layout {sorted(_LAYOUT)})")
+            raise RuntimeError(f"request {j} ({o.request_id}): the engine's forward recorded no features for it")
         fed = b["ids"][: len(seq) - 1]
         if b["end"] < len(seq) - 1 or fed.tolist() != seq[:-1]:
             raise RuntimeError(f"request {j} ({o.request_id}): the engine fed other tokens than prompt + generated "
