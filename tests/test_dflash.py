@@ -257,20 +257,24 @@ def test_save_then_load_round_trips_in_fp16(tmp_path):
 
 # -- the drafter shipped for the embedded default target ---------------------------------------------
 
-def test_shipped_drafter_reproduces_its_recorded_held_out_hit_rate(target):
-    """The fp16 weights in fixtures/ load into the public layout and give, through the drafter's
-    own start/commit/draft_logits, the held-out hit rates their model card records."""
+@pytest.mark.parametrize("name", ["smollm2_dflash_b16", "smollm2_dflash_b16_engine"])
+def test_shipped_drafter_reproduces_its_recorded_held_out_hit_rate(target, name):
+    """The fp16 weights in fixtures/ (the default drafter, and the one trained on vLLM's data)
+    load into the public layout and give, through the drafter's own start/commit/draft_logits,
+    the held-out hit rates their model card records."""
     from ddtree_lab.models.dflash import block_hit_rates, default_dflash_path
 
-    drafter = DFlashDrafter.load(target)
+    path = default_dflash_path().parent / name
+    drafter = DFlashDrafter.load(target, path)
     assert drafter.block_size == 16
     assert drafter.model.config.num_hidden_layers == drafter.record["architecture"]["layers"] in (1, 2)
-    assert sum(f.stat().st_size for f in default_dflash_path().iterdir()) < 20e6
+    assert sum(f.stat().st_size for f in path.iterdir()) < 20e6
     card = drafter.record["held_out_eval"]
     prompts = json.loads((default_dflash_path().parent / "dflash_prompts.json").read_text())
     assert card["sequences"] and all(isinstance(ids, list) for ids, _ in card["sequences"])
     held_text = {target.decode(ids[:plen]) for ids, plen in card["sequences"]}
-    assert not any(p in t for t in held_text for p in prompts["train"])  # really held out
+    # really held out: no training prompt of either set is in a held-out sequence
+    assert not any(p in t for t in held_text for p in prompts["train"] + prompts["engine_train"])
     got = block_hit_rates(drafter, card["sequences"], stride=card["stride"])
     assert got["anchors"] == card["anchors"]
     assert got["chain_tau"] == pytest.approx(card["chain_tau"], abs=0.02)
