@@ -15,7 +15,7 @@ from ..buffers import DDTreeVerifyInput
 from ..sampling import SamplingParams
 from .rules import SGLANG_MIN_THRESHOLD_ACC
 from .types import BonusDraw, Decision, VerifyOutput, is_lossy
-from .walking import _host_tree_from, walk_batch
+from .walking import host_tree_from, walk_batch
 
 __all__ = ["KERNEL_ORDER", "PROB_ATOL", "PROB_RTOL", "COMPACT_CAP", "triton_kernels", "triton_usable", "launch_options",
            "sampled_launcher", "greedy_launcher", "verify_triton_sampled", "verify_triton_greedy"]
@@ -275,7 +275,7 @@ def _expand(vi: DDTreeVerifyInput, host: dict, sampled: bool, backend: str, thre
     lists = {k: host[k].tolist() for k in _OUTPUTS}
     flat = np.concatenate([host["nt"].reshape(-1), host["ns"].reshape(-1), host["tok"].reshape(-1),
                            host["nn"], host["max_path"]]).tolist()
-    tree = _host_tree_from(flat, bs, n)
+    tree = host_tree_from(flat, bs, n)
     coins = host["coins"].tolist() if sampled else None
     final = host["fcoins"].tolist() if sampled else None
     return walk_batch(vi, lambda b: _KernelRule(b, tree.tokens[b], lists, None if coins is None else coins[b], final),

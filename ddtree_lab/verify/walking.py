@@ -10,7 +10,7 @@ import torch
 from ..buffers import DDTreeVerifyInput
 from .types import BonusDraw, Decision, UndrawnBonus, VerifyOutput, WalkEvent, is_lossy
 
-__all__ = ["walk", "walk_batch", "children_of", "finish_output", "HostTree", "host_tree"]
+__all__ = ["walk", "walk_batch", "children_of", "finish_output", "HostTree", "host_tree", "host_tree_from"]
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,13 @@ def host_tree(vi: DDTreeVerifyInput) -> HostTree:
     depth = (vi.depths.max() + 1).reshape(1) if vi.depths.numel() else torch.ones(1, dtype=torch.int64, device=device)
     parts = [vi.retrieve_next_token, vi.retrieve_next_sibling, vi.node_token_ids, vi.num_nodes, depth]
     flat = torch.cat([p.to(device=device, dtype=torch.int64).reshape(-1) for p in parts]).tolist()
-    return _host_tree_from(flat, bs, n)
+    return host_tree_from(flat, bs, n)
 
 
-def _host_tree_from(flat: list, bs: int, n: int) -> HostTree:
-    """:class:`HostTree` from the flat list ``[next_token, next_sibling, tokens, num_nodes, max_path]``."""
+def host_tree_from(flat: list, bs: int, n: int) -> HostTree:
+    """:class:`HostTree` from the flat list ``[next_token, next_sibling, tokens, num_nodes, max_path]``
+    (each of the first three ``bs * n`` ints, row-major; ``num_nodes`` ``bs`` ints; ``max_path`` one int),
+    as one host read gives it (:func:`host_tree`, the Triton verify's output arena)."""
     m = bs * n
     rows = [flat[k * m + b * n: k * m + (b + 1) * n] for k in range(3) for b in range(bs)]
     return HostTree(rows[:bs], rows[bs:2 * bs], rows[2 * bs:], flat[3 * m:3 * m + bs], int(flat[3 * m + bs]))
