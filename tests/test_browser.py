@@ -661,7 +661,7 @@ def check_04_idle_sliders_are_off_with_a_note(page) -> None:
 
 def check_09(page) -> None:
     """vLLM engine: the texts table has a row per request and a column per run, both figures draw
-    (log y: the shipped sampler's temperatures span 1e-41 .. 1e37), "next" on the stepper moves its
+    (log y: the shipped sampler's temperatures span 1e-41 .. 1e24), "next" on the stepper moves its
     verdict, the tree is drawn, the findings tables say what diagnose found on each run."""
     texts = page.locator("table.ddtree-generated").first
     texts.wait_for()

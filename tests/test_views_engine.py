@@ -43,7 +43,8 @@ def test_applied_parameters_are_the_recorded_ones_against_the_request(shipped, f
     got = engine.applied_parameters(shipped, 1, 0)
     assert list(got) == ["temperature", "top_p"]
     assert got["temperature"]["applied"] == _recorded(shipped, 1, 0, "temperature")
-    assert got["temperature"]["applied"][0] > 1e37 and got["temperature"]["applied"][2] < 0  # uninitialised memory
+    t = got["temperature"]["applied"]  # uninitialised memory: the fixture's values (-4.7e-6, 4.6e-41, 5.3e24, ...)
+    assert t[0] < 0 and t[2] > 1e24 and not any(abs(x - 0.8) < 0.01 for x in t)
     assert got["temperature"]["requested"] == 0.8 and got["top_p"]["requested"] == pytest.approx(0.9)
     assert not got["temperature"]["greedy"]
     ok = engine.applied_parameters(fixed, 1, 0)
@@ -66,7 +67,7 @@ def test_requested_value_follows_vllms_rules():
 
 def test_figure_draws_each_runs_applied_values_and_the_request(shipped, fixed):
     fig = engine.applied_parameters_figure({"shipped": shipped, "fixed": fixed}, step=1, request=0)
-    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis2.type == "log"  # 1e-41 .. 1e37
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis2.type == "log"  # 1e-41 .. 1e24
     for name in ("temperature", "top_p"):
         recorded = _recorded(shipped, 1, 0, name)
         line = _series(fig, "shipped", name)
@@ -133,7 +134,7 @@ def test_diagnosis_html_names_the_engine_bug_and_is_silent_when_fixed(shipped, f
     page = engine.diagnosis_html(bad)
     assert len(bad.findings) == 3 and page.count("<tr>") == 1 + 3 + 1 + len(bad.results)  # findings, then checks
     assert 'class="ddtree-findings"' in page and "engine-parameters" in page
-    assert "applied temperature 3.17548e+37 where the request asked 0.8" in page
+    assert "applied temperature -4.74206e-06 where the request asked 0.8" in page
     assert "ddtree-lab render RUN --step 1 --request 0" in page
     assert "3 findings;" in page
     good = engine.diagnosis_html(diagnose(fixed))
@@ -141,3 +142,28 @@ def test_diagnosis_html_names_the_engine_bug_and_is_silent_when_fixed(shipped, f
     row = good.split(">engine-parameters</td>")[1].split("</tr>")[0]
     assert ">passed<" in row and ">1560<" in row and "recorded with the engine fixed" in row
     assert ">could not run<" in good and "needs the model" in good
+
+
+def test_a_recording_names_its_drafter_by_digest(fixed, tmp_path):
+    """requests.json keeps the drafter's weights digest; the model card found at the recorded path
+    is attached only when that directory still holds those weights, else ``record_problem`` says
+    so (a default drafter replaced since the recording must not lend it its card)."""
+    from ddtree_lab.models.dflash import default_dflash_path
+    from ddtree_lab.vllm import weights_sha256
+
+    d = fixed.metadata["drafter"]
+    assert d["sha256"] == weights_sha256(str(default_dflash_path())) and "record_problem" not in d
+    assert d["record"]["name"] == "smollm2-dflash-b16"
+    copy = tmp_path / "rec"
+    copy.mkdir()
+    for f in (ROOT / "fixtures" / "vllm" / "fixed").iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    doc = json.loads((copy / "requests.json").read_text())
+    doc["drafter_sha256"] = "0" * 64  # other weights than the ones at the recorded path
+    (copy / "requests.json").write_text(json.dumps(doc))
+    other = load(copy).metadata["drafter"]
+    assert "record" not in other and "holds other weights than the recorded drafter" in other["record_problem"]
+    del doc["drafter_sha256"]  # a recording from before the digest: the card by path, said to be unchecked
+    (copy / "requests.json").write_text(json.dumps(doc))
+    old = load(copy).metadata["drafter"]
+    assert old["record"]["name"] == "smollm2-dflash-b16" and "names no drafter digest" in old["record_problem"]

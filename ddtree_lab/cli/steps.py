@@ -47,6 +47,8 @@ def cmd_info(args) -> int:
                                   and target.get("dtype") else ""))
     print(f"drafter: {dname}" + (f", block size {drafter.get('block_size')}" if isinstance(drafter, dict)
                                    and drafter.get("block_size") else ""))
+    if isinstance(drafter, dict) and drafter.get("record_problem"):
+        print(f"  drafter's model card: {drafter['record_problem']}")
     extras = {k: meta[k] for k in ("budget", "max_depth", "verifier", "source") if k in meta}
     if extras:
         print("run: " + ", ".join(f"{k} {v}" for k, v in extras.items()))

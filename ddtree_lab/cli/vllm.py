@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..vllm import weights_sha256
 from .common import CLIError, check_new_output, inputs_of
 
 __all__ = ["engine_python", "cmd_vllm", "add_vllm_parser"]
@@ -224,7 +225,7 @@ def cmd_vllm_serve(args) -> int:
     # what a reader of the recording needs to name the models (the server writes no requests.json)
     (out / "requests.json").write_text(json.dumps({
         "format": "ddtree-lab-vllm-requests", "version": 1, "method": args.method, "num_speculative_tokens": args.k,
-        "model": model, "drafter": drafter, "served": f"http://127.0.0.1:{args.port}/v1", "requests": []},
+        "model": model, "drafter": drafter, "drafter_sha256": weights_sha256(drafter), "served": f"http://127.0.0.1:{args.port}/v1", "requests": []},
         indent=1) + "\n")
     spec = {"method": args.method, "num_speculative_tokens": args.k}
     if drafter:

@@ -30,3 +30,24 @@ FORMAT = "ddtree-lab-vllm-recording"
 VERSION = 1
 #: vLLM versions whose internals the recorder knows (the functions it wraps, their arguments)
 KNOWN_VLLM_VERSIONS = ("0.32.0",)
+
+
+def weights_sha256(directory: str | None) -> str | None:
+    """SHA-256 (hex) of a checkpoint directory's ``model.safetensors``: what a recording names its
+    drafter by, so a reader can tell the directory at that path now holds other weights.
+
+    None when ``directory`` is None or holds no ``model.safetensors``. Standard library only (the
+    engine's venv and the lab's both call it)."""
+    import hashlib
+    from pathlib import Path
+
+    if not directory:
+        return None
+    f = Path(directory) / "model.safetensors"
+    if not f.is_file():
+        return None
+    h = hashlib.sha256()
+    with f.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

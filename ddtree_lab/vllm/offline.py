@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import ENV_FIX, ENV_LEVEL, ENV_PLANT, ENV_RECORD, ENV_TOP_M
+from . import ENV_FIX, ENV_LEVEL, ENV_PLANT, ENV_RECORD, ENV_TOP_M, weights_sha256
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"format": "ddtree-lab-vllm-requests", "version": 1, "vllm_version": vllm.__version__,  # pyright: ignore[reportAttributeAccessIssue]
  "method": a.method,
            "num_speculative_tokens": a.k if spec else 0, "model": str(a.model), "drafter": a.drafter,
+           "drafter_sha256": weights_sha256(a.drafter),
            "recorded": not a.no_record, "fixes": a.fix, "level": a.level, "top_m": a.top_m, "engine_start_seconds": started,
            "generate_seconds": seconds, "recorder_seconds": own, "tokens": tokens, "tokens_per_second": tokens / seconds if seconds else None,
            "spec_decode_counters": counters, "requests": rows}

@@ -43,6 +43,7 @@ from ..step import DraftTopK, Run, Step
 from ..store.container import TraceFormatError
 from ..store.segments import first_doc, read_segment, scan
 from ..verify.types import BonusDraw, Decision, VerifyOutput
+from . import weights_sha256
 from . import FORMAT
 
 __all__ = ["SOURCE", "recording_files", "looks_like_vllm_recording", "load_vllm_run", "engine_output",
@@ -303,7 +304,7 @@ def load_vllm_run(path: str | Path) -> Run:
                 **{k: v for k, v in req_doc.items() if k not in ("format", "version", "requests", "model", "drafter")},
                 "requests": requests}
     metadata["target"] = _model_meta(req_doc.get("model"), metadata.get("vocab_size"))
-    metadata["drafter"] = _drafter_meta(req_doc.get("drafter"), req_doc.get("method"))
+    metadata["drafter"] = _drafter_meta(req_doc.get("drafter"), req_doc.get("method"), req_doc.get("drafter_sha256"))
     return Run(metadata=metadata, steps=steps, token_texts=_texts(req_doc.get("model"), steps, requests),
                problems=problems)
 
@@ -340,18 +341,32 @@ def _model_meta(model: str | None, vocab: int | None) -> dict:
     return {"name": name, "path": model, "vocab_size": vocab, "engine": "vllm"}
 
 
-def _drafter_meta(drafter: str | None, method: str | None) -> dict:
-    """The drafter as the lab's metadata names it; a DFlash directory's model card as ``record``."""
+def _drafter_meta(drafter: str | None, method: str | None, sha256: str | None = None) -> dict:
+    """The drafter as the lab's metadata names it; a DFlash directory's model card as ``record``.
+
+    ``sha256`` is the recorded weights' digest (``requests.json``'s ``drafter_sha256``, written
+    since recordings name their drafter by it): when the directory found here holds other weights
+    its card is not attached and ``record_problem`` says why. A recording without the digest
+    gets the card found by path, with ``record_problem`` saying it could not be checked."""
     if not drafter:
         return {"name": method or "?", "kind": method}
-    out = {"name": Path(drafter).name, "path": drafter, "kind": method}
+    out = {"name": Path(drafter).name, "path": drafter, "kind": method, "sha256": sha256}
     here = _local(drafter, "drafter")
     card = here / "model_card.json" if here is not None else None
     if card is not None and card.is_file():
+        local = weights_sha256(str(here))
+        if sha256 and local != sha256:
+            out["record_problem"] = (f"{here} holds other weights than the recorded drafter (model.safetensors "
+                                     f"sha256 {str(local)[:12]}..., recorded {sha256[:12]}...): its model card is not attached")
+            return out
         try:
             out["record"] = json.loads(card.read_text())
         except ValueError:
             out["record_problem"] = f"{card}: not JSON"
+            return out
+        if not sha256:
+            out["record_problem"] = (f"the recording names no drafter digest: the model card attached is {card}'s, "
+                                     "which may not be the drafter that ran")
     return out
 
 
