@@ -20,9 +20,9 @@ L = 16:
 
 * **DFlash** (`fixtures/drafters/smollm2_dflash_b16`, the lab's default): two Qwen3-style layers
   that read five of the target's layers by KV injection (`ddtree_lab/models/dflash.py`, the
-  public DFlash architecture), trained on this CPU in under an hour (data included) by
-  `scripts/make_dflash_data.py` and `scripts/train_dflash.py` on text the target wrote (see
-  its model card);
+  public DFlash architecture), trained on this CPU by `scripts/train_dflash.py` on 1.0M tokens
+  of text the target wrote through vLLM's CPU engine (`scripts/make_dflash_engine_data.py`,
+  every shard checked against the lab's own target first; see its model card);
 * **ridge** (`fixtures/drafters/smollm2_ridge_b16`): per-offset linear heads fitted in closed form,
   kept for comparison (the fixture traces in `fixtures/traces/` were recorded with it).
 
