@@ -287,7 +287,8 @@ def main():
             f"{live_names} only (the others' trees do not depend on the cost model: their live tau is the CPU "
             "table's); the wall tok/s column is left empty (this CPU's wall clock).")
     out(f"prompts: {len(prompts)} held-out prompts x {args.new_tokens} new tokens, one batch per run (topics and "
-        f"templates never in the drafter's 620 training prompts, fixtures/drafters/dflash_prompts.json): {prompts}")
+        "templates never in the drafter's training prompts, `train` and `engine_train` of "
+        f"fixtures/drafters/dflash_prompts.json): {prompts}")
     out(f"policies {names}; budgets {BUDGETS}; temperatures {temps}; seed 1")
     out(f"live runs: one took {per_run:.0f} s (DDTree B={RECORDED_BUDGET}); the whole grid was estimated at "
         f"{estimate:.0f} min -> live runs at budgets {live_budgets}" +

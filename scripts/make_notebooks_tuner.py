@@ -130,7 +130,10 @@ HTML(tuner.live_out.value)"""),
     ("md", """## Which tree? Tree policies compared on the same steps
 
 The sliders above re-analyse the recorded tree. The picker below asks the bigger question: on
-these recorded steps, what would **another tree** have given? For each step and each policy of
+recorded steps, what would **another tree** have given? Its steps are a fresh live recording
+with the lab's default DFlash drafter (the drafter of `benchmarks/tree_policies.json`; the
+fixture trace above was recorded with the weaker ridge drafter): 4 held-out prompts, 32 new
+tokens, T = 0.8, DDTree at B = 32. For each step and each policy of
 `ddtree_lab.analysis.policies` (DDTree best-first, the chain, beams, a per-depth cap, the
 cost-driven budget) the policy's tree is built from the step's recorded draft and its **exact**
 E[τ] computed under the target-only rule (`ddtree_lab.analysis.counterfactual`): from the
@@ -150,15 +153,19 @@ fewer nodes than B. The tree policies also spend the budget on siblings, so they
     ("code", """from ddtree_lab.analysis import policies, counterfactual
 from ddtree_lab.views.policies import PolicyPicker, load_policy_records
 
+import json
+dflash = notebook.load_drafter(target, "dflash")  # the default drafter, on the same target
+held_out = json.loads((Path("..") / "fixtures" / "drafters" / "dflash_prompts.json").read_text())["held_out"][:4]
+rec = dl.LiveSession(target, dflash, budget=32, sampling=dl.SamplingParams(temperature=0.8, seed=1)).run(held_out, max_new_tokens=32)
+sub = dl.Run(metadata=rec.metadata, steps=rec.steps[:12], token_texts=rec.token_texts)
 bench = Path("..") / "benchmarks" / "tree_policies.json"
 meta, rows = load_policy_records(bench) if bench.exists() else (None, None)
 cm = (policies.CostModel.from_dict(meta["cost_model"]) if meta else
-      counterfactual.measure_cost_model(target, counterfactual.step_prefix_ids(run, run.steps[0]) + [int(run.steps[0].node_token_ids[0])],
-                                        run.steps[0].draft, (1, 9, 33), repeats=1))
+      counterfactual.measure_cost_model(target, counterfactual.step_prefix_ids(sub, sub.steps[0]) + [int(sub.steps[0].node_token_ids[0])],
+                                        sub.steps[0].draft, (1, 9, 33), repeats=1))
 context = policies.PolicyContext(cost_model=cm)
-sub = dl.Run(metadata=run.metadata, steps=run.steps[:12], token_texts=run.token_texts)
 results = counterfactual.run_counterfactuals(sub, list(policies.POLICIES), [4, 8, 16, 32], target=target, context=context)
-picker = PolicyPicker(results, texts=run, rows=rows, plain_tok_s=meta and meta["plain_tok_s"])
+picker = PolicyPicker(results, texts=sub, rows=rows, plain_tok_s=meta and meta["plain_tok_s"])
 picker"""),
     ("md", """### The same steps, a GPU's cost
 
@@ -206,7 +213,7 @@ own = [r for s in sub.steps for r in counterfactual.step_counterfactuals(
 for row in counterfactual.summarize(own):
     print(f"{row.policy:<8} B={row.budget:<3} mean nodes {row.mean_nodes:5.1f}  exact E[τ] sampled "
           f"{row.tau_sampled if row.tau_sampled is None else round(row.tau_sampled, 3)}")
-PolicyPicker(own, texts=run)"""),
+PolicyPicker(own, texts=sub)"""),
 ]
 
 NOTEBOOKS = {"03_greedy_vs_sampling.ipynb": GREEDY_VS_SAMPLING, "04_topk_topp_tuner.ipynb": TUNER}
