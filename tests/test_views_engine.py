@@ -144,7 +144,7 @@ def test_diagnosis_html_names_the_engine_bug_and_is_silent_when_fixed(shipped, f
     assert ">could not run<" in good and "needs the model" in good
 
 
-def test_a_recording_names_its_drafter_by_digest(fixed, tmp_path):
+def test_a_recording_names_its_drafter_by_digest(fixed, tmp_path, capsys):
     """requests.json keeps the drafter's weights digest; the model card found at the recorded path
     is attached only when that directory still holds those weights, else ``record_problem`` says
     so (a default drafter replaced since the recording must not lend it its card)."""
@@ -163,6 +163,15 @@ def test_a_recording_names_its_drafter_by_digest(fixed, tmp_path):
     (copy / "requests.json").write_text(json.dumps(doc))
     other = load(copy).metadata["drafter"]
     assert "record" not in other and "holds other weights than the recorded drafter" in other["record_problem"]
+    from ddtree_lab.cli import main
+
+    assert main(["info", str(copy)]) == 0  # `info` says it beside the drafter's name
+    assert "drafter's model card: " in capsys.readouterr().out
+    for bad in (12345, "not-hex", "A" * 64):  # not a digest: said so, no card, the recording still loads
+        doc["drafter_sha256"] = bad
+        (copy / "requests.json").write_text(json.dumps(doc))
+        got = load(copy).metadata["drafter"]
+        assert "record" not in got and "not a SHA-256 hex digest" in got["record_problem"], bad
     del doc["drafter_sha256"]  # a recording from before the digest: the card by path, said to be unchecked
     (copy / "requests.json").write_text(json.dumps(doc))
     old = load(copy).metadata["drafter"]

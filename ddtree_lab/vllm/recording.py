@@ -351,6 +351,11 @@ def _drafter_meta(drafter: str | None, method: str | None, sha256: str | None = 
     if not drafter:
         return {"name": method or "?", "kind": method}
     out = {"name": Path(drafter).name, "path": drafter, "kind": method, "sha256": sha256}
+    if sha256 is not None and not (isinstance(sha256, str) and len(sha256) == 64
+                                   and all(c in "0123456789abcdef" for c in sha256)):
+        out["record_problem"] = (f"requests.json's drafter_sha256 is {sha256!r}, not a SHA-256 hex digest: "
+                                 "the drafter that ran cannot be identified, so no model card is attached")
+        return out
     here = _local(drafter, "drafter")
     card = here / "model_card.json" if here is not None else None
     if card is not None and card.is_file():
