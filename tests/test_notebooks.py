@@ -91,6 +91,33 @@ def test_make_lab_is_ddtree_lab_lab_on_an_ignored_copy(tmp_path):
     assert notes and (work / "01_a.ipynb").read_text() == "v2" and (work / "01_a.ipynb.bak").read_text() == "my edits"
 
 
+def test_lab_trusts_the_shipped_copies_so_their_pictures_render(tmp_path):
+    """An untrusted notebook shows its saved SVG trees and HTML tables as text in JupyterLab: the
+    working copies that are still the tracked notebooks are signed; a copy the user edited, and a
+    file that is no notebook, are not (the latter said)."""
+    import shutil
+
+    import nbformat
+    from nbformat.sign import MemorySignatureStore, NotebookNotary
+
+    from ddtree_lab.cli import labserver
+
+    labs, work = tmp_path / "labs", tmp_path / ".lab"
+    labs.mkdir()
+    for name in ("07_drafters.ipynb", "09_vllm_engine.ipynb"):
+        shutil.copy(LABS / name, labs / name)
+    (labs / "00_broken.ipynb").write_text("not a notebook")
+    labserver.working_copies(labs, work)
+    edited = nbformat.read(work / "09_vllm_engine.ipynb", as_version=4)
+    edited.cells[0].source += "\nmy note"
+    nbformat.write(edited, work / "09_vllm_engine.ipynb")
+    notary = NotebookNotary(store_factory=MemorySignatureStore, secret=b"test")  # not the user's database
+    notes = labserver.trust_shipped(labs, work, notary=notary)
+    assert notes == ["00_broken.ipynb: not read as a notebook (NotJSONError); its saved outputs show as text"], notes
+    assert notary.check_signature(nbformat.read(work / "07_drafters.ipynb", as_version=4))
+    assert not notary.check_signature(nbformat.read(work / "09_vllm_engine.ipynb", as_version=4))
+
+
 def test_lab_prints_the_port_it_binds_when_the_asked_one_is_taken(capsys):
     """Issue 18.11: with the asked port in use, the link names the port Jupyter will bind (the
     next free one; Jupyter is told not to move off it)."""

@@ -176,3 +176,37 @@ def test_a_recording_names_its_drafter_by_digest(fixed, tmp_path, capsys):
     (copy / "requests.json").write_text(json.dumps(doc))
     old = load(copy).metadata["drafter"]
     assert old["record"]["name"] == "smollm2-dflash-b16" and "names no drafter digest" in old["record_problem"]
+
+
+def test_a_recordings_drafter_fields_that_are_wrong_are_said_not_raised(tmp_path):
+    """requests.json's drafter of the wrong type, a drafter directory not here, one without
+    weights, a card that is not a JSON object or whose hit rate is not a number: each loads, with
+    ``record_problem`` naming it, and diagnose's drafter-hits says why it could not run."""
+    import shutil
+
+    from ddtree_lab.diagnosis.drafter import check_drafter_hits
+    from ddtree_lab.models.dflash import default_dflash_path
+
+    rec = tmp_path / "rec"
+    shutil.copytree(ROOT / "fixtures" / "vllm" / "fixed", rec)
+    doc = json.loads((rec / "requests.json").read_text())
+
+    def drafter_of(**fields):
+        (rec / "requests.json").write_text(json.dumps({**doc, **fields}))
+        return load(rec)
+
+    run = drafter_of(drafter=5)
+    assert "drafter is 5, not a path" in run.metadata["drafter"]["record_problem"] and run.steps
+    run = drafter_of(drafter=str(tmp_path / "nowhere" / "gone"))
+    assert "is not on this machine" in run.metadata["drafter"]["record_problem"]
+    mine = tmp_path / "mine"
+    shutil.copytree(default_dflash_path(), mine)
+    (mine / "model_card.json").write_text("[1, 2]")
+    run = drafter_of(drafter=str(mine))
+    assert "a JSON list, not an object" in run.metadata["drafter"]["record_problem"]
+    assert "no model-card hit rates" in check_drafter_hits(run).why
+    (mine / "model_card.json").write_text(json.dumps({"held_out_eval": {"top1_by_position": ["x"]}}))
+    why = check_drafter_hits(drafter_of(drafter=str(mine))).why
+    assert "top1_by_position[0] = 'x', not a hit rate" in why
+    (mine / "model.safetensors").unlink()
+    assert "holds no model.safetensors" in drafter_of(drafter=str(mine)).metadata["drafter"]["record_problem"]

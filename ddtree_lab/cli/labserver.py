@@ -21,7 +21,7 @@ import shutil
 import socket
 from pathlib import Path
 
-__all__ = ["working_copies", "free_port", "jupyter_command", "jupyter_env", "lab_url"]
+__all__ = ["working_copies", "trust_shipped", "free_port", "jupyter_command", "jupyter_env", "lab_url"]
 
 
 def working_copies(labs: Path, work: Path) -> list[str]:
@@ -46,6 +46,33 @@ def working_copies(labs: Path, work: Path) -> list[str]:
             notes.append(f"{nb.name}: the tracked notebook is newer; your old copy is {copy.name}.bak")
         shutil.copy2(nb, copy)
         os.utime(copy)  # the copy is now newer than the tracked file
+    return notes
+
+
+def trust_shipped(labs: Path, work: Path, notary=None) -> list[str]:
+    """Sign (Jupyter's notebook trust, ``nbformat.sign``) each working copy in ``work/`` whose
+    content is still the tracked ``labs/`` notebook's, so its saved outputs render in JupyterLab:
+    an untrusted notebook shows a tree's SVG and the HTML tables as their text fallback. A copy
+    the user changed is not signed here (Jupyter signs what the user runs and saves). Returns one
+    line per copy that could not be read as a notebook (left unsigned).
+
+    ``notary``: an ``nbformat.sign.NotebookNotary`` (default: the user's, the one Jupyter checks)."""
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    notary = NotebookNotary() if notary is None else notary
+    notes = []
+    for nb in sorted(Path(labs).glob("*.ipynb")):
+        copy = Path(work) / nb.name
+        if not copy.is_file() or copy.read_bytes() != nb.read_bytes():
+            continue
+        try:
+            doc = nbformat.reads(copy.read_text(), as_version=4)
+        except Exception as e:  # any unreadable file: say so, serve it untrusted
+            notes.append(f"{copy.name}: not read as a notebook ({type(e).__name__}); its saved outputs show as text")
+            continue
+        if not notary.check_signature(doc):
+            notary.sign(doc)
     return notes
 
 

@@ -246,7 +246,7 @@ def cmd_lab(args) -> int:
         return 0
     if not Path(jupyter).exists():
         raise CLIError("jupyter is not installed (pip install 'ddtree-lab[lab]')")
-    for line in labserver.working_copies(labs, work):
+    for line in labserver.working_copies(labs, work) + labserver.trust_shipped(labs, work):
         print(f"[lab] {line}")
     print("[lab] working copies in .lab/ (git ignores them; labs/ stays as committed)")
     print(f"[lab] open {labserver.lab_url(port, token)}", flush=True)

@@ -41,10 +41,20 @@ def check_drafter_hits(run: Run, steps: list[Step] | None = None) -> CheckResult
     """First-position hit rate of the recorded drafts against the drafter's model card."""
     steps = run.steps if steps is None else steps
     result = CheckResult("drafter-hits", ran=False)
-    card = ((run.metadata.get("drafter") or {}).get("record") or {}).get("held_out_eval") or {}
-    rates = card.get("top1_by_position")
+    meta = run.metadata.get("drafter")
+    meta = meta if isinstance(meta, dict) else {}
+    problem = meta.get("record_problem")
+    record = meta.get("record")
+    card = record.get("held_out_eval") if isinstance(record, dict) else None
+    rates = card.get("top1_by_position") if isinstance(card, dict) else None
     if not rates:
-        result.why = "the drafter's metadata has no model-card hit rates (held_out_eval.top1_by_position)"
+        result.why = ("the drafter's metadata has no model-card hit rates (held_out_eval.top1_by_position)"
+                      + (f": {problem}" if problem else ""))
+        return result
+    p0 = rates[0] if isinstance(rates, list) else None
+    if isinstance(p0, bool) or not isinstance(p0, (int, float)) or not 0.0 <= p0 <= 1.0:
+        result.why = (f"the drafter's model card gives held_out_eval.top1_by_position[0] = {p0!r}, not a hit rate "
+                      "in [0, 1]")
         return result
     hits = n = 0
     for s in steps:
@@ -57,10 +67,11 @@ def check_drafter_hits(run: Run, steps: list[Step] | None = None) -> CheckResult
         result.why = "no step stores its draft top-k and output"
         return result
     result.ran = True
-    p0 = float(rates[0])
+    p0 = float(p0)
     tail = _binom_cdf(hits, n, p0 / 2)
     result.note = (f"first-position hit rate {hits}/{n} = {hits / n:.3f}, card {p0:.3f}; flagged only below half the "
-                   f"card's rate at P < {HIT_ALPHA:g} (sampled steps and short runs hit less than the card)")
+                   f"card's rate at P < {HIT_ALPHA:g} (sampled steps and short runs hit less than the card)"
+                   + (f"; the card is unchecked: {problem}" if problem else ""))
     if tail < HIT_ALPHA:
         result.findings.append(Finding(
             "drafter-hits", "the drafter hits far below its model card (wrong anchor, mask slot or missing target "

@@ -341,37 +341,57 @@ def _model_meta(model: str | None, vocab: int | None) -> dict:
     return {"name": name, "path": model, "vocab_size": vocab, "engine": "vllm"}
 
 
-def _drafter_meta(drafter: str | None, method: str | None, sha256: str | None = None) -> dict:
+def _drafter_meta(drafter, method: str | None, sha256=None) -> dict:
     """The drafter as the lab's metadata names it; a DFlash directory's model card as ``record``.
 
     ``sha256`` is the recorded weights' digest (``requests.json``'s ``drafter_sha256``, written
     since recordings name their drafter by it): when the directory found here holds other weights
-    its card is not attached and ``record_problem`` says why. A recording without the digest
-    gets the card found by path, with ``record_problem`` saying it could not be checked."""
+    (or none) its card is not attached and ``record_problem`` says why. A recording without the
+    digest gets the card found by path, with ``record_problem`` saying it could not be checked.
+    Every field of ``requests.json`` that is the wrong type, a directory that is not here and a
+    card that is not a JSON object are said in ``record_problem`` too, never raised: the
+    recording's steps still load."""
     if not drafter:
         return {"name": method or "?", "kind": method}
+    if not isinstance(drafter, str):
+        return {"name": "?", "kind": method, "record_problem": f"requests.json's drafter is {drafter!r}, not a path"}
     out = {"name": Path(drafter).name, "path": drafter, "kind": method, "sha256": sha256}
     if sha256 is not None and not (isinstance(sha256, str) and len(sha256) == 64
                                    and all(c in "0123456789abcdef" for c in sha256)):
-        out["record_problem"] = (f"requests.json's drafter_sha256 is {sha256!r}, not a SHA-256 hex digest: "
-                                 "the drafter that ran cannot be identified, so no model card is attached")
+        out["record_problem"] = (f"requests.json's drafter_sha256 is {sha256!r}, not a SHA-256 hex digest (64 "
+                                 "lower-case hex digits): the drafter that ran cannot be identified, so no model card "
+                                 "is attached")
         return out
     here = _local(drafter, "drafter")
-    card = here / "model_card.json" if here is not None else None
-    if card is not None and card.is_file():
-        local = weights_sha256(str(here))
-        if sha256 and local != sha256:
-            out["record_problem"] = (f"{here} holds other weights than the recorded drafter (model.safetensors "
-                                     f"sha256 {str(local)[:12]}..., recorded {sha256[:12]}...): its model card is not attached")
-            return out
-        try:
-            out["record"] = json.loads(card.read_text())
-        except ValueError:
-            out["record_problem"] = f"{card}: not JSON"
-            return out
-        if not sha256:
-            out["record_problem"] = (f"the recording names no drafter digest: the model card attached is {card}'s, "
-                                     "which may not be the drafter that ran")
+    if here is None:
+        out["record_problem"] = (f"the drafter directory {drafter} is not on this machine (nor fixtures/drafters/"
+                                 f"{Path(drafter).name}): no model card attached")
+        return out
+    card = here / "model_card.json"
+    if not card.is_file():
+        out["record_problem"] = f"{here} has no model_card.json: no model card attached"
+        return out
+    local = weights_sha256(str(here))
+    if sha256 and local is None:
+        out["record_problem"] = (f"{here} holds no model.safetensors, so it cannot be checked against the recorded "
+                                 f"drafter (sha256 {sha256[:12]}...): its model card is not attached")
+        return out
+    if sha256 and local != sha256:
+        out["record_problem"] = (f"{here} holds other weights than the recorded drafter (model.safetensors "
+                                 f"sha256 {str(local)[:12]}..., recorded {sha256[:12]}...): its model card is not attached")
+        return out
+    try:
+        record = json.loads(card.read_text())
+    except ValueError:
+        out["record_problem"] = f"{card}: not JSON"
+        return out
+    if not isinstance(record, dict):
+        out["record_problem"] = f"{card}: a JSON {type(record).__name__}, not an object: no model card attached"
+        return out
+    out["record"] = record
+    if not sha256:
+        out["record_problem"] = (f"the recording names no drafter digest: the model card attached is {card}'s, "
+                                 "which may not be the drafter that ran")
     return out
 
 
