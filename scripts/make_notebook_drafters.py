@@ -23,7 +23,7 @@ L = 16:
   public DFlash architecture), trained on this CPU by `scripts/train_dflash.py` on 1.0M tokens
   of text the target wrote through vLLM's CPU engine (`scripts/make_dflash_engine_data.py`,
   every shard checked against the lab's own target first; see its model card);
-* **ridge** (`fixtures/drafters/smollm2_ridge_b16`): per-offset linear heads fitted in closed form,
+* **ridge** (`fixtures/drafters/smollm2_ridge_b16.safetensors`): per-offset linear heads fitted in closed form,
   kept for comparison (the fixture traces in `fixtures/traces/` were recorded with it).
 
 The figure shows the accept length τ (accepted draft tokens + 1 per step) that
