@@ -105,7 +105,7 @@ target-only rule: draft *j* is accepted when its coin `u_j` is below the target'
 of the draft, `p_j(draft_j)`. Press **next ▶** to walk it; the rows are the top-64 entries the
 recorder kept (light level)."""),
     ("code", """best = views.informative_step(fixed, request=0)
-print(f"step {best.step}, request {best.request_id}: vLLM accepted {best.accept_length} drafts, then drew "
+print(f"step {best.step}, request {best.request_id}: vLLM accepted {best.accept_length} draft{'s' if best.accept_length != 1 else ''}, then drew "
       f"{fixed.text(best.output.bonus_token[0])!r}")
 stepper = notebook.verify_stepper(fixed, request=0, step=fixed.for_request(0).index(best))
 stepper"""),
