@@ -43,8 +43,7 @@ from ..step import DraftTopK, Run, Step
 from ..store.container import TraceFormatError
 from ..store.segments import first_doc, read_segment, scan
 from ..verify.types import BonusDraw, Decision, VerifyOutput
-from . import weights_sha256
-from . import FORMAT
+from . import FORMAT, weights_sha256
 
 __all__ = ["SOURCE", "recording_files", "looks_like_vllm_recording", "load_vllm_run", "engine_output",
            "requested_params", "row_probs", "verify_rows"]
