@@ -24,7 +24,7 @@ test-fast: $(READY)
 # ruff and pyright as configured in pyproject.toml (`make test` runs them too, in tests/test_lint.py).
 lint: $(READY)
 	$(VENV)/bin/ruff check ddtree_lab tests scripts benchmarks
-	$(VENV)/bin/pyright
+	$(VENV)/bin/pyright --pythonpath $(VENV)/bin/python
 
 bench: $(READY)
 	$(VENV)/bin/python benchmarks/tree_build.py

@@ -11,6 +11,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
+# A python3 that is itself a venv's (another checkout's, activated) would lend its torch to the
+# check below while the new venv sees only its base interpreter's packages: use that base.
+if "$PY" -c "import sys; sys.exit(sys.prefix == sys.base_prefix)" 2>/dev/null; then
+  PY=$("$PY" -c "import os, sys; print(os.path.join(sys.base_prefix, 'bin', 'python3'))")
+  echo "[setup] python3 is a venv's; building .venv from its base interpreter $PY"
+fi
 
 if [[ ! -x $VENV/bin/python ]]; then
   if "$PY" -c "import torch" 2>/dev/null; then
