@@ -1,16 +1,20 @@
 """Host synchronisations per live step, by stage and by call site (issue 36), on the CPU.
 
 A random-weight Llama with SmolLM2's tokenizer and a seeded random drafter
-(:mod:`ddtree_lab.models.tiny`), level ``off``, bs in {1, 32}, B in {8, 64}, greedy and
-T = 0.8: the second step of each session is counted with
+(:mod:`ddtree_lab.models.tiny`), level ``off``, device tree build, bs in {1, 32}, B in {8, 64},
+greedy and T = 0.8, for the sync-free step (``verify_backend="torch-batched"``) and the
+per-request walks (``torch-lazy``): the second step of each session is counted with
 :class:`ddtree_lab.hostsync.HostSyncCounter`, per stage (read at the session's stage marks),
-then the sites of bs 32, B 64, T = 0.8. Goal (issue 36): <= 3 per step, the same at every
-batch size and budget.
+then three more steps are timed with the counter off (CPU milliseconds: on a CPU a host read
+costs nothing, so the sync-free step only pays its extra work there), then the sites of bs 32,
+B 64, T = 0.8. Goal (issue 36): <= 3 per step, the same at every batch size and budget.
 
     python benchmarks/host_syncs.py
 """
 
 from __future__ import annotations
+
+import time
 
 import ddtree_lab as dl
 from ddtree_lab import session as session_module
@@ -19,6 +23,7 @@ from ddtree_lab.models.tiny import RandomDrafter, random_target
 
 PROMPTS = ["Explain why the sky is blue.", "Write a poem about the sea.", "Why do cats purr?"]
 STAGES = ("draft", "build", "compile", "target", "verify", "record", "commit")
+BACKENDS = ("torch-batched", "torch-lazy")  # the sync-free step; the per-request walks (the CPU default)
 
 
 def count_step(session) -> tuple[dict[str, int], HostSyncCounter]:
@@ -42,27 +47,37 @@ def count_step(session) -> tuple[dict[str, int], HostSyncCounter]:
     return out, counter
 
 
+def step_ms(session, steps: int = 3) -> float:
+    """Mean wall time of ``steps`` more steps, the counter off (ms)."""
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        session.step(1000)
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
 def main() -> None:
     target = random_target()
     drafter = RandomDrafter(target.vocab_size)
-    print("host syncs per live step (level off), by stage")
-    print(f"{'bs':>3} {'B':>3} {'T':>4} " + " ".join(f"{s:>7}" for s in STAGES) + "   total")
-    keep = None
-    for bs in (1, 32):
-        for budget in (8, 64):
-            for temperature in (0.0, 0.8):
-                s = dl.LiveSession(target, drafter, budget=budget, record="off",
-                                   sampling=dl.SamplingParams(temperature=temperature))
-                s.tree_build = "device"  # what a GPU step runs
-                s.start([PROMPTS[i % len(PROMPTS)] for i in range(bs)])
-                s.step(1000)
-                stages, counter = count_step(s)
-                print(f"{bs:>3} {budget:>3} {temperature:>4} " + " ".join(f"{stages.get(n, 0):>7}" for n in STAGES)
-                      + f"   {counter.total:>5}")
-                keep = counter
-    assert keep is not None
-    print("\nbs 32, B 64, T 0.8: sites (count, call, site)")
-    print(keep.table())
+    print("host syncs per live step (level off), by stage; then the mean CPU time of 3 more steps (counter off)")
+    print(f"{'verify':<14} {'bs':>3} {'B':>3} {'T':>4} " + " ".join(f"{s:>7}" for s in STAGES) + "   total   ms/step")
+    keep = {}
+    for backend in BACKENDS:
+        for bs in (1, 32):
+            for budget in (8, 64):
+                for temperature in (0.0, 0.8):
+                    s = dl.LiveSession(target, drafter, budget=budget, record="off", verify_backend=backend,
+                                       sampling=dl.SamplingParams(temperature=temperature))
+                    s.tree_build = "device"  # what a GPU step runs
+                    s.start([PROMPTS[i % len(PROMPTS)] for i in range(bs)])
+                    s.step(1000)
+                    stages, counter = count_step(s)
+                    ms = step_ms(s)
+                    print(f"{backend:<14} {bs:>3} {budget:>3} {temperature:>4} "
+                          + " ".join(f"{stages.get(n, 0):>7}" for n in STAGES) + f"   {counter.total:>5}   {ms:>7.1f}")
+                    keep[backend] = counter
+    for backend, counter in keep.items():
+        print(f"\n{backend}, bs 32, B 64, T 0.8: sites (count, call, site)")
+        print(counter.table())
 
 
 if __name__ == "__main__":

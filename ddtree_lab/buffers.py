@@ -106,7 +106,8 @@ class DDTreeVerifyInput(TreeBatch):
         return DDTreeVerifyInput(**parts)
 
 
-def encode_retrieve(parents: torch.Tensor, num_nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def encode_retrieve(parents: torch.Tensor, num_nodes: torch.Tensor, *, validate: bool = True
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Retrieve buffers from parent indices; children are linked in ascending index order.
 
     For trees in tree order (as :func:`ddtree_lab.build_tree` returns them) ascending index
@@ -120,6 +121,9 @@ def encode_retrieve(parents: torch.Tensor, num_nodes: torch.Tensor) -> tuple[tor
     Returns:
         ``(retrieve_index, retrieve_next_token, retrieve_next_sibling)``, each ``[bs, N]`` int64.
 
+        validate: check the parents (one host read); ``False`` for trees the lab's builders
+            made (the live step: no host read here).
+
     Raises:
         ValueError: a parent index not smaller than its child's, or outside the request's nodes.
     """
@@ -132,7 +136,7 @@ def encode_retrieve(parents: torch.Tensor, num_nodes: torch.Tensor) -> tuple[tor
     real = idx < num_nodes[:, None]
     child = real & (idx > 0)
     bad = child & ((parents < 0) | (parents >= idx))
-    if bad.any():
+    if validate and bad.any():
         b, i = (int(v) for v in bad.nonzero()[0])
         raise ValueError(
             f"request {b}, node {i}: parent {int(parents[b, i])} must be in [0, {i}) (parents precede children)"
@@ -161,7 +165,9 @@ def tree_attention_mask(parents: torch.Tensor, num_nodes: torch.Tensor, max_dept
     """Ancestor-or-self mask ``[bs, N, N]`` bool from parents ``[bs, N]`` int64.
 
     Row ``i`` is True at ``i`` and at each ancestor of ``i``. Padding rows are True only on
-    the diagonal. ``max_depth`` bounds the ancestor walk (default ``N - 1``).
+    the diagonal. ``max_depth`` bounds the ancestor walk; given, the walk runs exactly that
+    many steps and reads nothing on the host; None (default): up to ``N - 1`` steps, stopping
+    (one host read per step) when every node has reached the root.
     """
     bs, n = parents.shape
     device = parents.device
@@ -171,15 +177,15 @@ def tree_attention_mask(parents: torch.Tensor, num_nodes: torch.Tensor, max_dept
     rows = torch.arange(n, device=device).expand(bs, n)
     for _ in range(n - 1 if max_depth is None else max_depth):
         has = cur >= 0
-        if not has.any():
+        if max_depth is None and not has.any():
             break
-        b_idx, i_idx = has.nonzero(as_tuple=True)
-        mask[b_idx, rows[b_idx, i_idx], cur[b_idx, i_idx]] = True
+        mask.scatter_(2, torch.where(has, cur, rows)[..., None], True)  # no ancestor: its own diagonal
         cur = torch.where(has, parents.gather(1, cur.clamp(min=0)), -1)
     return mask
 
 
-def compile_retrieve(tree: DDTreeBuildResult, prefix_len: int | torch.Tensor) -> DDTreeVerifyInput:
+def compile_retrieve(tree: DDTreeBuildResult, prefix_len: int | torch.Tensor, *, max_depth: int | None = None,
+                     validate: bool = True) -> DDTreeVerifyInput:
     """Compile a built tree into the verify buffers (DESIGN.md, "Retrieve encoding").
 
     Args:
@@ -187,12 +193,17 @@ def compile_retrieve(tree: DDTreeBuildResult, prefix_len: int | torch.Tensor) ->
         prefix_len: tokens already in the target's KV cache before the root, an int or
             ``[bs]`` int64 (any device; the positions come out on the tree's); the root sits
             at position ``prefix_len``, a node at depth ``d`` at ``prefix_len + d``.
+        max_depth: the trees' depth or a bound on it (the draft's ``L - 1``); None: read
+            from ``tree.depths`` (one host read).
+        validate: check the parents and the prefix lengths (host reads). With ``max_depth``
+            given and ``validate=False`` nothing is read on the host: the live step's compile
+            for trees the lab built on the device (issue 36).
 
     Returns:
         :class:`DDTreeVerifyInput`.
 
     Raises:
-        ValueError: parents not before children, or a negative prefix length.
+        ValueError: parents not before children, or a negative prefix length (with ``validate``).
     """
     bs, n = tree.parents.shape
     if isinstance(prefix_len, int):
@@ -201,10 +212,13 @@ def compile_retrieve(tree: DDTreeBuildResult, prefix_len: int | torch.Tensor) ->
         prefix = check_tensor("prefix_len", prefix_len, dtype=torch.int64, ndim=1)
         check_shape("prefix_len", prefix, (bs,))
         prefix = prefix.to(tree.parents.device)  # a host tensor beside a tree built on a GPU
-    if (prefix < 0).any():
+    if validate and (prefix < 0).any():
         raise ValueError(f"prefix_len must be >= 0, got {prefix.tolist()}")
-    retrieve_index, next_token, next_sibling = encode_retrieve(tree.parents, tree.num_nodes)
-    max_depth = int(tree.depths.max()) if tree.depths.numel() else 0
+    retrieve_index, next_token, next_sibling = encode_retrieve(tree.parents, tree.num_nodes, validate=validate)
+    if max_depth is None:
+        max_depth = int(tree.depths.max()) if tree.depths.numel() else 0
+    elif isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
+        raise ValueError(f"max_depth must be an int >= 0, got {max_depth!r}")
     mask = tree_attention_mask(tree.parents, tree.num_nodes, max_depth)
     positions = prefix[:, None] + tree.depths.clamp(min=0)
     return DDTreeVerifyInput(

@@ -14,7 +14,7 @@ import torch
 
 from ._arguments import check_shape, check_tensor
 
-__all__ = ["check_draft_topk", "draft_topk_from_logits"]
+__all__ = ["check_draft_topk", "draft_topk_from_logits", "draft_topk_device"]
 
 
 _NORMALISATION_SLACK = 1e-3  # top-k mass may exceed 1 by this much (float32 log-softmax)
@@ -163,6 +163,61 @@ def draft_topk_from_logits(
         lp_out[r0 + live] = vals[take].view(-1, k)
         ids_out[r0 + live] = col[take].view(-1, k)
     return ids_out.view(bs, depth, k), lp_out.view(bs, depth, k)
+
+
+def draft_topk_device(draft_logits: torch.Tensor, k: int, *, block_bytes: int = 1 << 23
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`draft_topk_from_logits` with no host read, for the live step on an accelerator (issue 36).
+
+    The same log-probs ``(x - m) - ls`` by the same float32 ops, the same order (descending
+    log-prob, ascending token id on equal log-probs), so the same top-k bit for bit
+    (``tests/test_host_syncs.py``); but where :func:`draft_topk_from_logits` extracts a few
+    candidates per row (a data-dependent size the host must read), this takes the ``K``
+    smallest of one int64 key per logit (``desc(log-prob) << 18 | token id``: unique, so
+    ``torch.topk`` has no ties to break), and instead of raising on a bad row it returns a flag
+    per row for the caller to read with its other results. Vocabularies of 2^18 tokens or
+    more take a stable sort of each row's ``log_softmax``, as there.
+
+    Args:
+        draft_logits: ``[bs, L-1, V]`` floating.
+        k: columns to keep, an int in ``[1, V]``.
+        block_bytes: working-set size of one block of rows (as there; the blocks are shapes,
+            not values, so choosing them reads nothing).
+
+    Returns:
+        ``(draft_token_ids [bs, L-1, K] int64, draft_logprobs [bs, L-1, K] float32, bad
+        [bs, L-1] bool)`` on the logits' device; ``bad`` marks a row with NaN, ``+inf`` or only
+        ``-inf`` (its top-k means nothing: :func:`draft_topk_from_logits` names it).
+
+    Raises:
+        ValueError: bad shape or ``k`` (no value is read).
+    """
+    check_tensor("draft_logits", draft_logits, dtype=(torch.float32, torch.float16, torch.bfloat16, torch.float64), ndim=3)
+    bs, depth, vocab = draft_logits.shape
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab:
+        raise ValueError(f"k must be an int in [1, V={vocab}], got {k!r}")
+    rows = draft_logits.reshape(bs * depth, vocab)
+    ids_out = torch.empty(bs * depth, k, dtype=torch.int64, device=rows.device)
+    lp_out = torch.empty(bs * depth, k, dtype=torch.float32, device=rows.device)
+    bad = torch.zeros(bs * depth, dtype=torch.bool, device=rows.device)
+    step = 64 if vocab >= 1 << 18 else max(1, min(max(rows.shape[0], 1), block_bytes // (4 * vocab)))
+    log2e = 1.4426950408889634
+    cols = torch.arange(vocab, device=rows.device)
+    for r0 in range(0, rows.shape[0], step):
+        blk = rows[r0 : r0 + step].float()
+        m = blk.amax(-1, keepdim=True)
+        bad[r0 : r0 + step] = torch.isnan(m[:, 0]) | torch.isinf(m[:, 0])
+        if vocab >= 1 << 18:
+            val, idx = torch.sort(torch.log_softmax(blk, -1), dim=-1, descending=True, stable=True)
+            lp_out[r0 : r0 + step], ids_out[r0 : r0 + step] = val[:, :k], idx[:, :k]
+            continue
+        ls = torch.sub(blk, m).mul_(log2e).exp2_().sum(-1, keepdim=True).log_()
+        vals = (blk - m) - ls + 0.0  # + 0.0: no -0.0
+        key = _order_key(torch.zeros_like(cols), vals, cols.expand_as(vals))
+        take = torch.topk(key, k, dim=-1, largest=False, sorted=True).indices
+        lp_out[r0 : r0 + step] = vals.gather(1, take)
+        ids_out[r0 : r0 + step] = take
+    return ids_out.view(bs, depth, k), lp_out.view(bs, depth, k), bad.view(bs, depth)
 
 
 def _order_key(rows: torch.Tensor, vals: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,16 @@ One step for the batch of active requests (Ringel & Romano, arXiv 2604.12989, §
    root and the accepted nodes (``Drafter.commit``), the bonus becomes the next anchor, and
    finished requests leave the batch.
 
+The sync-free step (``verify_backend="torch-batched"``, level ``off``; issue 36): the draft top-k
+by :func:`ddtree_lab.draft.draft_topk_device`, the tree on the device, the buffers compiled with
+the depth bound (:func:`ddtree_lab.compile_retrieve` ``max_depth``), the forward checked against
+the host's prefix lengths, the walk of the whole batch by
+:func:`ddtree_lab.verify.batched.verify_batched`: nothing is read back until the commit, which
+reads the step's result and every check's flag in one copy (``benchmarks/host_syncs.py``
+counts it). A flag set there puts the KV cache and the coin generators back as they were
+before the step and raises the error the host checks name. It keeps no decision log, hence
+level ``off`` only.
+
 Recording levels (``record=``): ``full`` (everything a :class:`Step` holds, every node's
 target row and its top-64 raw logits), ``light`` (buffers, draft top-k, decisions and only the
 rows the verifier read: ``child_probs`` of the visited nodes' children, NaN elsewhere, no
@@ -45,10 +55,11 @@ from .record import TOP_M_LOGITS, record_step
 from .step import LEVELS, STAGES, DraftTopK, Run, Step
 from .build import DDTreeBuildResult, build_tree
 from .build_device import build_tree_device
-from .draft import draft_topk_from_logits
+from .draft import draft_topk_device, draft_topk_from_logits
 from .verify import VerifyOutput, draw_coins, make_generators, residual_draw, verify_sampled
+from .verify.batched import BatchedVerifyOutput, raise_batched_problems, verify_batched
 
-__all__ = ["LiveSession", "RequestState"]
+__all__ = ["LiveSession", "RequestState", "SESSION_BACKENDS"]
 
 
 @dataclass
@@ -83,6 +94,11 @@ def _request_output(out: VerifyOutput, b: int) -> VerifyOutput:
         support_exhausted=out.support_exhausted[b : b + 1].clone(), decisions=[decisions],
         bonus=[dataclasses.replace(out.bonus[b], request=0)], backend=out.backend, thresholds=out.thresholds,
         lossy=out.lossy)
+
+
+#: The verify backends a session takes: :data:`ddtree_lab.verify.BACKENDS` and ``"torch-batched"``
+#: (the sync-free step, level ``off``: module docstring).
+SESSION_BACKENDS = ("auto", "reference", "torch-lazy", "triton", "torch-batched")
 
 
 def default_backend(record: str, device) -> str:
@@ -136,8 +152,9 @@ class LiveSession:
         top_m: tokens kept per target row for display (see :mod:`ddtree_lab.record`).
         verify_backend: ``"reference"`` (:func:`ddtree_lab.verify_sampled` on
             :func:`ddtree_lab.target_probs`), ``"torch-lazy"``, ``"triton"`` or ``"auto"``
-            (:func:`ddtree_lab.verify_tree` on the raw logits); default
-            :func:`default_backend` of the level. Recorded in every :class:`Step`.
+            (:func:`ddtree_lab.verify_tree` on the raw logits), or ``"torch-batched"`` (the
+            sync-free step, module docstring: level ``off``, no ``record_to``, planted fault
+            or policy); default :func:`default_backend` of the level. Recorded in every :class:`Step`.
         record: ``"full"`` (default), ``"light"`` or ``"off"`` (module docstring).
         threshold_single, threshold_acc: SGLang's acceptance thresholds, passed to the
             verifier (:func:`ddtree_lab.verify_sampled`); 1.0 (default) is the exact rule,
@@ -154,7 +171,8 @@ class LiveSession:
     The session sets torch's thread count once per process (:mod:`ddtree_lab.threads`).
 
     Raises:
-        ValueError: block size mismatch, unknown backend or level, or invalid parameters
+        ValueError: block size mismatch, unknown backend or level, ``"torch-batched"`` with
+            a recording level other than ``off``, ``record_to``, faults or a policy, or invalid parameters
             (naming the request), or bad thresholds; a ``policy`` with ``top1_spine`` /
             ``min_prob`` (options of :func:`ddtree_lab.build_tree` a policy does not take) or
             with a ``policy_context.max_depth`` other than ``max_depth``.
@@ -192,15 +210,13 @@ class LiveSession:
         self.top_m = top_m
         self.record = record
         from .verify import check_thresholds
-        from .verify import BACKENDS
-
         check_thresholds(threshold_single, threshold_acc)
         self.threshold_single, self.threshold_acc = float(threshold_single), float(threshold_acc)
 
         if verify_backend is None:
             verify_backend = default_backend(record, target.device)
-        if verify_backend not in BACKENDS:
-            raise ValueError(f"verify_backend must be one of {BACKENDS}, got {verify_backend!r}")
+        if verify_backend not in SESSION_BACKENDS:
+            raise ValueError(f"verify_backend must be one of {SESSION_BACKENDS}, got {verify_backend!r}")
         self.verify_backend = verify_backend
         from .faults import as_faults
 
@@ -221,6 +237,13 @@ class LiveSession:
         # The build and verify stages, chosen once: the step calls them and never branches on
         # the policy, the backend or a planted fault.
         self._build = self._build_ddtree if self.policy is None else self._build_policy
+        if verify_backend == "torch-batched":
+            others = [what for what, on in (("record_to", record_to is not None), ("faults", bool(self.faults)),
+                                            ("a policy", policy is not None)) if on]
+            if record != "off" or others:
+                raise ValueError("verify_backend 'torch-batched' keeps no decision log: it runs at record='off' "
+                                 "without record_to, planted faults or a policy (got "
+                                 + ", ".join([f"record={record!r}"] + others) + ")")
         if self.faults.verifier or self.faults.sampling:
             self._verify = self._verify_planted
         elif self.verify_backend == "reference":
@@ -336,6 +359,8 @@ class LiveSession:
         active = [self.requests[r] for r in self._rows]
         if not active:
             return []
+        if self.verify_backend == "torch-batched":
+            return self._step_batched(active, max_new_tokens)
         step_no = self.num_steps
         clock = _Clock(self.target.device)
         anchors = torch.tensor([r.anchor for r in active], dtype=torch.int64)
@@ -367,17 +392,65 @@ class LiveSession:
         clock.mark("record")
         self._commit(active, out, fwd.hidden, vi.num_rows, max_new_tokens)
         clock.mark("commit")
-        timings = clock.result()
+        timings = self._count(clock)
         for t in traces:
             t.timings = dict(timings)
-        self.last_timings = timings
-        for k, v in timings.items():
-            self.stage_totals[k] += v
-        self.num_steps += 1
         self.steps.extend(traces)
         if self.recorder is not None:
             self.recorder.steps(traces, self.target.token_text)
         return traces
+
+    def _count(self, clock: "_Clock") -> dict[str, float]:
+        timings = clock.result()
+        self.last_timings = timings
+        for k, v in timings.items():
+            self.stage_totals[k] += v
+        self.num_steps += 1
+        return timings
+
+    def _step_batched(self, active: list[RequestState], max_new_tokens: int) -> list[Step]:
+        """The sync-free step (module docstring): the same stages, one host read, at the commit."""
+        clock = _Clock(self.target.device)
+        prefix_list = [r.prefix_len for r in active]
+        anchors = torch.tensor([r.anchor for r in active], dtype=torch.int64)
+        prefix = torch.tensor(prefix_list, dtype=torch.int64)
+        context = DraftContext([r.request for r in active], anchors, prefix.clone(), [r.committed_ids for r in active])
+        draft_logits = self.drafter.draft_logits(context).float()
+        budgets = [self.request_budgets[r.request] for r in active]
+        k = min(max(budgets + [1]), draft_logits.shape[-1])
+        ids, lps, draft_bad = draft_topk_device(draft_logits, k)
+        clock.mark("draft")
+        tree = self._build(ids, lps, anchors, budgets)
+        clock.mark("build")
+        depth = ids.shape[1]  # the trees' depth bound: the draft's L - 1 positions
+        vi = compile_retrieve(tree, prefix, max_depth=depth, validate=False)
+        clock.mark("compile")
+        fwd = self.target.tree_forward_batch(self._batch, vi, self.layer_ids, root_positions=prefix_list)
+        clock.mark("target")
+        gens = [r.generator for r in active]
+        assert all(g is not None for g in gens)  # start() gives every request its generator
+        gen_states = [g.get_state() for g in gens if g is not None]
+        coins, final = draw_coins([g for g in gens if g is not None], vi.num_rows)
+        params = [r.params for r in active]
+        out = verify_batched(vi, fwd.logits, params, coins, final, max_depth=depth, max_children=k,
+                             threshold_single=self.threshold_single, threshold_acc=self.threshold_acc, check=False)
+        clock.mark("verify")
+        clock.mark("record")
+        flags = self._commit(active, out, fwd.hidden, vi.num_rows, max_new_tokens,
+                             checks=torch.cat([draft_bad.any()[None].to(out.flags.device), out.flags]))
+        if any(flags):  # nothing was committed: put the cache and the coins back, then name the problem
+            self.target.keep_paths(self._batch, [[] for _ in active], vi.num_rows)
+            for g, state in zip(gens, gen_states):
+                if g is not None:
+                    g.set_state(state)
+            if flags[0]:
+                draft_topk_from_logits(draft_logits, k=k)  # raises, naming the request and depth
+            raise_batched_problems(flags[1:], vi, fwd.logits, params, coins, final,
+                                   self.threshold_single, self.threshold_acc)
+            raise AssertionError(f"a check flagged {flags} and its host check found nothing")  # pragma: no cover
+        clock.mark("commit")
+        self._count(clock)
+        return []
 
     # -- the build and verify stages (one of each is chosen in __init__) ----------------------
 
@@ -443,14 +516,23 @@ class LiveSession:
             extra=None if self.policy is None else {"policy": self.policy_label,
                                                     "policy_budget": int(self.request_budgets[r.request])})
 
-    def _commit(self, active: list[RequestState], out: VerifyOutput, features: torch.Tensor, num_rows: int,
-                max_new_tokens: int) -> None:
+    def _commit(self, active: list[RequestState], out: "VerifyOutput | BatchedVerifyOutput", features: torch.Tensor,
+                num_rows: int, max_new_tokens: int, checks: torch.Tensor | None = None) -> list[bool]:
+        """Commit the step; returns the ``checks`` flags as read (and commits nothing when one is set)."""
         # the one host read of the step's result: accepted paths, emitted tokens, support
-        # exhausted and bonus token of every request, in one copy
+        # exhausted and bonus token of every request, and the deferred checks' flags, in one copy
         n_path, n_emit = out.accept_index.shape[1], out.emitted_tokens.shape[1]
-        result = torch.cat([out.accept_index, out.emitted_tokens.to(out.accept_index.device),
-                            out.support_exhausted.to(out.accept_index)[:, None],
-                            out.bonus_token.to(out.accept_index)[:, None]], 1).tolist()
+        bs = out.accept_index.shape[0]
+        table = torch.cat([out.accept_index, out.emitted_tokens.to(out.accept_index.device),
+                           out.support_exhausted.to(out.accept_index)[:, None],
+                           out.bonus_token.to(out.accept_index)[:, None]], 1)
+        extra = [] if checks is None else [checks.to(table).reshape(-1)]
+        flat = torch.cat([table.reshape(-1)] + extra).tolist()
+        width = table.shape[1]
+        result = [flat[b * width:(b + 1) * width] for b in range(bs)]
+        flags = [bool(v) for v in flat[bs * width:]]
+        if any(flags):
+            return flags
         paths = [[i for i in row[:n_path] if i >= 0] for row in result]
         self.target.keep_paths(self._batch, self.faults.kept_rows(paths), num_rows)
         for b, r in enumerate(active):
@@ -471,6 +553,7 @@ class LiveSession:
                 r.finish_reason = "support_exhausted"
             r.anchor = int(bonus)
         self._leave_finished()
+        return flags
 
     # -- whole runs --------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ default: :mod:`.default_target`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, Sequence, cast
 
@@ -131,14 +131,27 @@ class BatchCache:
             request's committed tokens in columns ``0 .. lengths[b]-1``; later columns are
             padding that every mask hides.
         lengths: ``[bs]`` int64 (host), committed tokens in each row's cache.
+        length_list: the same lengths as Python ints (read once when the cache is made, then
+            kept in step with ``lengths`` by :meth:`set_lengths`): the live step's host-side
+            bookkeeping reads these, never a tensor.
     """
 
     cache: KVCache
     lengths: torch.Tensor
+    length_list: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.length_list:
+            self.length_list = [int(v) for v in self.lengths.tolist()]
+
+    def set_lengths(self, lengths: list[int]) -> None:
+        """Set both forms of the lengths from Python ints."""
+        self.length_list = list(lengths)
+        self.lengths = torch.tensor(self.length_list, dtype=torch.int64)
 
     @property
     def batch_size(self) -> int:
-        return int(self.lengths.shape[0])
+        return len(self.length_list)
 
 
 class TargetModel:
@@ -330,7 +343,8 @@ class TargetModel:
 
     @torch.no_grad()
     def tree_forward_batch(self, state: "BatchCache", verify_input: DDTreeVerifyInput,
-                           layer_ids: list[int] | None = None) -> "TreeForward":
+                           layer_ids: list[int] | None = None, root_positions: list[int] | None = None
+                           ) -> "TreeForward":
         """Score every request's tree in one forward over the whole batch.
 
         Row ``b`` of ``verify_input`` belongs to row ``b`` of ``state``. The ragged trees are
@@ -338,8 +352,12 @@ class TargetModel:
         its request's ``lengths[b]`` cached columns (never the padding columns after them) and
         its ancestors-or-self in the tree; positions are ``verify_input.positions``
         (``prefix_len + depth``). Afterwards the cache holds ``C + N`` columns per row; call
-        :meth:`keep_paths`. On a GPU nothing here synchronises with the host (the length
-        check reads host tensors only).
+        :meth:`keep_paths`.
+
+        ``root_positions``: the host's copy of ``verify_input.positions[:, 0]`` (the prefix
+        lengths given to :func:`~ddtree_lab.compile_retrieve`), checked against the cache's
+        lengths without reading the device: with it nothing here reads a device value (the
+        live step, issue 36). None: the positions are read (one host read).
 
         Returns:
             :class:`TreeForward` with ``logits [bs, N, V]`` float32 and ``features
@@ -352,16 +370,17 @@ class TargetModel:
         bs, n = verify_input.node_token_ids.shape
         if bs != state.batch_size:
             raise ValueError(f"verify_input has {bs} requests, the batch cache {state.batch_size}")
-        root = verify_input.positions[:, 0].cpu()
-        bad = (root != state.lengths).nonzero()
-        if bad.numel():
-            b = int(bad[0, 0])
-            raise ValueError(f"request {b}: root position {int(root[b])} != cached prefix length {int(state.lengths[b])}")
+        root = [int(v) for v in verify_input.positions[:, 0].tolist()] if root_positions is None else root_positions
+        if len(root) != bs:
+            raise ValueError(f"root_positions has {len(root)} entries for {bs} requests")
+        for b, (r, length) in enumerate(zip(root, state.length_list)):
+            if r != length:
+                raise ValueError(f"request {b}: root position {r} != cached prefix length {length}")
         dev = self.device
-        c = state.cache.get_seq_length() if state.lengths.numel() else 0
-        prefix_ok = torch.arange(c)[None, :] < state.lengths[:, None]  # [bs, C]
-        allowed = torch.cat([prefix_ok[:, None, :].expand(bs, n, c), verify_input.tree_mask.cpu()], dim=2)
-        mask = _additive(allowed[:, None], self.dtype).to(dev)
+        c = state.cache.get_seq_length() if bs else 0
+        prefix_ok = (torch.arange(c)[None, :] < state.lengths[:, None]).to(dev)  # [bs, C]
+        allowed = torch.cat([prefix_ok[:, None, :].expand(bs, n, c), verify_input.tree_mask.to(dev)], dim=2)
+        mask = _additive(allowed[:, None], self.dtype)
         tokens = verify_input.node_token_ids.clamp(min=0).to(dev)  # padding rows: token 0, masked off
         hs = self._decoder_forward(tokens, state.cache, mask, verify_input.positions.to(dev))
         logits = self.lm_head(hs[-1])
@@ -382,14 +401,14 @@ class TargetModel:
         total = cache.get_seq_length()
         base = total - num_rows
         src_b, src_c, dst_c = [], [], []
-        lengths = state.lengths.tolist()  # host-side lengths, read once
+        lengths = state.length_list  # host-side ints: no tensor read
         for b, path in enumerate(paths):
             p = lengths[b]
             for j, i in enumerate(path):
                 src_b.append(b)
                 src_c.append(base + i)
                 dst_c.append(p + j)
-        new_len = state.lengths + torch.tensor([len(p) for p in paths], dtype=torch.int64)
+        new_len = [n + len(p) for n, p in zip(lengths, paths)]
         keep = max((n + len(p) for n, p in zip(lengths, paths)), default=0)
         if src_b:
             sb, sc, dc = (torch.tensor(v, dtype=torch.int64) for v in (src_b, src_c, dst_c))
@@ -403,15 +422,15 @@ class TargetModel:
         for layer in cache.layers:
             layer.keys = layer.keys[:, :, :keep].contiguous()
             layer.values = layer.values[:, :, :keep].contiguous()
-        state.lengths = new_len
+        state.set_lengths(new_len)
 
     @staticmethod
     def drop_rows(state: "BatchCache", keep: list[int]) -> None:
         """Remove finished requests from the batch: keep only rows ``keep`` (in that order)
         and cut the cache to the longest remaining request."""
         idx = torch.tensor(keep, dtype=torch.int64)
-        state.lengths = state.lengths[idx]
-        cut = int(state.lengths.max()) if len(keep) else 0
+        state.set_lengths([state.length_list[j] for j in keep])
+        cut = max(state.length_list, default=0)
         for layer in state.cache.layers:
             i = idx.to(layer.keys.device)
             layer.keys = layer.keys.index_select(0, i)[:, :, :cut].contiguous()

@@ -1,0 +1,280 @@
+"""The torch-batched backend: the sampled walk of a whole batch as tensor ops, with no host read.
+
+The same rule as every other verifier (:mod:`ddtree_lab.verify.rules`: the target-only
+accept test with its float32 running sum in sibling order, the floating-point edge, the
+residual bonus draw; SGLang's rule at lossy thresholds; greedy requests as one-hot rows), the
+same walk over ``retrieve_next_token`` / ``retrieve_next_sibling`` -- but every request walks
+at once, one depth per iteration, and nothing is read back to the host: the loop bounds are
+shapes the caller knows (the tree's depth bound and the most children a node can have), the
+value checks are flags on the device, and the result stays on the device until the caller
+reads it (the live step reads it once, with everything else it needs: issue 36).
+
+What it does not give: the decision log and the bonus record (``VerifyOutput.decisions`` /
+``bonus``). It serves the live step at recording level ``off``; the levels that record a step
+keep the walks that log every decision.
+
+Per depth: one row per request gathered from the logits and turned into its request's
+probabilities (:func:`ddtree_lab.sampling.filtered_probs`, the reference's row function, one
+call per distinct :class:`SamplingParams`), the current node's children followed along the
+sibling links (``max_children`` gathers), their running sum in float32 (``max_children``
+adds: the rule's sum is sequential, which no parallel scan reproduces bit for bit), the
+accept test over all children at once. Because each op is the reference's own op on the same
+float32 values, the result equals :func:`ddtree_lab.verify_sampled` on
+:func:`ddtree_lab.target_probs` exactly (``tests/test_verify_batched.py``).
+
+Cost: every depth computes one full row per request, also for requests whose walk has
+stopped (knowing which have stopped is a host read); on a CPU that is slower than the
+per-request walks (``benchmarks/host_syncs.out.txt``), which is why a CPU session keeps
+``torch-lazy``. On a GPU the launches are many and small (about ``3 * max_children + 40`` per
+depth); every shape is known from the inputs' shapes, as CUDA graph capture needs, but
+capture has not been tried (no GPU was lent for it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .._arguments import check_tensor
+from ..buffers import DDTreeVerifyInput
+from ..sampling import SamplingParams, filtered_probs, normalize_params
+from .reference import check_coin_shapes, check_thresholds, check_verify_shapes, coin_flags, verify_input_flags
+from .rules import SGLANG_MIN_THRESHOLD_ACC
+from .types import is_lossy
+
+__all__ = ["BatchedVerifyOutput", "verify_batched", "raise_batched_problems", "FLAG_NAMES"]
+
+#: What each entry of :attr:`BatchedVerifyOutput.flags` says when True.
+FLAG_NAMES = ("num_nodes out of range", "retrieve_next_token out of range", "retrieve_next_sibling out of range",
+              "node token id out of range", "coin outside [0, 1)", "final coin outside [0, 1)",
+              "a walked logit row has NaN, +inf or every entry -inf", "a node has more than max_children children",
+              "a path is deeper than max_depth")
+
+
+@dataclass
+class BatchedVerifyOutput:
+    """Result of :func:`verify_batched`: device tensors, nothing read back.
+
+    Attributes:
+        accept_index: ``[bs, D + 1]`` int64, the accepted path as local node indices, root
+            first, ``-1`` padded (``D`` the depth bound).
+        accept_length: ``[bs]`` int64, accepted draft tokens (bonus excluded).
+        emitted_tokens: ``[bs, D + 1]`` int64, accepted draft tokens then the bonus, ``-1`` padded.
+        bonus_token: ``[bs]`` int64, ``-1`` when ``support_exhausted``.
+        support_exhausted: ``[bs]`` bool.
+        flags: ``[len(FLAG_NAMES)]`` bool, the value checks (:data:`FLAG_NAMES`); the outputs
+            mean nothing where one is True (:func:`raise_batched_problems` names it).
+        backend: ``"torch-batched"``. thresholds, lossy: as :class:`~ddtree_lab.VerifyOutput`.
+    """
+
+    accept_index: torch.Tensor
+    accept_length: torch.Tensor
+    emitted_tokens: torch.Tensor
+    bonus_token: torch.Tensor
+    support_exhausted: torch.Tensor
+    flags: torch.Tensor
+    backend: str = "torch-batched"
+    thresholds: tuple[float, float] = (1.0, 1.0)
+    lossy: bool = False
+
+    def tau(self) -> torch.Tensor:
+        """Accept length τ per request: accepted draft tokens + 1 (the bonus), ``[bs]``."""
+        return self.accept_length + (~self.support_exhausted).long()
+
+
+def _bound(name: str, value, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
+def _row_probs(raw: torch.Tensor, items: Sequence[SamplingParams], groups) -> torch.Tensor:
+    """``[bs, V]`` float32 probabilities of the rows ``raw`` (one per request), each under its
+    request's parameters: one :func:`filtered_probs` call per distinct parameter set."""
+    if len(groups) == 1:
+        return filtered_probs(raw, items[0])
+    probs = torch.empty_like(raw)
+    for p, idx in groups:
+        probs.index_copy_(0, idx, filtered_probs(raw.index_select(0, idx), p))
+    return probs
+
+
+def _last_true(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last True along dim 1 of ``mask [bs, K]`` (0 where none)."""
+    k = mask.shape[1]
+    return (k - 1 - mask.flip(1).to(torch.int8).argmax(1)).clamp(min=0)
+
+
+def verify_batched(
+    verify_input: DDTreeVerifyInput,
+    target_logits: torch.Tensor,
+    params: SamplingParams | Sequence[SamplingParams],
+    coins: torch.Tensor,
+    final_coins: torch.Tensor,
+    *,
+    max_depth: int | None = None,
+    max_children: int | None = None,
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+    check: bool = True,
+) -> BatchedVerifyOutput:
+    """Sampled tree verify of a whole batch on the logits' device, with no host read (module docstring).
+
+    Args:
+        verify_input: buffers from :func:`ddtree_lab.compile_retrieve` (any device; moved to
+            the logits').
+        target_logits: ``[bs, N, V]`` float32 / float16 / bfloat16 raw target logits.
+        params: one :class:`SamplingParams` or one per request (``temperature == 0``: greedy,
+            one-hot rows).
+        coins: ``[bs, N]`` float32; final_coins: ``[bs]`` float32, in ``[0, 1)``.
+        max_depth: the deepest node's depth, or a bound on it (default ``N - 1``): the walk
+            runs ``max_depth + 1`` iterations.
+        max_children: the most children any node has, or a bound (default ``N - 1``; for
+            DDTree trees the draft top-k width).
+        threshold_single, threshold_acc: as :func:`ddtree_lab.verify_sampled`.
+        check: read the value flags once and raise for the first problem
+            (:func:`raise_batched_problems`); ``False`` leaves ``flags`` for the caller to read
+            with its own results (the live step), and no host read happens here.
+
+    Returns:
+        :class:`BatchedVerifyOutput` on the logits' device; its paths, tokens, bonus and
+        ``support_exhausted`` equal :func:`ddtree_lab.verify_sampled` on
+        :func:`ddtree_lab.target_probs` (same rule, same float32 ops).
+
+    Raises:
+        TypeError / ValueError: wrong types or shapes, bad thresholds or bounds, invalid
+            parameters (naming the request); with ``check``, the value problems
+            :func:`ddtree_lab.verify_tree` reports (range, coins, a bad logit row the walk
+            reaches), named as it names them.
+    """
+    check_tensor("target_logits", target_logits, dtype=(torch.float32, torch.float16, torch.bfloat16), ndim=3)
+    check_verify_shapes(verify_input, target_logits, "target_logits")
+    bs, n, vocab = target_logits.shape
+    items = normalize_params(params, bs, vocab)
+    check_coin_shapes(coins, final_coins, bs, n)
+    check_thresholds(threshold_single, threshold_acc)
+    depth_bound = _bound("max_depth", max_depth, max(n - 1, 0))
+    kmax = max(1, _bound("max_children", max_children, max(n - 1, 1)))
+    dev = target_logits.device
+    vi = verify_input
+    nt, ns = vi.retrieve_next_token.to(dev), vi.retrieve_next_sibling.to(dev)
+    tokens, num_nodes = vi.node_token_ids.to(dev), vi.num_nodes.to(dev)
+    u_all, final = coins.to(dev), final_coins.to(dev)
+    lossy = is_lossy(threshold_single, threshold_acc)
+    by_params: dict[SamplingParams, list[int]] = {}
+    for b, p in enumerate(items):
+        by_params.setdefault(p, []).append(b)
+    groups = [(p, torch.tensor(rows, dtype=torch.int64, device=dev)) for p, rows in by_params.items()]
+    ts = torch.tensor(np.float32(threshold_single), dtype=torch.float32, device=dev)
+    ta = torch.tensor(max(np.float32(threshold_acc), np.float32(SGLANG_MIN_THRESHOLD_ACC)), dtype=torch.float32,
+                      device=dev)
+    # range checks first: the walk below clamps every index, so bad buffers cannot read out of bounds
+    safe_nt = torch.where((nt >= 0) & (nt < n), nt, -1)
+    safe_ns = torch.where((ns >= 0) & (ns < n), ns, -1)
+    safe_tok = tokens.clamp(0, vocab - 1)
+
+    batch = torch.arange(bs, device=dev)
+    cur = torch.zeros(bs, dtype=torch.int64, device=dev)
+    alive = num_nodes >= 1
+    path = torch.full((bs, depth_bound + 1), -1, dtype=torch.int64, device=dev)
+    path[:, 0] = 0
+    final_probs = torch.zeros(bs, vocab, dtype=torch.float32, device=dev)
+    final_rejected = torch.zeros(bs, vocab, dtype=torch.bool, device=dev)
+    bad_row = torch.zeros(bs, dtype=torch.bool, device=dev)
+    crowded = torch.zeros(bs, dtype=torch.bool, device=dev)
+    for d in range(depth_bound + 1):
+        raw = target_logits[batch, cur].float()  # [bs, V]: the current node's row of each request
+        bad_row |= alive & (torch.isnan(raw).any(1) | torch.isposinf(raw).any(1) | torch.isneginf(raw).all(1))
+        probs = _row_probs(raw, items, groups)
+        # the children in sibling order, along the links
+        child = safe_nt.gather(1, cur[:, None])[:, 0]
+        chain = []
+        for _ in range(kmax):
+            chain.append(child)
+            child = torch.where(child >= 0, safe_ns.gather(1, child.clamp(min=0)[:, None])[:, 0], -1)
+        crowded |= alive & (child >= 0)
+        kids = torch.stack(chain, 1)  # [bs, K], -1 past the last child
+        valid = (kids >= 0) & alive[:, None]
+        kid_tok = safe_tok.gather(1, kids.clamp(min=0))
+        p = torch.where(valid, probs.gather(1, kid_tok), 0.0)
+        running, mass = torch.zeros(bs, dtype=torch.float32, device=dev), []
+        for k in range(kmax):  # S_k in float32, in sibling order (the rule's sum)
+            running = running + p[:, k]
+            mass.append(running)
+        s = torch.stack(mass, 1)
+        u = u_all.gather(1, cur[:, None])
+        if lossy:  # SGLang's rule: u <= S / max(threshold_acc, 1e-9) or p >= threshold_single
+            ok = valid & ((u <= s / ta) | (p >= ts))
+        else:
+            ok = valid & (p > 0) & ((u < s) | (p.double() >= threshold_single))
+        accepted = ok.any(1)
+        pick = ok.to(torch.int8).argmax(1)  # the first accepted child
+        rejected = torch.zeros(bs, vocab + 1, dtype=torch.bool, device=dev)
+        rejected.scatter_(1, torch.where(valid, kid_tok, vocab), True)
+        rejected = rejected[:, :vocab]
+        if not lossy:  # the floating-point edge: children holding the whole row take the last positive one
+            positive = valid & (p > 0)
+            edge = alive & ~accepted & positive.any(1) & ~((probs > 0) & ~rejected).any(1)
+            pick = torch.where(edge, _last_true(positive), pick)
+            accepted = accepted | edge
+        move = alive & accepted
+        stop = alive & ~accepted
+        final_probs = torch.where(stop[:, None], probs, final_probs)
+        final_rejected = torch.where(stop[:, None], rejected, final_rejected)
+        nxt = kids.gather(1, pick[:, None])[:, 0]
+        if d < depth_bound:
+            path[:, d + 1] = torch.where(move, nxt, -1)
+        cur = torch.where(move, nxt, cur)
+        alive = move
+    too_deep = alive  # still moving after max_depth + 1 levels
+    # the bonus: inverse-CDF draw from the residual (float64 running sum in token order)
+    residual = torch.where(final_rejected, 0.0, final_probs.double())
+    cum = residual.cumsum(1)
+    total = cum[:, -1]
+    idx = torch.searchsorted(cum, (final.double() * total)[:, None], right=True)[:, 0]
+    landed = residual.gather(1, idx.clamp(max=vocab - 1)[:, None])[:, 0]
+    idx = torch.where((idx >= vocab) | (landed <= 0.0), _last_true(residual > 0), idx)
+    exhausted = total <= 0.0
+    bonus = torch.where(exhausted, -1, idx)
+    accept_length = (path >= 0).sum(1) - 1
+    emitted = torch.full_like(path, -1)
+    emitted[:, :-1] = torch.where(path[:, 1:] >= 0, tokens.gather(1, path[:, 1:].clamp(min=0)), -1)
+    emitted.scatter_(1, accept_length[:, None], bonus[:, None])
+    flags = torch.cat([verify_input_flags(vi, vocab).to(dev), coin_flags(coins, final_coins).to(dev),
+                       torch.stack([bad_row.any(), crowded.any(), too_deep.any()])])
+    out = BatchedVerifyOutput(accept_index=path, accept_length=accept_length, emitted_tokens=emitted,
+                              bonus_token=bonus, support_exhausted=exhausted, flags=flags,
+                              thresholds=(float(threshold_single), float(threshold_acc)), lossy=lossy)
+    if check and bool(flags.any()):
+        raise_batched_problems(out.flags.tolist(), vi, target_logits, items, coins, final_coins,
+                               threshold_single, threshold_acc)
+    return out
+
+
+def raise_batched_problems(flags: Sequence[bool], verify_input: DDTreeVerifyInput, target_logits: torch.Tensor,
+                           params, coins: torch.Tensor, final_coins: torch.Tensor, threshold_single: float = 1.0,
+                           threshold_acc: float = 1.0) -> None:
+    """Raise the error :func:`verify_batched`'s ``flags`` (read on the host) stand for.
+
+    The value problems come from running :func:`ddtree_lab.verify_tree` (``torch-lazy``, with its
+    checks) on the same input: it names the request and node as every verifier does. A bound
+    exceeded (``max_children`` / ``max_depth`` too small for the tree) is named here.
+
+    Raises:
+        ValueError: always when a flag is set (and nothing when none is).
+    """
+    if not any(flags):
+        return
+    from .backends import verify_tree
+
+    bounds = [FLAG_NAMES[i] for i in (7, 8) if flags[i]]
+    if any(flags[:7]):
+        verify_tree(verify_input, target_logits, params, coins, final_coins, backend="torch-lazy",
+                    threshold_single=threshold_single, threshold_acc=threshold_acc)
+    what = "; ".join(bounds) or ", ".join(FLAG_NAMES[i] for i, f in enumerate(flags) if f)
+    raise ValueError(f"verify_batched: {what} (the host verify found no other problem in the same input)")
