@@ -60,6 +60,7 @@ def record_step(
     timings: dict | None = None,
     backend: str | None = None,
     extra: dict | None = None,
+    rows: TargetRows | None = None,
 ) -> Step:
     """The record of one request's live step, made of the stage objects themselves (live
     sessions, SGLang recordings, synthetic runs): the tree and the buffers are kept as the
@@ -88,6 +89,9 @@ def record_step(
         top_m: display tokens per row (``full``); top_m_logits: M (``full``).
         timings: seconds per stage (``retrieve`` is renamed ``compile``).
         backend: the verifier that ran (default ``output.backend``).
+        rows: the level's :class:`~ddtree_lab.step.TargetRows` made already (the sync-free
+            step makes level ``light``'s from the walk's own log); then ``logits`` / ``probs``
+            are not needed and not read.
 
     Returns:
         the :class:`~ddtree_lab.step.Step`; stages its level does not keep are None
@@ -118,7 +122,7 @@ def record_step(
 
     if level == "off":
         return record(stored_num_nodes=n)
-    if logits is None and probs is None:
+    if logits is None and probs is None and rows is None:
         raise ValueError(f"{where}: level {level!r} needs the verify rows (probs) or the raw logits")
     if not output.bonus:
         raise ValueError(f"{where}: output has no BonusDraw (the bonus row prefix cannot be recorded)")
@@ -132,8 +136,11 @@ def record_step(
         draft = DraftTopK(torch.zeros(0, 0, dtype=torch.int64), torch.zeros(0, 0))
     else:
         draft = DraftTopK(draft.token_ids.detach().cpu().clone(), draft.logprobs.detach().cpu().clone())
-    rows = target_rows(where, tree, output, params, level, None if logits is None else logits[:n],
-                       None if probs is None else probs[:n], top_m, top_m_logits)
+    if rows is None:
+        rows = target_rows(where, tree, output, params, level, None if logits is None else logits[:n],
+                           None if probs is None else probs[:n], top_m, top_m_logits)
+    elif rows.child_probs is None or tuple(rows.child_probs.shape) != (n,):
+        raise ValueError(f"{where}: rows.child_probs must have shape [{n}]")
     return record(tree=tree, buffers=buffers, draft=draft, coins=coins[:n].detach().cpu().clone(),
                   final_coin=None if final_coin is None else float(final_coin), rows=rows)
 

@@ -29,8 +29,16 @@ the host's prefix lengths, the walk of the whole batch by
 :func:`ddtree_lab.verify.batched.verify_batched`: nothing is read back until the commit, which
 reads the step's result and every check's flag in one copy (``benchmarks/host_syncs.py``
 counts it). A flag set there puts the KV cache and the coin generators back as they were
-before the step and raises the error the host checks name. It keeps no decision log, hence
-level ``off`` only.
+before the step and raises the error the host checks name. At level ``light`` the walk also
+returns its log as tensors (:class:`ddtree_lab.verify.batched.BatchedLog`); after the commit
+it is copied to the host (into pinned buffers, without waiting, on a GPU) and a writer
+thread turns it into the step's :class:`Step` s -- the decision log, the bonus record and the
+rows the walk read, equal to what the per-request walks record -- while the next step runs.
+Such a step shows up in :attr:`LiveSession.steps` (and in what :meth:`LiveSession.step`
+returns) once written: :meth:`LiveSession.trace`, :meth:`LiveSession.run` and the end of
+:meth:`LiveSession.generate` wait for every pending one. Level ``full`` (every row) and
+``record_to`` (the crash-safe file, which writes each step's inputs before its verify) keep
+the per-request walks.
 
 Recording levels (``record=``): ``full`` (everything a :class:`Step` holds, every node's
 target row and its top-64 raw logits), ``light`` (buffers, draft top-k, decisions and only the
@@ -41,8 +49,10 @@ top-M rows: those fields are None, see :func:`ddtree_lab.record.record_step`), `
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -56,7 +66,7 @@ from .step import LEVELS, STAGES, DraftTopK, Run, Step
 from .build import DDTreeBuildResult, build_tree
 from .build_device import build_tree_device
 from .draft import draft_topk_device, draft_topk_from_logits
-from .verify import VerifyOutput, draw_coins, make_generators, residual_draw, verify_sampled
+from .verify import VerifyOutput, draw_coins, is_lossy, make_generators, residual_draw, verify_sampled
 from .verify.batched import BatchedVerifyOutput, raise_batched_problems, verify_batched
 
 __all__ = ["LiveSession", "RequestState", "SESSION_BACKENDS"]
@@ -153,8 +163,8 @@ class LiveSession:
         verify_backend: ``"reference"`` (:func:`ddtree_lab.verify_sampled` on
             :func:`ddtree_lab.target_probs`), ``"torch-lazy"``, ``"triton"`` or ``"auto"``
             (:func:`ddtree_lab.verify_tree` on the raw logits), or ``"torch-batched"`` (the
-            sync-free step, module docstring: level ``off``, no ``record_to``, planted fault
-            or policy); default :func:`default_backend` of the level. Recorded in every :class:`Step`.
+            sync-free step, module docstring: level ``off`` or ``light``, no ``record_to``,
+            planted fault or policy); default :func:`default_backend` of the level. Recorded in every :class:`Step`.
         record: ``"full"`` (default), ``"light"`` or ``"off"`` (module docstring).
         threshold_single, threshold_acc: SGLang's acceptance thresholds, passed to the
             verifier (:func:`ddtree_lab.verify_sampled`); 1.0 (default) is the exact rule,
@@ -171,8 +181,8 @@ class LiveSession:
     The session sets torch's thread count once per process (:mod:`ddtree_lab.threads`).
 
     Raises:
-        ValueError: block size mismatch, unknown backend or level, ``"torch-batched"`` with
-            a recording level other than ``off``, ``record_to``, faults or a policy, or invalid parameters
+        ValueError: block size mismatch, unknown backend or level, ``"torch-batched"`` at
+            level ``full`` or with ``record_to``, faults or a policy, or invalid parameters
             (naming the request), or bad thresholds; a ``policy`` with ``top1_spine`` /
             ``min_prob`` (options of :func:`ddtree_lab.build_tree` a policy does not take) or
             with a ``policy_context.max_depth`` other than ``max_depth``.
@@ -240,10 +250,11 @@ class LiveSession:
         if verify_backend == "torch-batched":
             others = [what for what, on in (("record_to", record_to is not None), ("faults", bool(self.faults)),
                                             ("a policy", policy is not None)) if on]
-            if record != "off" or others:
-                raise ValueError("verify_backend 'torch-batched' keeps no decision log: it runs at record='off' "
-                                 "without record_to, planted faults or a policy (got "
+            if record == "full" or others:
+                raise ValueError("verify_backend 'torch-batched' runs at record='off' or 'light', without "
+                                 "record_to, planted faults or a policy (got "
                                  + ", ".join([f"record={record!r}"] + others) + ")")
+        self._writer = _StepWriter()
         if self.faults.verifier or self.faults.sampling:
             self._verify = self._verify_planted
         elif self.verify_backend == "reference":
@@ -312,6 +323,7 @@ class LiveSession:
                   else dataclasses.replace(p, seed=p.seed + b) if shared else p
                   for b, p in enumerate(params)]
         gens = make_generators(params, device="cpu")
+        self._writer.collect(wait=True)  # a previous run's pending steps belong to that run: dropped
         self.requests, self.steps, self.num_steps = [], [], 0
         self.stage_totals = dict.fromkeys(STAGES, 0.0)
         ids_all = [self.target.encode_prompt(prompt, chat=chat) for prompt in prompts]
@@ -360,7 +372,8 @@ class LiveSession:
         if not active:
             return []
         if self.verify_backend == "torch-batched":
-            return self._step_batched(active, max_new_tokens)
+            self._step_batched(active, max_new_tokens)
+            return self._written(wait=False)
         step_no = self.num_steps
         clock = _Clock(self.target.device)
         anchors = torch.tensor([r.anchor for r in active], dtype=torch.int64)
@@ -433,8 +446,10 @@ class LiveSession:
         coins, final = draw_coins([g for g in gens if g is not None], vi.num_rows)
         params = [r.params for r in active]
         out = verify_batched(vi, fwd.logits, params, coins, final, max_depth=depth, max_children=k,
-                             threshold_single=self.threshold_single, threshold_acc=self.threshold_acc, check=False)
+                             threshold_single=self.threshold_single, threshold_acc=self.threshold_acc, check=False,
+                             log=self.record == "light")
         clock.mark("verify")
+        pending = self._copy_for_record(out, tree, vi, ids, lps) if self.record == "light" else None
         clock.mark("record")
         flags = self._commit(active, out, fwd.hidden, vi.num_rows, max_new_tokens,
                              checks=torch.cat([draft_bad.any()[None].to(out.flags.device), out.flags]))
@@ -449,8 +464,91 @@ class LiveSession:
                                    self.threshold_single, self.threshold_acc)
             raise AssertionError(f"a check flagged {flags} and its host check found nothing")  # pragma: no cover
         clock.mark("commit")
-        self._count(clock)
-        return []
+        timings = self._count(clock)
+        if pending is not None:
+            step_no = self.num_steps - 1
+            rows = [(r.request, r.request_id, prefix_list[b], r.params, final[b], coins[b]) for b, r in
+                    enumerate(active)]
+            self._writer.submit(lambda: self._write_light(step_no, rows, pending, timings))
+
+    def _copy_for_record(self, out: BatchedVerifyOutput, tree, vi, ids, lps) -> dict:
+        """What level ``light`` keeps, copied to the host without waiting (pinned buffers on a
+        GPU; the tensors themselves on the CPU), with the event the writer waits for."""
+        assert out.log is not None
+        parts = {f.name: getattr(out.log, f.name) for f in dataclasses.fields(out.log)}
+        parts.update({f"out_{n}": getattr(out, n) for n in ("accept_index", "accept_length", "emitted_tokens",
+                                                           "bonus_token", "support_exhausted")})
+        parts.update({f"tree_{f.name}": getattr(tree, f.name) for f in dataclasses.fields(tree)})
+        parts.update({f"vi_{f.name}": getattr(vi, f.name) for f in dataclasses.fields(vi)})
+        parts.update(draft_ids=ids, draft_lps=lps)
+        event = None
+        for name, t in parts.items():
+            if t.device.type != "cpu":
+                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host.copy_(t, non_blocking=True)
+                parts[name] = host
+                event = event or True
+        if event is not None:
+            event = torch.cuda.Event()
+            event.record()
+        parts["_event"] = event
+        return parts
+
+    def _write_light(self, step_no: int, rows: list, parts: dict, timings: dict) -> list[Step]:
+        """The level-``light`` :class:`Step` s of one sync-free step (the writer thread runs this)."""
+        from .build import DDTreeBuildResult
+        from .buffers import DDTreeVerifyInput
+        from .step import TargetRows
+        from .verify.batched import BatchedLog, decisions_from_log
+
+        if parts["_event"] is not None:
+            parts["_event"].synchronize()
+        log = BatchedLog(**{f.name: parts[f.name] for f in dataclasses.fields(BatchedLog)})
+        tree = DDTreeBuildResult(**{f.name: parts["tree_" + f.name] for f in dataclasses.fields(DDTreeBuildResult)})
+        vi = DDTreeVerifyInput(**{f.name: parts["vi_" + f.name] for f in dataclasses.fields(DDTreeVerifyInput)})
+        width = max(int(tree.depths.max()) + 1 if tree.depths.numel() else 1,
+                    int(parts["out_accept_length"].max()) + 1)  # as the per-request walks' outputs
+        tokens_all = vi.node_token_ids.tolist()
+        steps = []
+        for b, (request, request_id, prefix_len, params, final_coin, coins) in enumerate(rows):
+            final_coin = float(final_coin)
+            bonus_token = int(parts["out_bonus_token"][b])
+            decisions, bonus = decisions_from_log(log, b, 0, tokens_all[b], bonus_token, final_coin)
+            output = VerifyOutput(
+                accept_index=parts["out_accept_index"][b:b + 1, :width].clone(),
+                accept_length=parts["out_accept_length"][b:b + 1].clone(),
+                emitted_tokens=parts["out_emitted_tokens"][b:b + 1, :width].clone(),
+                bonus_token=parts["out_bonus_token"][b:b + 1].clone(),
+                support_exhausted=parts["out_support_exhausted"][b:b + 1].clone(),
+                decisions=[decisions], bonus=[bonus], backend="torch-batched",
+                thresholds=(self.threshold_single, self.threshold_acc), lossy=is_lossy(self.threshold_single,
+                                                                                        self.threshold_acc))
+            n = int(tree.num_nodes[b])
+            child = torch.full((n,), float("nan"))
+            child[0] = 0.0
+            for d, node in enumerate(log.node[b].tolist()):
+                if node < 0:
+                    break
+                kids = log.children[b, d]
+                real = (kids >= 0) & (kids < n)
+                child[kids[real]] = log.child_probs[b, d][real]
+            prefix = log.final_probs[b, : bonus_token + 1].clone() if bonus_token >= 0 else torch.zeros(0)
+            kept = TargetRows(kind="read", child_probs=child, final_row_prefix=prefix.float(),
+                              final_mass=float(bonus.residual_mass))
+            step = record_step(step=step_no, request=request, request_id=request_id, prefix_len=prefix_len,
+                               params=params, tree=tree.request(b), buffers=vi.request(b), output=output,
+                               coins=coins, final_coin=final_coin,
+                               draft=DraftTopK(parts["draft_ids"][b], parts["draft_lps"][b]), level="light",
+                               top_m=self.top_m, top_m_logits=TOP_M_LOGITS, backend="torch-batched", rows=kept)
+            step.timings = dict(timings)
+            steps.append(step)
+        return steps
+
+    def _written(self, wait: bool) -> list[Step]:
+        """The steps the writer has finished (all pending ones with ``wait``), added to :attr:`steps`."""
+        done = self._writer.collect(wait)
+        self.steps.extend(done)
+        return done
 
     # -- the build and verify stages (one of each is chosen in __init__) ----------------------
 
@@ -569,6 +667,7 @@ class LiveSession:
         self._leave_finished()
         while any(not r.finished for r in self.requests):
             yield from self.step(max_new_tokens)
+        yield from self._written(wait=True)
         self.close_recording()
 
     def close_recording(self, note: str = "closed") -> None:
@@ -597,6 +696,7 @@ class LiveSession:
 
         from .version import __version__
 
+        self._written(wait=True)
         seen = set()
         for r in self.requests:
             seen.update(r.generated)
@@ -631,6 +731,84 @@ class LiveSession:
         except ImportError:  # pragma: no cover - models extra missing
             pass
         return Run(metadata=meta, steps=list(self.steps), token_texts=texts)
+
+
+def _finish_writers() -> None:
+    """At interpreter exit: let every writer thread finish its jobs (a thread killed inside a
+    torch call aborts the process)."""
+    for writer in list(_WRITERS):
+        writer._jobs.join()
+        thread = writer._thread
+        if thread is not None:
+            thread.join(timeout=5.0)
+
+
+_WRITERS: "weakref.WeakSet[_StepWriter]" = weakref.WeakSet()
+atexit.register(_finish_writers)
+
+
+class _StepWriter:
+    """Runs record jobs (functions returning :class:`Step` lists) in order in a background
+    thread, off the live step's critical path. The thread starts with the first job and ends
+    when idle; a job that raises stops the later ones and its error is raised by the next
+    :meth:`submit` or :meth:`collect` (naming nothing lost silently)."""
+
+    def __init__(self):
+        import queue
+        import threading
+
+        _WRITERS.add(self)
+        self._jobs: "queue.Queue" = queue.Queue()
+        self._lock = threading.Lock()
+        self._done: list[Step] = []
+        self._error: BaseException | None = None
+        self._thread: "threading.Thread | None" = None
+
+    def submit(self, job: Callable[[], list[Step]]) -> None:
+        import threading
+
+        self._raise()
+        self._jobs.put(job)
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="ddtree-lab-step-writer", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        import queue
+
+        while True:
+            try:
+                job = self._jobs.get(timeout=0.5)
+            except queue.Empty:
+                with self._lock:
+                    if self._jobs.empty():
+                        self._thread = None
+                        return
+                continue
+            try:
+                if self._error is None:
+                    steps = job()
+                    with self._lock:
+                        self._done.extend(steps)
+            except BaseException as exc:  # kept for the main thread
+                self._error = exc
+            finally:
+                self._jobs.task_done()
+
+    def collect(self, wait: bool) -> list[Step]:
+        """The steps finished so far (with ``wait``: after every submitted job has run)."""
+        if wait:
+            self._jobs.join()
+        self._raise()
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            exc, self._error = self._error, None
+            raise RuntimeError(f"recording a sync-free step failed: {exc!r}") from exc
 
 
 class _Clock:

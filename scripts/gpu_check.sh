@@ -72,11 +72,11 @@ QWEN=""; [[ -n "${GPU_CHECK_QWEN_LAYERS:-}" ]] && QWEN="--qwen-layers $(printf '
 CALL1=(
   "env|20|$PY benchmarks/gpu_plan.py --step env"
   "greedy-equivalence|50|$PY benchmarks/gpu_plan.py --step greedy-equivalence"
-  "step-split-smollm|80|$PY benchmarks/gpu_plan.py --step step-split-smollm"
+  "step-split-smollm|100|$PY benchmarks/gpu_plan.py --step step-split-smollm"
   "step-split-qwen3-8b|150|$PY benchmarks/gpu_plan.py --step step-split-qwen3-8b $QWEN"
   "verify-floor|60|$PY benchmarks/gpu_plan.py --step verify-floor"
   "tree-build-floor|40|$PY benchmarks/gpu_plan.py --step tree-build-floor"
-  "host-syncs|40|$PY benchmarks/gpu_plan.py --step host-syncs"
+  "host-syncs|50|$PY benchmarks/gpu_plan.py --step host-syncs"
 )
 # call 2: the engines' CUDA-only kernels (their audit entry points), then the Triton verifiers
 CALL2=(

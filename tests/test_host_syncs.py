@@ -7,6 +7,8 @@ each stage's count read at the session's stage marks. The sync-free step
 (``verify_backend="torch-batched"``) reads once per step, at the commit, at bs 1 and 32 and B 8
 and 64 (the issue's goal: <= 3); it decodes the same tokens as the per-request walks, and a
 check that fails at its commit raises the named error with the session as before the step.
+At level ``light`` it still reads once: the writer thread makes the Steps from the walk's log,
+equal to the per-request walks' records field for field.
 """
 
 import math
@@ -113,6 +115,22 @@ def test_host_syncs_per_live_step(monkeypatch, tiny, temperature):
     assert lazy[1, 8] <= 45 and lazy[32, 64] <= 400, lazy
 
 
+def test_host_syncs_per_live_step_at_level_light(monkeypatch, tiny):
+    """Level light on the sync-free step: the log is copied for the writer thread, which makes
+    the Steps while the next step runs; the step itself still reads the host once."""
+    target, drafter = tiny
+    for bs in (1, 32):
+        for budget in (8, 64):
+            session = dl.LiveSession(target, drafter, budget=budget, record="light", verify_backend="torch-batched",
+                                     sampling=dl.SamplingParams(temperature=0.8))
+            session.tree_build = "device"
+            session.start([PROMPTS[i % len(PROMPTS)] for i in range(bs)])
+            session.step(1000)
+            c = _stage_counts(monkeypatch, session)
+            assert c["total"] == 1 and c["commit"] == 1, (bs, budget, c)
+            assert len(session.trace().steps) == 2 * bs  # both steps written, every request
+
+
 class _Teacher:
     """A drafter that knows the target's greedy continuation (noise elsewhere): deep paths."""
 
@@ -210,9 +228,72 @@ def test_a_flag_at_the_commit_raises_named_and_leaves_the_session_as_before_the_
     assert [r.generated for r in ref.requests] == [r.generated for r in s.requests]
 
 
-def test_torch_batched_refuses_what_needs_a_decision_log(tiny):
+def test_torch_batched_refuses_what_it_cannot_record(tiny):
     target, drafter = tiny
-    for kw, what in ((dict(record="light"), "record='light'"), (dict(record="off", policy="chain"), "a policy"),
-                     (dict(record="off", faults=["verifier-greedy"]), "faults")):
-        with pytest.raises(ValueError, match="torch-batched.*" + what.replace("(", r"\(")):
+    for kw, what in ((dict(record="full"), "record='full'"), (dict(record="off", policy="chain"), "a policy"),
+                     (dict(record="light", faults=["verifier-greedy"]), "faults"),
+                     (dict(record="light", record_to="x.ddtrace"), "record_to")):
+        with pytest.raises(ValueError, match="torch-batched.*" + what):
             dl.LiveSession(target, drafter, verify_backend="torch-batched", **kw)
+
+
+def _light_runs(target, drafter, bs, budget, params, steps=3):
+    runs = {}
+    for backend in ("torch-lazy", "torch-batched"):
+        s = dl.LiveSession(target, drafter, budget=budget, record="light", verify_backend=backend, sampling=params)
+        s.tree_build = "device"
+        s.start([PROMPTS[i % len(PROMPTS)] for i in range(bs)])
+        for _ in range(steps):
+            s.step(1000)
+        runs[backend] = s.trace()
+    return runs
+
+
+def test_light_steps_written_from_the_log_equal_the_per_request_walks_records(tiny):
+    from ddtree_lab.io.lab_trace import step_json, step_tensors
+
+    target, drafter = tiny
+    mixed = [dl.SamplingParams(temperature=0.0), dl.SamplingParams(temperature=0.08, top_k=20),
+             dl.SamplingParams(temperature=0.1, top_p=0.9, seed=5), dl.SamplingParams(temperature=0.06, min_p=0.1),
+             dl.SamplingParams(temperature=1.0)]
+    runs = _light_runs(target, _Teacher(target, drafter), 5, 16, mixed)
+    lazy, batched = runs["torch-lazy"].steps, runs["torch-batched"].steps
+    assert len(lazy) == len(batched) == 15
+    assert [r["generated_token_ids"] for r in runs["torch-lazy"].metadata["requests"]] == \
+        [r["generated_token_ids"] for r in runs["torch-batched"].metadata["requests"]]
+    kinds = set()
+    for a, b in zip(lazy, batched):
+        assert b.backend == "torch-batched" and a.backend == "torch-lazy"
+        ja, jb = step_json(a), step_json(b)
+        for key in ("backend", "timings"):
+            ja.pop(key, None), jb.pop(key, None)
+        assert ja == jb, (a.step, a.request)
+        ta, tb = step_tensors(a, "s"), step_tensors(b, "s")
+        assert ta.keys() == tb.keys()
+        for key in ta:
+            assert ta[key].dtype == tb[key].dtype, key
+            torch.testing.assert_close(ta[key], tb[key], rtol=0, atol=0, equal_nan=True, msg=key)
+        kinds.add(b.bonus.kind)
+        assert b.accept_length == a.accept_length
+    assert "residual" in kinds, kinds
+    assert max(s.accept_length for s in batched) >= 2  # paths past the first level were recorded
+
+
+def test_generate_yields_every_written_step_and_a_writer_error_is_raised_not_lost(tiny, monkeypatch):
+    target, drafter = tiny
+    s = dl.LiveSession(target, drafter, budget=8, record="light", verify_backend="torch-batched",
+                       sampling=dl.SamplingParams(temperature=0.8))
+    s.tree_build = "device"
+    yielded = list(s.generate(PROMPTS[:2], max_new_tokens=6))
+    run = s.trace()
+    assert len(yielded) == len(run.steps) == len(s.steps) > 0
+    assert [(x.step, x.request) for x in yielded] == [(x.step, x.request) for x in run.steps]
+
+    def broken(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(s, "_write_light", broken)
+    s.start(PROMPTS[:2])
+    s.step(1000)
+    with pytest.raises(RuntimeError, match="recording a sync-free step failed: OSError\\('disk full'\\)"):
+        s.trace()

@@ -146,3 +146,36 @@ def test_errors_are_named_as_the_host_verifiers_name_them():
             verify_batched(vi, logits, params, coins, final, max_depth=deep - 1)
     with pytest.raises(ValueError, match="max_depth must be an int >= 0"):
         verify_batched(vi, logits, params, coins, final, max_depth=-1)
+
+
+@pytest.mark.parametrize("thresholds", [(1.0, 1.0), (0.3, 0.5)])
+def test_the_log_gives_the_reference_decisions_and_bonus_records(thresholds):
+    from ddtree_lab.verify.batched import decisions_from_log
+
+    for seed in range(25):
+        tree, vi, logits, params, coins, final = _case(seed)
+        ref = dl.verify_sampled(vi, dl.target_probs(logits, params, vi.num_nodes), coins, final,
+                                threshold_single=thresholds[0], threshold_acc=thresholds[1])
+        out = verify_batched(vi, logits, params, coins, final, max_depth=4, max_children=9, log=True,
+                             threshold_single=thresholds[0], threshold_acc=thresholds[1])
+        assert out.log is not None
+        for b in range(vi.batch_size):
+            decisions, bonus = decisions_from_log(out.log, b, b, vi.node_token_ids[b].tolist(),
+                                                  int(out.bonus_token[b]), float(final[b]))
+            assert decisions == ref.decisions[b], (seed, b)
+            assert bonus == ref.bonus[b], (seed, b)
+
+
+def test_the_log_of_the_floating_point_edge():
+    from ddtree_lab.verify.batched import decisions_from_log
+
+    vi = dl.compile_retrieve(_chain_tree([0, 3, 5]), 0)
+    logits = torch.full((1, 3, 8), -5.0)
+    logits[0, 0, 3], logits[0, 0, 5] = 1.0, 0.7
+    p = SP(temperature=1.0, top_k=2)
+    coins, final = torch.tensor([[0.99999994, 0.5, 0.5]]), torch.tensor([0.5])
+    ref = dl.verify_sampled(vi, dl.target_probs(logits, p, vi.num_nodes), coins, final)
+    out = verify_batched(vi, logits, p, coins, final, log=True)
+    decisions, bonus = decisions_from_log(out.log, 0, 0, [0, 3, 5], int(out.bonus_token[0]), 0.5)
+    assert decisions == ref.decisions[0] and bonus == ref.bonus[0]
+    assert decisions[-1].cumulative_mass == 1.0 and decisions[-1].verdict == "accept"

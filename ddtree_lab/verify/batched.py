@@ -45,13 +45,48 @@ from .reference import check_coin_shapes, check_thresholds, check_verify_shapes,
 from .rules import SGLANG_MIN_THRESHOLD_ACC
 from .types import is_lossy
 
-__all__ = ["BatchedVerifyOutput", "verify_batched", "raise_batched_problems", "FLAG_NAMES"]
+__all__ = ["BatchedVerifyOutput", "BatchedLog", "verify_batched", "raise_batched_problems", "FLAG_NAMES",
+           "decisions_from_log"]
 
 #: What each entry of :attr:`BatchedVerifyOutput.flags` says when True.
 FLAG_NAMES = ("num_nodes out of range", "retrieve_next_token out of range", "retrieve_next_sibling out of range",
               "node token id out of range", "coin outside [0, 1)", "final coin outside [0, 1)",
               "a walked logit row has NaN, +inf or every entry -inf", "a node has more than max_children children",
               "a path is deeper than max_depth")
+
+
+@dataclass
+class BatchedLog:
+    """What the walk read and decided, as tensors (``verify_batched(..., log=True)``): enough
+    to write the decision log, the bonus record and the level-``light`` rows on the host later
+    (:func:`decisions_from_log`), after one copy. ``D + 1`` walk levels, ``K = max_children``.
+
+    Attributes:
+        node: ``[bs, D + 1]`` int64, the node whose children level ``d`` judged (-1: the walk had stopped).
+        children, child_probs, masses: ``[bs, D + 1, K]``: its children in sibling order (-1
+            past the last), their target probabilities and the running sums ``S_k`` (float32).
+        coins: ``[bs, D + 1]`` float32, the coin of each level's node.
+        decided: ``[bs, D + 1]`` int64, decisions logged at each level (the visited siblings).
+        accepted, edge: ``[bs, D + 1]`` bool: the last visited sibling was accepted; by the
+            floating-point edge (logged with ``cumulative_mass`` 1.0).
+        bonus_node: ``[bs]`` int64; bonus_mass, bonus_token_prob: ``[bs]`` float64;
+        bonus_leaf: ``[bs]`` bool, the bonus node had no children.
+        final_probs: ``[bs, V]`` float32, the bonus node's row (level ``light`` keeps its prefix).
+    """
+
+    node: torch.Tensor
+    children: torch.Tensor
+    child_probs: torch.Tensor
+    masses: torch.Tensor
+    coins: torch.Tensor
+    decided: torch.Tensor
+    accepted: torch.Tensor
+    edge: torch.Tensor
+    bonus_node: torch.Tensor
+    bonus_mass: torch.Tensor
+    bonus_token_prob: torch.Tensor
+    bonus_leaf: torch.Tensor
+    final_probs: torch.Tensor
 
 
 @dataclass
@@ -68,6 +103,7 @@ class BatchedVerifyOutput:
         flags: ``[len(FLAG_NAMES)]`` bool, the value checks (:data:`FLAG_NAMES`); the outputs
             mean nothing where one is True (:func:`raise_batched_problems` names it).
         backend: ``"torch-batched"``. thresholds, lossy: as :class:`~ddtree_lab.VerifyOutput`.
+        log: the :class:`BatchedLog` (``log=True``), else None.
     """
 
     accept_index: torch.Tensor
@@ -79,6 +115,7 @@ class BatchedVerifyOutput:
     backend: str = "torch-batched"
     thresholds: tuple[float, float] = (1.0, 1.0)
     lossy: bool = False
+    log: BatchedLog | None = None
 
     def tau(self) -> torch.Tensor:
         """Accept length τ per request: accepted draft tokens + 1 (the bonus), ``[bs]``."""
@@ -122,6 +159,7 @@ def verify_batched(
     threshold_single: float = 1.0,
     threshold_acc: float = 1.0,
     check: bool = True,
+    log: bool = False,
 ) -> BatchedVerifyOutput:
     """Sampled tree verify of a whole batch on the logits' device, with no host read (module docstring).
 
@@ -140,6 +178,7 @@ def verify_batched(
         check: read the value flags once and raise for the first problem
             (:func:`raise_batched_problems`); ``False`` leaves ``flags`` for the caller to read
             with its own results (the live step), and no host read happens here.
+        log: also return what the walk read and decided (:class:`BatchedLog`, on the device).
 
     Returns:
         :class:`BatchedVerifyOutput` on the logits' device; its paths, tokens, bonus and
@@ -187,6 +226,9 @@ def verify_batched(
     final_rejected = torch.zeros(bs, vocab, dtype=torch.bool, device=dev)
     bad_row = torch.zeros(bs, dtype=torch.bool, device=dev)
     crowded = torch.zeros(bs, dtype=torch.bool, device=dev)
+    levels: list[tuple[torch.Tensor, ...]] = []
+    final_node = torch.zeros(bs, dtype=torch.int64, device=dev)
+    final_leaf = torch.zeros(bs, dtype=torch.bool, device=dev)
     for d in range(depth_bound + 1):
         raw = target_logits[batch, cur].float()  # [bs, V]: the current node's row of each request
         bad_row |= alive & (torch.isnan(raw).any(1) | torch.isposinf(raw).any(1) | torch.isneginf(raw).all(1))
@@ -214,6 +256,7 @@ def verify_batched(
             ok = valid & (p > 0) & ((u < s) | (p.double() >= threshold_single))
         accepted = ok.any(1)
         pick = ok.to(torch.int8).argmax(1)  # the first accepted child
+        edge = torch.zeros_like(accepted)
         rejected = torch.zeros(bs, vocab + 1, dtype=torch.bool, device=dev)
         rejected.scatter_(1, torch.where(valid, kid_tok, vocab), True)
         rejected = rejected[:, :vocab]
@@ -226,6 +269,12 @@ def verify_batched(
         stop = alive & ~accepted
         final_probs = torch.where(stop[:, None], probs, final_probs)
         final_rejected = torch.where(stop[:, None], rejected, final_rejected)
+        if log:
+            final_node = torch.where(stop, cur, final_node)
+            final_leaf = torch.where(stop, ~valid.any(1), final_leaf)
+            decided = torch.where(move, pick + 1, torch.where(alive, valid.sum(1), 0))
+            levels.append((torch.where(alive, cur, -1), torch.where(valid, kids, -1), p, s, u[:, 0], decided,
+                           move, edge & alive))
         nxt = kids.gather(1, pick[:, None])[:, 0]
         if d < depth_bound:
             path[:, d + 1] = torch.where(move, nxt, -1)
@@ -241,6 +290,12 @@ def verify_batched(
     idx = torch.where((idx >= vocab) | (landed <= 0.0), _last_true(residual > 0), idx)
     exhausted = total <= 0.0
     bonus = torch.where(exhausted, -1, idx)
+    record = None
+    if log:
+        parts = [torch.stack(x, 1) for x in zip(*levels)]
+        token_prob = torch.where(exhausted, 0.0, residual.gather(1, idx[:, None])[:, 0] / torch.where(exhausted, 1.0, total))
+        record = BatchedLog(*parts, bonus_node=final_node, bonus_mass=torch.where(exhausted, 0.0, total),
+                            bonus_token_prob=token_prob, bonus_leaf=final_leaf, final_probs=final_probs)
     accept_length = (path >= 0).sum(1) - 1
     emitted = torch.full_like(path, -1)
     emitted[:, :-1] = torch.where(path[:, 1:] >= 0, tokens.gather(1, path[:, 1:].clamp(min=0)), -1)
@@ -249,7 +304,7 @@ def verify_batched(
                        torch.stack([bad_row.any(), crowded.any(), too_deep.any()])])
     out = BatchedVerifyOutput(accept_index=path, accept_length=accept_length, emitted_tokens=emitted,
                               bonus_token=bonus, support_exhausted=exhausted, flags=flags,
-                              thresholds=(float(threshold_single), float(threshold_acc)), lossy=lossy)
+                              thresholds=(float(threshold_single), float(threshold_acc)), lossy=lossy, log=record)
     if check and bool(flags.any()):
         raise_batched_problems(out.flags.tolist(), vi, target_logits, items, coins, final_coins,
                                threshold_single, threshold_acc)
@@ -278,3 +333,33 @@ def raise_batched_problems(flags: Sequence[bool], verify_input: DDTreeVerifyInpu
                     threshold_single=threshold_single, threshold_acc=threshold_acc)
     what = "; ".join(bounds) or ", ".join(FLAG_NAMES[i] for i, f in enumerate(flags) if f)
     raise ValueError(f"verify_batched: {what} (the host verify found no other problem in the same input)")
+
+
+def decisions_from_log(log: BatchedLog, b: int, request: int, node_token_ids: Sequence[int], bonus_token: int,
+                       final_coin: float) -> tuple[list, object]:
+    """Request ``b``'s decision log and bonus record from a :class:`BatchedLog` already on the
+    host: the :class:`~ddtree_lab.verify.Decision` s and :class:`~ddtree_lab.verify.BonusDraw`
+    the per-request walks log (``request`` is written into each; ``node_token_ids`` its
+    tokens as a list). Reads Python values only (call it off the critical path)."""
+    from .types import BonusDraw, Decision
+
+    nodes, kids, probs, masses = log.node[b].tolist(), log.children[b].tolist(), log.child_probs[b].tolist(), \
+        log.masses[b].tolist()
+    coins, decided, accepted, edge = log.coins[b].tolist(), log.decided[b].tolist(), log.accepted[b].tolist(), \
+        log.edge[b].tolist()
+    out = []
+    for d, parent in enumerate(nodes):
+        if parent < 0:
+            break
+        for k in range(decided[d]):
+            last = k == decided[d] - 1
+            verdict = "accept" if (last and accepted[d]) else "reject"
+            mass = 1.0 if (last and edge[d]) else masses[d][k]
+            child = kids[d][k]
+            out.append(Decision(request, d + 1, parent, child, node_token_ids[child], probs[d][k], mass, coins[d],
+                                verdict))
+    token = int(bonus_token)
+    kind = "exhausted" if token < 0 else ("leaf" if bool(log.bonus_leaf[b]) else "residual")
+    bonus = BonusDraw(request, int(log.bonus_node[b]), token, kind, float(log.bonus_mass[b]), float(final_coin),
+                      float(log.bonus_token_prob[b]))
+    return out, bonus
