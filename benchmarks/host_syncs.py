@@ -6,8 +6,9 @@ greedy and T = 0.8, for the sync-free step (``verify_backend="torch-batched"``) 
 per-request walks (``torch-lazy``): the second step of each session is counted with
 :class:`ddtree_lab.hostsync.HostSyncCounter`, per stage (read at the session's stage marks),
 then three more steps are timed with the counter off (CPU milliseconds: on a CPU a host read
-costs nothing, so the sync-free step only pays its extra work there), then the sites of bs 32,
-B 64, T = 0.8. Goal (issue 36): <= 3 per step, the same at every batch size and budget.
+costs nothing, so the sync-free step only pays its extra work there), then level ``light``
+(T = 0.8: the count and the time per step, the writer thread's work waited for), then the
+sites of bs 32, B 64, T = 0.8. Goal (issue 36): <= 3 per step, the same at every batch size and budget.
 
     python benchmarks/host_syncs.py
 """
@@ -75,6 +76,25 @@ def main() -> None:
                     print(f"{backend:<14} {bs:>3} {budget:>3} {temperature:>4} "
                           + " ".join(f"{stages.get(n, 0):>7}" for n in STAGES) + f"   {counter.total:>5}   {ms:>7.1f}")
                     keep[backend] = counter
+    print("\nlevel light (the sync-free step's Steps written by its writer thread; ms/step includes waiting for it)")
+    print(f"{'verify':<14} {'bs':>3} {'B':>3} {'T':>4}   total   ms/step")
+    for backend in BACKENDS:
+        for bs in (1, 32):
+            for budget in (8, 64):
+                s = dl.LiveSession(target, drafter, budget=budget, record="light", verify_backend=backend,
+                                   sampling=dl.SamplingParams(temperature=0.8))
+                s.tree_build = "device"
+                s.start([PROMPTS[i % len(PROMPTS)] for i in range(bs)])
+                s.step(1000)
+                _, counter = count_step(s)
+                s.trace()
+                t0 = time.perf_counter()
+                for _ in range(3):
+                    s.step(1000)
+                written = len(s.trace().steps)
+                ms = (time.perf_counter() - t0) / 3 * 1e3
+                assert written == 5 * bs
+                print(f"{backend:<14} {bs:>3} {budget:>3} {0.8:>4}   {counter.total:>5}   {ms:>7.1f}")
     for backend, counter in keep.items():
         print(f"\n{backend}, bs 32, B 64, T 0.8: sites (count, call, site)")
         print(counter.table())
