@@ -22,7 +22,7 @@ One step for the batch of active requests (Ringel & Romano, arXiv 2604.12989, §
    root and the accepted nodes (``Drafter.commit``), the bonus becomes the next anchor, and
    finished requests leave the batch.
 
-The sync-free step (``verify_backend="torch-batched"``, level ``off``; issue 36): the draft top-k
+The sync-free step (``verify_backend="torch-batched"``, levels ``off`` and ``light``; issue 36): the draft top-k
 by :func:`ddtree_lab.draft.draft_topk_device`, the tree on the device, the buffers compiled with
 the depth bound (:func:`ddtree_lab.compile_retrieve` ``max_depth``), the forward checked against
 the host's prefix lengths, the walk of the whole batch by
@@ -107,7 +107,7 @@ def _request_output(out: VerifyOutput, b: int) -> VerifyOutput:
 
 
 #: The verify backends a session takes: :data:`ddtree_lab.verify.BACKENDS` and ``"torch-batched"``
-#: (the sync-free step, level ``off``: module docstring).
+#: (the sync-free step, levels ``off`` and ``light``: module docstring).
 SESSION_BACKENDS = ("auto", "reference", "torch-lazy", "triton", "torch-batched")
 
 
@@ -323,7 +323,7 @@ class LiveSession:
                   else dataclasses.replace(p, seed=p.seed + b) if shared else p
                   for b, p in enumerate(params)]
         gens = make_generators(params, device="cpu")
-        self._writer.collect(wait=True)  # a previous run's pending steps belong to that run: dropped
+        self._written(wait=True)  # a previous run's pending steps join its steps, which a new start drops
         self.requests, self.steps, self.num_steps = [], [], 0
         self.stage_totals = dict.fromkeys(STAGES, 0.0)
         ids_all = [self.target.encode_prompt(prompt, chat=chat) for prompt in prompts]
@@ -481,14 +481,15 @@ class LiveSession:
         parts.update({f"tree_{f.name}": getattr(tree, f.name) for f in dataclasses.fields(tree)})
         parts.update({f"vi_{f.name}": getattr(vi, f.name) for f in dataclasses.fields(vi)})
         parts.update(draft_ids=ids, draft_lps=lps)
-        event = None
+        moved = False
         for name, t in parts.items():
             if t.device.type != "cpu":
                 host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
                 host.copy_(t, non_blocking=True)
                 parts[name] = host
-                event = event or True
-        if event is not None:
+                moved = True
+        event = None
+        if moved:  # the writer waits for this event, the step does not
             event = torch.cuda.Event()
             event.record()
         parts["_event"] = event
@@ -750,8 +751,9 @@ atexit.register(_finish_writers)
 class _StepWriter:
     """Runs record jobs (functions returning :class:`Step` lists) in order in a background
     thread, off the live step's critical path. The thread starts with the first job and ends
-    when idle; a job that raises stops the later ones and its error is raised by the next
-    :meth:`submit` or :meth:`collect` (naming nothing lost silently)."""
+    when idle. A job that raises keeps its error for the next :meth:`submit` or :meth:`collect`,
+    which raises it with the number of later jobs skipped meanwhile (their steps are not
+    recorded, and the message says so)."""
 
     def __init__(self):
         import queue
@@ -762,6 +764,7 @@ class _StepWriter:
         self._lock = threading.Lock()
         self._done: list[Step] = []
         self._error: BaseException | None = None
+        self._skipped = 0
         self._thread: "threading.Thread | None" = None
 
     def submit(self, job: Callable[[], list[Step]]) -> None:
@@ -787,12 +790,16 @@ class _StepWriter:
                         return
                 continue
             try:
-                if self._error is None:
+                with self._lock:
+                    failed = self._error is not None
+                    self._skipped += failed
+                if not failed:
                     steps = job()
                     with self._lock:
                         self._done.extend(steps)
             except BaseException as exc:  # kept for the main thread
-                self._error = exc
+                with self._lock:
+                    self._error = exc
             finally:
                 self._jobs.task_done()
 
@@ -806,9 +813,12 @@ class _StepWriter:
         return done
 
     def _raise(self) -> None:
-        if self._error is not None:
+        with self._lock:
             exc, self._error = self._error, None
-            raise RuntimeError(f"recording a sync-free step failed: {exc!r}") from exc
+            skipped, self._skipped = self._skipped, 0
+        if exc is not None:
+            raise RuntimeError(f"recording a sync-free step failed: {exc!r}; the records of that step and of "
+                               f"{skipped} later step(s) written meanwhile are missing") from exc
 
 
 class _Clock:
