@@ -18,7 +18,7 @@ LIVE_STEP = [
     ("md", """# 01 · Live DDTree steps on the embedded default target
 
 This notebook runs DDTree speculative decoding **live** on SmolLM2-135M-Instruct (the
-embedded default target, fp32 on the CPU) with the DFlash drafter trained for it (block size
+embedded default target, fp32, on the GPU when there is one: `DEVICE` in the first cell) with the DFlash drafter trained for it (block size
 L = 16; `fixtures/drafters/smollm2_dflash_b16`), first greedily, then at temperature 0.8, and draws every step.
 
 How to read a step's tree (drawn left to right: depth grows to the right): each node shows
@@ -37,11 +37,13 @@ prompt, the budget `B` or the sampling parameters in the cells below and run aga
 slider browses every step with its decision log (coin, cumulative mass, verdict); it opens on
 the step where the walk accepted most. To walk
 one step decision by decision, open `02_verify_stepper.ipynb`."""),
-    ("code", """import ddtree_lab as dl
+    ("code", """import torch
+import ddtree_lab as dl
 from ddtree_lab import notebook, views
 from IPython.display import HTML
 
-target, drafter = notebook.load_default()
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the device choice: "cpu" stays on the CPU
+target, drafter = notebook.load_default(device=DEVICE)
 print(target.metadata())
 held_out = drafter.metadata()["record"]["held_out_eval"]  # the drafter's model card
 print(drafter.name, "| held-out top-1 by position:", held_out["top1_by_position"][:6], "| chain tau", held_out["chain_tau"])"""),

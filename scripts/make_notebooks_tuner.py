@@ -40,7 +40,8 @@ drafter's path probabilities: the gap between the two is the drafter's calibrati
     ("code", SETUP + """
 from ddtree_lab.views import compare
 
-target, drafter = notebook.load_default()
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the device choice: "cpu" stays on the CPU
+target, drafter = notebook.load_default(device=DEVICE)
 settings = [dl.SamplingParams(temperature=0.0),
             dl.SamplingParams(temperature=0.7, seed=1),
             dl.SamplingParams(temperature=1.0, top_p=0.9, seed=2)]
