@@ -22,9 +22,11 @@ minutes on one H100 / H200, machine start not included):
   V 151,936 against its floor (one max-reduction over the draft logits, as
   benchmarks/tree_build.py). Goal: within 10x.
 * ``host-syncs`` (0.7): host synchronisations per live step on the device
-  (:class:`ddtree_lab.hostsync.HostSyncCounter`), bs 1 / 32, B 8 / 64, the sync-free step
-  (``verify_backend="torch-batched"``, judged) and the device's default verify (shown), each
-  step's wall time beside it. Goal: <= 3, the same at every bs and B.
+  (:class:`ddtree_lab.hostsync.HostSyncCounter`, and CUDA's own count of synchronising calls
+  under ``torch.cuda.set_sync_debug_mode("warn")``, which also sees blocking host-to-device
+  copies), bs 1 / 32, B 8 / 64, the sync-free step (``verify_backend="torch-batched"``, judged
+  on the larger of the two counts) and the device's default verify (shown), each step's wall
+  time beside it. Goal: <= 3, the same at every bs and B.
 
 Each step prints ``STEP <name>: ...`` result lines and ends with ``STEP <name> done``; a goal
 line reads ``GOAL <what>: <figure> (goal ...): met | missed | not judged (dry run)``.
@@ -254,6 +256,28 @@ def step_tree_build_floor(torch, device, args) -> None:
     _goal("tree build bs 32 B 64, build / floor", t_build / t_floor, 10, "x", args.dry_run)
 
 
+def _cuda_syncs(torch, device, fn):
+    """``(fn(), syncs)``: on CUDA, ``fn`` runs under ``torch.cuda.set_sync_debug_mode("warn")``
+    and ``syncs`` is a Counter of the ``file:line`` of every synchronising CUDA call it made
+    (what the CPU count cannot see: a blocking host-to-device copy, a driver-side wait); None
+    elsewhere."""
+    if device != "cuda":
+        return fn(), None
+    import warnings
+    from collections import Counter
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    sites = Counter(f"{os.path.relpath(w.filename)}:{w.lineno}" for w in caught
+                    if "synchroniz" in str(w.message).lower())
+    return out, sites
+
+
 def step_host_syncs(torch, device, args) -> None:
     import ddtree_lab as dl
     from ddtree_lab.models.tiny import RandomDrafter, random_target
@@ -274,13 +298,15 @@ def step_host_syncs(torch, device, args) -> None:
                 s.step(10_000)
                 _sync(torch, device)
                 t0 = time.perf_counter()
-                stages, counter = count_step(s)
+                (stages, counter), cuda = _cuda_syncs(torch, device, lambda: count_step(s))
                 _sync(torch, device)
                 ms = (time.perf_counter() - t0) * 1e3
                 if backend == "torch-batched":
-                    worst = max(worst, counter.total)
+                    worst = max(worst, counter.total if cuda is None else max(counter.total, sum(cuda.values())))
                 print(f"STEP host-syncs: {s.verify_backend}, bs {bs}, B {budget}: {counter.total} per step "
-                      f"({ms:.1f} ms with the counter on); by stage " + ", ".join(f"{k} {v}" for k, v in stages.items() if v))
+                      f"({ms:.1f} ms with the counter on); by stage " + ", ".join(f"{k} {v}" for k, v in stages.items() if v)
+                      + ("" if cuda is None else f"; CUDA sync debug mode: {sum(cuda.values())} synchronising calls "
+                         + ", ".join(f"{site} x{n}" for site, n in cuda.most_common(8))))
     _goal("host syncs per live step, torch-batched (worst of bs x B)", worst, 3, "", args.dry_run)
 
 

@@ -28,6 +28,7 @@ import torch
 from ._arguments import check_shape, check_tensor
 from .build import DDTreeBuildResult, TreeBatch
 from .problems import Problem
+from .hostsync import to_device
 
 __all__ = [
     "DDTreeVerifyInput",
@@ -211,7 +212,7 @@ def compile_retrieve(tree: DDTreeBuildResult, prefix_len: int | torch.Tensor, *,
     else:
         prefix = check_tensor("prefix_len", prefix_len, dtype=torch.int64, ndim=1)
         check_shape("prefix_len", prefix, (bs,))
-        prefix = prefix.to(tree.parents.device)  # a host tensor beside a tree built on a GPU
+        prefix = to_device(prefix, tree.parents.device)  # a host tensor beside a tree built on a GPU
     if validate and (prefix < 0).any():
         raise ValueError(f"prefix_len must be >= 0, got {prefix.tolist()}")
     retrieve_index, next_token, next_sibling = encode_retrieve(tree.parents, tree.num_nodes, validate=validate)

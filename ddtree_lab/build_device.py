@@ -30,6 +30,7 @@ from typing import Sequence
 import torch
 
 from .build import DDTreeBuildResult, check_build_arguments
+from .hostsync import to_device
 
 __all__ = ["build_tree_device"]
 
@@ -109,7 +110,7 @@ def build_tree_device(
     bs, _, k_all = draft_token_ids.shape
     width = max(budgets, default=0)  # the beam: B_max slots per depth
     n = 1 + width
-    budget_t = torch.tensor(budgets, dtype=torch.int64, device=device).reshape(bs)
+    budget_t = to_device(torch.tensor(budgets, dtype=torch.int64), device).reshape(bs)
     spine_depth = budget_t.clamp(max=depth_limit) if top1_spine else torch.zeros_like(budget_t)
     quota = budget_t - spine_depth  # non-spine draft nodes each tree takes
     out = {
@@ -119,7 +120,7 @@ def build_tree_device(
         "ranks": torch.full((bs, n), -1, dtype=torch.int64, device=device),
         "node_logws": torch.full((bs, n), -math.inf, dtype=torch.float32, device=device),
     }
-    out["node_token_ids"][:, 0] = anchor_token_ids.to(device)
+    out["node_token_ids"][:, 0] = to_device(anchor_token_ids, device)
     out["depths"][:, 0] = 0
     out["node_logws"][:, 0] = 0.0
     if width == 0 or depth_limit == 0 or bs == 0:

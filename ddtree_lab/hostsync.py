@@ -21,9 +21,12 @@ dunders go through ``__torch_function__``, so ``item``, ``tolist``, ``cpu``, ``n
 ``__format__`` of a one-element tensor, and the torch functions that read values to size their
 output (``nonzero``, ``argwhere``, ``masked_select``, ``unique``, ``equal``, boolean-mask
 indexing, ``repeat_interleave`` without ``output_size``) are counted. A ``.to(...)`` or
-``copy_`` counts when it moves data between two devices (a host copy of a device tensor); on a
-CPU-only run it never does, so the CPU count of transfers is the ``cpu``/``numpy``/``tolist``
-entries. Not seen: code that reads a tensor's storage outside torch's Python API (C
+``copy_`` counts when it moves data between two devices, in either direction (a plain
+host-to-device copy from pageable memory also synchronises the stream), unless it is
+``non_blocking`` with its host side in pinned memory (:func:`to_device` makes such copies). On
+a CPU-only run no copy crosses devices, so the CPU count cannot see host-to-device copies:
+the live step routes each one through :func:`to_device`, and the GPU plan checks them with
+``torch.cuda.set_sync_debug_mode`` (``benchmarks/gpu_plan.py``, step ``host-syncs``). Not seen: code that reads a tensor's storage outside torch's Python API (C
 extensions, ``tensor.data_ptr()`` arithmetic), and calls made while another torch-function
 mode handles a call (torch disables modes inside their own handler, so a call is counted once,
 at the outermost level).
@@ -39,7 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["SYNC_CALLS", "HostSync", "HostSyncCounter"]
+__all__ = ["SYNC_CALLS", "HostSync", "HostSyncCounter", "to_device"]
 
 _ALWAYS = {
     "item", "tolist", "cpu", "numpy", "__array__", "__bool__", "__int__", "__float__", "__index__",
@@ -90,17 +93,37 @@ def _waits(name: str, args, kwargs) -> bool:
         repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
         return isinstance(repeats, torch.Tensor) and kwargs.get("output_size") is None
     source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    non_blocking = bool(kwargs.get("non_blocking", False))
     if name == "to":
         target = kwargs.get("device")
         for a in args[1:]:
             target = target or _device_of(a)
+            non_blocking = non_blocking or (isinstance(a, bool) and a)
         target = _device_of(target)
-        return source is not None and target is not None and target.type != source.device.type
+        if source is None or target is None or target.type == source.device.type:
+            return False
+        return not (non_blocking and source.device.type == "cpu" and source.is_pinned())
     if name == "copy_":
         other = args[1] if len(args) > 1 else kwargs.get("src")
-        return (source is not None and isinstance(other, torch.Tensor)
-                and source.device.type != other.device.type)
+        non_blocking = non_blocking or (len(args) > 2 and bool(args[2]))
+        if source is None or not isinstance(other, torch.Tensor) or source.device.type == other.device.type:
+            return False
+        host = source if source.device.type == "cpu" else other
+        return not (non_blocking and host.is_pinned())
     return False
+
+
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """``t`` on ``device`` without making the host wait (issue 36).
+
+    A host tensor bound for a CUDA device is copied through pinned memory with
+    ``non_blocking=True``: a plain ``t.to("cuda")`` from pageable memory synchronises the
+    stream, waiting for every kernel queued before it. Anything else is ``t.to(device)``.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def _call_site() -> str:

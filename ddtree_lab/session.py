@@ -34,9 +34,12 @@ returns its log as tensors (:class:`ddtree_lab.verify.batched.BatchedLog`); afte
 it is copied to the host (into pinned buffers, without waiting, on a GPU) and a writer
 thread turns it into the step's :class:`Step` s -- the decision log, the bonus record and the
 rows the walk read, equal to what the per-request walks record -- while the next step runs.
-Such a step shows up in :attr:`LiveSession.steps` (and in what :meth:`LiveSession.step`
-returns) once written: :meth:`LiveSession.trace`, :meth:`LiveSession.run` and the end of
-:meth:`LiveSession.generate` wait for every pending one. Level ``full`` (every row) and
+So its records arrive one step late: :meth:`LiveSession.step` returns the *previous* step's
+:class:`Step` s (the first call returns none; the call that finds no active request returns
+the last ones), :meth:`LiveSession.generate` yields them in the same rhythm, and
+:meth:`LiveSession.trace`, :meth:`LiveSession.run` and the end of ``generate`` wait for every
+pending one. A record that fails to be written leaves its step decoded and committed, warns,
+and is listed in the run's ``metadata["missing_records"]``. Level ``full`` (every row) and
 ``record_to`` (the crash-safe file, which writes each step's inputs before its verify) keep
 the per-request walks.
 
@@ -52,6 +55,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import time
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -66,6 +70,7 @@ from .step import LEVELS, STAGES, DraftTopK, Run, Step
 from .build import DDTreeBuildResult, build_tree
 from .build_device import build_tree_device
 from .draft import draft_topk_device, draft_topk_from_logits
+from .hostsync import to_device
 from .verify import VerifyOutput, draw_coins, is_lossy, make_generators, residual_draw, verify_sampled
 from .verify.batched import BatchedVerifyOutput, raise_batched_problems, verify_batched
 
@@ -233,6 +238,7 @@ class LiveSession:
         self.faults = as_faults(faults)  # planted faults: identity hooks unless given
         self.requests: list[RequestState] = []
         self.steps: list[Step] = []
+        self.missing_records: list[dict] = []  # sync-free steps whose records failed: {"step", "error"}
         self.last_timings: dict[str, float] = {}
         self.stage_totals: dict[str, float] = dict.fromkeys(STAGES, 0.0)
         self.num_steps = 0
@@ -324,7 +330,7 @@ class LiveSession:
                   for b, p in enumerate(params)]
         gens = make_generators(params, device="cpu")
         self._written(wait=True)  # a previous run's pending steps join its steps, which a new start drops
-        self.requests, self.steps, self.num_steps = [], [], 0
+        self.requests, self.steps, self.num_steps, self.missing_records = [], [], 0, []
         self.stage_totals = dict.fromkeys(STAGES, 0.0)
         ids_all = [self.target.encode_prompt(prompt, chat=chat) for prompt in prompts]
         self.drafter.start(len(prompts))
@@ -364,16 +370,19 @@ class LiveSession:
         timings use CUDA events (no extra waits).
 
         Returns:
-            the step traces of the requests that took part (empty at level ``off``).
+            the step traces of the requests that took part (empty at level ``off``); with
+            ``verify_backend="torch-batched"`` at level ``light``, the previous step's (module
+            docstring).
         """
         if self._batch is not None:
             self._leave_finished()
         active = [self.requests[r] for r in self._rows]
         if not active:
-            return []
+            return self._written(wait=True)  # the sync-free step's last records (nothing otherwise)
         if self.verify_backend == "torch-batched":
             self._step_batched(active, max_new_tokens)
-            return self._written(wait=False)
+            # the previous step's records: written while this step ran (this step's come next time)
+            return self._written(upto=self.num_steps - 2)
         step_no = self.num_steps
         clock = _Clock(self.target.device)
         anchors = torch.tensor([r.anchor for r in active], dtype=torch.int64)
@@ -432,6 +441,8 @@ class LiveSession:
         budgets = [self.request_budgets[r.request] for r in active]
         k = min(max(budgets + [1]), draft_logits.shape[-1])
         ids, lps, draft_bad = draft_topk_device(draft_logits, k)
+        if self._builds_on_host(ids) and bool(draft_bad.any()):  # the host build reads the top-k anyway
+            draft_topk_from_logits(draft_logits, k=k)  # raises, naming the request and depth
         clock.mark("draft")
         tree = self._build(ids, lps, anchors, budgets)
         clock.mark("build")
@@ -469,7 +480,7 @@ class LiveSession:
             step_no = self.num_steps - 1
             rows = [(r.request, r.request_id, prefix_list[b], r.params, final[b], coins[b]) for b, r in
                     enumerate(active)]
-            self._writer.submit(lambda: self._write_light(step_no, rows, pending, timings))
+            self._writer.submit(step_no, lambda: self._write_light(step_no, rows, pending, timings))
 
     def _copy_for_record(self, out: BatchedVerifyOutput, tree, vi, ids, lps) -> dict:
         """What level ``light`` keeps, copied to the host without waiting (pinned buffers on a
@@ -545,25 +556,36 @@ class LiveSession:
             steps.append(step)
         return steps
 
-    def _written(self, wait: bool) -> list[Step]:
-        """The steps the writer has finished (all pending ones with ``wait``), added to :attr:`steps`."""
-        done = self._writer.collect(wait)
+    def _written(self, wait: bool = False, upto: int | None = None) -> list[Step]:
+        """The steps the writer has finished (all pending ones with ``wait``, those of steps
+        ``<= upto`` with ``upto``), added to :attr:`steps`; a step whose records could not be
+        written is added to :attr:`missing_records` with a warning."""
+        done, failed = self._writer.collect(wait=wait, upto=upto)
         self.steps.extend(done)
+        for step, why in failed:
+            self.missing_records.append({"step": step, "error": why})
+            warnings.warn(f"LiveSession: the records of step {step} could not be written ({why}); the step was "
+                          "decoded and committed; the run's metadata lists it under 'missing_records'",
+                          RuntimeWarning, stacklevel=3)
         return done
 
     # -- the build and verify stages (one of each is chosen in __init__) ----------------------
 
     tree_build: str = "auto"
 
-    def _build_ddtree(self, ids, lps, anchors, budgets) -> DDTreeBuildResult:
+    def _builds_on_host(self, ids) -> bool:
         if self.tree_build not in ("auto", "device", "host"):
             raise ValueError(f"LiveSession.tree_build: 'auto', 'device' or 'host', not {self.tree_build!r}")
-        if self.tree_build == "host" or (self.tree_build == "auto" and ids.device.type == "cpu"):
+        return self.policy is not None or self.tree_build == "host" or (self.tree_build == "auto"
+                                                                        and ids.device.type == "cpu")
+
+    def _build_ddtree(self, ids, lps, anchors, budgets) -> DDTreeBuildResult:
+        if self._builds_on_host(ids):
             return build_tree(ids.cpu(), lps.cpu(), anchors, budgets, self.max_depth, top1_spine=self.top1_spine,
                               min_prob=self.min_prob)
         # on the draft's device, no host read: the top-k comes from draft_topk_from_logits,
         # which checked the logits, so its rows are not read back to be checked again
-        return build_tree_device(ids, lps, anchors.to(ids.device), budgets, self.max_depth,
+        return build_tree_device(ids, lps, to_device(anchors, ids.device), budgets, self.max_depth,
                                  top1_spine=self.top1_spine, min_prob=self.min_prob, validate=False)
 
     def _build_policy(self, ids, lps, anchors, budgets) -> DDTreeBuildResult:
@@ -637,7 +659,7 @@ class LiveSession:
         for b, r in enumerate(active):
             emitted, exhausted, bonus = result[b][n_path:n_path + n_emit], result[b][-2], result[b][-1]
             path = paths[b]
-            idx = torch.tensor(path, dtype=torch.int64, device=features.device)
+            idx = to_device(torch.tensor(path, dtype=torch.int64), features.device)
             self.drafter.commit(r.request, self.faults.drafter_features(features[b].index_select(0, idx)), r.prefix_len)
             r.prefix_len += len(path)
             for t in (t for t in emitted if t >= 0):
@@ -721,6 +743,7 @@ class LiveSession:
                          for r in self.requests],
             **({"planted_faults": list(self.faults.names)} if self.faults else {}),
             **({"policy": self.policy_label} if self.policy is not None else {}),
+            **({"missing_records": list(self.missing_records)} if self.missing_records else {}),
             "versions": {"ddtree_lab": __version__, "torch": torch.__version__,
                          "python": platform.python_version()},
         }
@@ -749,11 +772,10 @@ atexit.register(_finish_writers)
 
 
 class _StepWriter:
-    """Runs record jobs (functions returning :class:`Step` lists) in order in a background
-    thread, off the live step's critical path. The thread starts with the first job and ends
-    when idle. A job that raises keeps its error for the next :meth:`submit` or :meth:`collect`,
-    which raises it with the number of later jobs skipped meanwhile (their steps are not
-    recorded, and the message says so)."""
+    """Runs record jobs (each returns one step's :class:`Step` s) in submission order in a
+    background thread, off the live step's critical path. The thread starts with the first job
+    and ends when idle. Jobs are independent: one that raises leaves its step's records missing
+    (:meth:`collect` hands back ``(step, error)`` for it) and the next jobs run."""
 
     def __init__(self):
         import queue
@@ -763,15 +785,17 @@ class _StepWriter:
         self._jobs: "queue.Queue" = queue.Queue()
         self._lock = threading.Lock()
         self._done: list[Step] = []
-        self._error: BaseException | None = None
-        self._skipped = 0
+        self._failed: list[tuple[int, str]] = []
+        self._finished: dict[int, threading.Event] = {}
         self._thread: "threading.Thread | None" = None
 
-    def submit(self, job: Callable[[], list[Step]]) -> None:
+    def submit(self, step: int, job: Callable[[], list[Step]]) -> None:
         import threading
 
-        self._raise()
-        self._jobs.put(job)
+        done = threading.Event()
+        with self._lock:
+            self._finished[step] = done
+        self._jobs.put((step, job, done))
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="ddtree-lab-step-writer", daemon=True)
@@ -782,7 +806,7 @@ class _StepWriter:
 
         while True:
             try:
-                job = self._jobs.get(timeout=0.5)
+                step, job, done = self._jobs.get(timeout=0.5)
             except queue.Empty:
                 with self._lock:
                     if self._jobs.empty():
@@ -790,35 +814,36 @@ class _StepWriter:
                         return
                 continue
             try:
+                steps = job()
                 with self._lock:
-                    failed = self._error is not None
-                    self._skipped += failed
-                if not failed:
-                    steps = job()
-                    with self._lock:
-                        self._done.extend(steps)
-            except BaseException as exc:  # kept for the main thread
+                    self._done.extend(steps)
+            except Exception as exc:  # the step's records are missing; the session says so
                 with self._lock:
-                    self._error = exc
+                    self._failed.append((step, f"{type(exc).__name__}: {exc}"))
             finally:
+                done.set()
                 self._jobs.task_done()
 
-    def collect(self, wait: bool) -> list[Step]:
-        """The steps finished so far (with ``wait``: after every submitted job has run)."""
+    def collect(self, wait: bool = False, upto: int | None = None) -> tuple[list[Step], list[tuple[int, str]]]:
+        """``(steps, failures)`` finished so far: with ``wait`` after every submitted job, with
+        ``upto`` after the jobs of steps ``<= upto``."""
         if wait:
             self._jobs.join()
-        self._raise()
+        elif upto is not None:
+            with self._lock:
+                events = [e for k, e in self._finished.items() if k <= upto]
+            for e in events:
+                e.wait()
         with self._lock:
-            done, self._done = self._done, []
-        return done
-
-    def _raise(self) -> None:
-        with self._lock:
-            exc, self._error = self._error, None
-            skipped, self._skipped = self._skipped, 0
-        if exc is not None:
-            raise RuntimeError(f"recording a sync-free step failed: {exc!r}; the records of that step and of "
-                               f"{skipped} later step(s) written meanwhile are missing") from exc
+            if upto is None:
+                done, self._done = self._done, []
+                failed, self._failed = self._failed, []
+            else:  # exactly the steps <= upto, whatever else has finished meanwhile
+                done, self._done = [x for x in self._done if x.step <= upto], [x for x in self._done if x.step > upto]
+                failed = [x for x in self._failed if x[0] <= upto]
+                self._failed = [x for x in self._failed if x[0] > upto]
+            self._finished = {k: e for k, e in self._finished.items() if not e.is_set()}
+        return done, failed
 
 
 class _Clock:

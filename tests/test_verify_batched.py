@@ -130,7 +130,8 @@ def test_errors_are_named_as_the_host_verifiers_name_them():
     with pytest.raises(ValueError, match=r"target logits, request 0, node 0: row has NaN"):
         verify_batched(vi, bad, params, coins, final)
     out = verify_batched(vi, bad, params, coins, final, check=False)
-    assert out.flags.tolist()[FLAG_NAMES.index("a walked logit row has NaN, +inf or every entry -inf")]
+    row_flag = FLAG_NAMES.index("a walked target row has NaN, +inf or every entry -inf, or no mass left after its bans")
+    assert out.flags.tolist()[row_flag]
     with pytest.raises(ValueError, match="request 0, node 0: row has NaN"):
         raise_batched_problems(out.flags.tolist(), vi, bad, params, coins, final)
     c = coins.clone()
@@ -179,3 +180,49 @@ def test_the_log_of_the_floating_point_edge():
     decisions, bonus = decisions_from_log(out.log, 0, 0, [0, 3, 5], int(out.bonus_token[0]), 0.5)
     assert decisions == ref.decisions[0] and bonus == ref.bonus[0]
     assert decisions[-1].cumulative_mass == 1.0 and decisions[-1].verdict == "accept"
+
+
+def test_a_row_whose_every_finite_logit_is_banned_is_named_by_both_walks():
+    vi = dl.compile_retrieve(_chain_tree([0, 3, 5]), 0)
+    logits = torch.full((1, 3, 8), -float("inf"))
+    logits[0, :, 3], logits[0, :, 5] = 1.0, 0.5  # finite only at the banned tokens
+    p = SP(temperature=1.0, banned_token_ids=(3, 5))
+    coins, final = torch.rand(1, 3), torch.rand(1)
+    with pytest.raises(ValueError, match="request 0, node 0: no probability left: every token with a finite logit"):
+        dl.verify_tree(vi, logits, p, coins, final, backend="torch-lazy")
+    with pytest.raises(ValueError, match="request 0, node 0: no probability left: every token with a finite logit"):
+        verify_batched(vi, logits, p, coins, final)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_draft_topk_device_is_draft_topk_from_logits_bit_for_bit(seed):
+    from ddtree_lab.draft import draft_topk_device
+
+    g = torch.Generator().manual_seed(seed)
+    vocab = [7, 50, 333, 4096][seed % 4]
+    x = torch.randn(3, 4, vocab, generator=g) * 3
+    if seed % 3 == 0:
+        x = x.round()  # ties everywhere
+    x[0, 1] = 2.0  # a degenerate row: every logit equal
+    x[1, 2, : vocab // 2] = x[1, 2].max()  # half the row tied at the top
+    x[2, 0, 1:] = -float("inf")  # one finite logit
+    k = min(vocab, [1, 3, 8, 64][seed % 4])
+    for dtype in (torch.float32, torch.bfloat16):
+        ids, lps = dl.draft_topk_from_logits(x.to(dtype), k=k)
+        ids2, lps2, bad = draft_topk_device(x.to(dtype), k)
+        assert torch.equal(ids, ids2)
+        assert torch.equal(lps.view(torch.int32), lps2.view(torch.int32))  # bit for bit, -0.0 included
+        assert not bad.any()
+    y = x.clone()
+    y[0, 3, 2], y[1, 0, 0], y[2, 1] = float("nan"), float("inf"), -float("inf")
+    assert draft_topk_device(y, k)[2].tolist() == [[False, False, False, True], [True, False, False, False],
+                                                   [False, True, False, False]]
+
+
+def test_draft_topk_device_at_2_pow_18_tokens_takes_the_stable_sort():
+    from ddtree_lab.draft import draft_topk_device
+
+    x = torch.randn(1, 2, 1 << 18, generator=torch.Generator().manual_seed(0)).round()
+    ids, lps = dl.draft_topk_from_logits(x, k=16)
+    ids2, lps2, _ = draft_topk_device(x, 16)
+    assert torch.equal(ids, ids2) and torch.equal(lps, lps2)

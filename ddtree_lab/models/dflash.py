@@ -35,6 +35,7 @@ from torch import nn
 from .dflash_checkpoint import (DFlashConfig, build_target_layer_ids, default_dflash_path, load_dflash_state,
                                 parameter_names)
 from .drafter import DraftContext
+from ..hostsync import to_device
 
 __all__ = ["DFlashConfig", "DFlashDraftModel", "DFlashDrafter", "build_target_layer_ids", "load_dflash_state",
            "default_dflash_path", "parameter_names"]
@@ -351,7 +352,7 @@ class DFlashDrafter:
         tokens[:, 0] = context.anchor_token_ids.cpu()
         positions = context.positions.to(torch.int64).cpu()[:, None] + torch.arange(L)[None]
         embeds = self.target.embed(tokens).to(dev)
-        hidden = self.model.block_forward(embeds, positions.to(dev), ctx_kv, mask)
+        hidden = self.model.block_forward(embeds, to_device(positions, dev), ctx_kv, mask)
         return self.target.lm_head(hidden[:, 1:]).float()
 
     def metadata(self) -> dict:

@@ -30,6 +30,7 @@ import torch
 
 from ..buffers import DDTreeVerifyInput
 from ..texts import BYTE_ESCAPE, bytes_text
+from ..hostsync import to_device
 from .default_target import (DEFAULT_TARGET_NAME, cache_dir, default_target_dir, default_target_gguf,
                              default_target_name, target_vocab_size)
 
@@ -234,7 +235,7 @@ class TargetModel:
     @torch.no_grad()
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Input embeddings ``[..., H]`` (float32) of ``token_ids``."""
-        return self.model.get_input_embeddings()(token_ids.to(self.device)).float()
+        return self.model.get_input_embeddings()(to_device(token_ids, self.device)).float()
 
     @torch.no_grad()
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -378,7 +379,7 @@ class TargetModel:
                 raise ValueError(f"request {b}: root position {r} != cached prefix length {length}")
         dev = self.device
         c = state.cache.get_seq_length() if bs else 0
-        prefix_ok = (torch.arange(c)[None, :] < state.lengths[:, None]).to(dev)  # [bs, C]
+        prefix_ok = to_device(torch.arange(c)[None, :] < state.lengths[:, None], dev)  # [bs, C]
         allowed = torch.cat([prefix_ok[:, None, :].expand(bs, n, c), verify_input.tree_mask.to(dev)], dim=2)
         mask = _additive(allowed[:, None], self.dtype)
         tokens = verify_input.node_token_ids.clamp(min=0).to(dev)  # padding rows: token 0, masked off
@@ -411,10 +412,13 @@ class TargetModel:
         new_len = [n + len(p) for n, p in zip(lengths, paths)]
         keep = max((n + len(p) for n, p in zip(lengths, paths)), default=0)
         if src_b:
-            sb, sc, dc = (torch.tensor(v, dtype=torch.int64) for v in (src_b, src_c, dst_c))
+            index = torch.tensor([src_b, src_c, dst_c], dtype=torch.int64)
+            on: dict = {}
             for layer in cache.layers:
                 d = layer.keys.device
-                sb_, sc_, dc_ = sb.to(d), sc.to(d), dc.to(d)
+                if d not in on:
+                    on[d] = to_device(index, d)  # one copy per device, none waiting
+                sb_, sc_, dc_ = on[d]
                 k = layer.keys[sb_, :, sc_]  # [m, heads, dim]; read before writing
                 v = layer.values[sb_, :, sc_]
                 layer.keys[sb_, :, dc_] = k

@@ -16,6 +16,7 @@ import torch
 
 from .drafter import DraftContext
 from .target import TargetModel
+from ..hostsync import to_device
 
 __all__ = ["RandomDrafter", "random_target"]
 
@@ -84,7 +85,7 @@ class RandomDrafter:
     @torch.no_grad()
     def draft_logits(self, context: DraftContext) -> torch.Tensor:
         """``[bs, L-1, V]`` float32 (class docstring)."""
-        anchors = context.anchor_token_ids.to(self.embedding.device)
+        anchors = to_device(context.anchor_token_ids, self.embedding.device)
         x = self.embedding[anchors][:, None, :] + self.positions[None]  # [bs, L-1, 16]
         return (self.scale * 4.0) * (x @ self.embedding.T)
 

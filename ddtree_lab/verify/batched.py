@@ -9,9 +9,11 @@ shapes the caller knows (the tree's depth bound and the most children a node can
 value checks are flags on the device, and the result stays on the device until the caller
 reads it (the live step reads it once, with everything else it needs: issue 36).
 
-What it does not give: the decision log and the bonus record (``VerifyOutput.decisions`` /
-``bonus``). It serves the live step at recording level ``off``; the levels that record a step
-keep the walks that log every decision.
+Its decision log and bonus record come as tensors (``log=True``: :class:`BatchedLog`), which
+:func:`decisions_from_log` turns into the :class:`~ddtree_lab.verify.Decision` s and
+:class:`~ddtree_lab.verify.BonusDraw` the other verifiers log, on the host, later: the live
+step's level ``light`` (``LiveSession(verify_backend="torch-batched")``) does that in a writer
+thread. There is no :class:`~ddtree_lab.VerifyOutput` and no walk event here.
 
 Per depth: one row per request gathered from the logits and turned into its request's
 probabilities (:func:`ddtree_lab.sampling.filtered_probs`, the reference's row function, one
@@ -25,14 +27,15 @@ float32 values, the result equals :func:`ddtree_lab.verify_sampled` on
 Cost: every depth computes one full row per request, also for requests whose walk has
 stopped (knowing which have stopped is a host read); on a CPU that is slower than the
 per-request walks (``benchmarks/host_syncs.out.txt``), which is why a CPU session keeps
-``torch-lazy``. On a GPU the launches are many and small (about ``3 * max_children + 40`` per
-depth); every shape is known from the inputs' shapes, as CUDA graph capture needs, but
-capture has not been tried (no GPU was lent for it).
+``torch-lazy``. On a GPU the launches are many and small (counted on the CPU: about
+``9 * max_children + 84`` torch ops per depth, views included, and ~14 more per extra
+parameter set); every shape is known from the inputs' shapes, as CUDA graph capture needs,
+but capture has not been tried (no GPU was lent for it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Sequence
 
 import numpy as np
@@ -40,6 +43,7 @@ import torch
 
 from .._arguments import check_tensor
 from ..buffers import DDTreeVerifyInput
+from ..hostsync import to_device
 from ..sampling import SamplingParams, filtered_probs, normalize_params
 from .reference import check_coin_shapes, check_thresholds, check_verify_shapes, coin_flags, verify_input_flags
 from .rules import SGLANG_MIN_THRESHOLD_ACC
@@ -51,7 +55,7 @@ __all__ = ["BatchedVerifyOutput", "BatchedLog", "verify_batched", "raise_batched
 #: What each entry of :attr:`BatchedVerifyOutput.flags` says when True.
 FLAG_NAMES = ("num_nodes out of range", "retrieve_next_token out of range", "retrieve_next_sibling out of range",
               "node token id out of range", "coin outside [0, 1)", "final coin outside [0, 1)",
-              "a walked logit row has NaN, +inf or every entry -inf", "a node has more than max_children children",
+              "a walked target row has NaN, +inf or every entry -inf, or no mass left after its bans", "a node has more than max_children children",
               "a path is deeper than max_depth")
 
 
@@ -144,7 +148,7 @@ def _row_probs(raw: torch.Tensor, items: Sequence[SamplingParams], groups) -> to
 def _last_true(mask: torch.Tensor) -> torch.Tensor:
     """Index of the last True along dim 1 of ``mask [bs, K]`` (0 where none)."""
     k = mask.shape[1]
-    return (k - 1 - mask.flip(1).to(torch.int8).argmax(1)).clamp(min=0)
+    return torch.where(mask.any(1), k - 1 - mask.flip(1).to(torch.int8).argmax(1), 0)
 
 
 def verify_batched(
@@ -201,17 +205,19 @@ def verify_batched(
     kmax = max(1, _bound("max_children", max_children, max(n - 1, 1)))
     dev = target_logits.device
     vi = verify_input
-    nt, ns = vi.retrieve_next_token.to(dev), vi.retrieve_next_sibling.to(dev)
-    tokens, num_nodes = vi.node_token_ids.to(dev), vi.num_nodes.to(dev)
-    u_all, final = coins.to(dev), final_coins.to(dev)
+    nt, ns = to_device(vi.retrieve_next_token, dev), to_device(vi.retrieve_next_sibling, dev)
+    tokens, num_nodes = to_device(vi.node_token_ids, dev), to_device(vi.num_nodes, dev)
+    u_all, final = to_device(coins, dev), to_device(final_coins, dev)
     lossy = is_lossy(threshold_single, threshold_acc)
     by_params: dict[SamplingParams, list[int]] = {}
     for b, p in enumerate(items):
         by_params.setdefault(p, []).append(b)
-    groups = [(p, torch.tensor(rows, dtype=torch.int64, device=dev)) for p, rows in by_params.items()]
-    ts = torch.tensor(np.float32(threshold_single), dtype=torch.float32, device=dev)
-    ta = torch.tensor(max(np.float32(threshold_acc), np.float32(SGLANG_MIN_THRESHOLD_ACC)), dtype=torch.float32,
-                      device=dev)
+    groups = [(p, to_device(torch.tensor(rows, dtype=torch.int64), dev)) for p, rows in by_params.items()]
+    # float32 thresholds made on the device (a fill, not a copy; a tensor divisor, never a
+    # Python scalar, which CUDA may turn into multiplication by its reciprocal)
+    ts = torch.full((1, 1), float(np.float32(threshold_single)), dtype=torch.float32, device=dev)
+    ta = torch.full((1, 1), float(max(np.float32(threshold_acc), np.float32(SGLANG_MIN_THRESHOLD_ACC))),
+                    dtype=torch.float32, device=dev)
     # range checks first: the walk below clamps every index, so bad buffers cannot read out of bounds
     safe_nt = torch.where((nt >= 0) & (nt < n), nt, -1)
     safe_ns = torch.where((ns >= 0) & (ns < n), ns, -1)
@@ -233,6 +239,7 @@ def verify_batched(
         raw = target_logits[batch, cur].float()  # [bs, V]: the current node's row of each request
         bad_row |= alive & (torch.isnan(raw).any(1) | torch.isposinf(raw).any(1) | torch.isneginf(raw).all(1))
         probs = _row_probs(raw, items, groups)
+        bad_row |= alive & torch.isnan(probs).any(1)  # no mass left (every finite logit banned)
         # the children in sibling order, along the links
         child = safe_nt.gather(1, cur[:, None])[:, 0]
         chain = []
@@ -300,7 +307,8 @@ def verify_batched(
     emitted = torch.full_like(path, -1)
     emitted[:, :-1] = torch.where(path[:, 1:] >= 0, tokens.gather(1, path[:, 1:].clamp(min=0)), -1)
     emitted.scatter_(1, accept_length[:, None], bonus[:, None])
-    flags = torch.cat([verify_input_flags(vi, vocab).to(dev), coin_flags(coins, final_coins).to(dev),
+    on_dev = DDTreeVerifyInput(**{f.name: to_device(getattr(vi, f.name), dev) for f in fields(vi)})
+    flags = torch.cat([verify_input_flags(on_dev, vocab), coin_flags(u_all, final),
                        torch.stack([bad_row.any(), crowded.any(), too_deep.any()])])
     out = BatchedVerifyOutput(accept_index=path, accept_length=accept_length, emitted_tokens=emitted,
                               bonus_token=bonus, support_exhausted=exhausted, flags=flags,

@@ -20,7 +20,11 @@ def verify_lazy(vi, logits, items, coins, final_coins, threshold_single, thresho
         what = row_problem(row)
         if what is not None:
             raise ValueError(f"target logits, request {b}, node {i}: row has {what}")
-        return lazy_row_probs(row, items[b])
+        probs = lazy_row_probs(row, items[b])
+        if items[b].banned_token_ids and bool(torch.isnan(probs).any()):
+            raise ValueError(f"target logits, request {b}, node {i}: no probability left: every token with a "
+                             f"finite logit is banned (banned_token_ids)")
+        return probs
 
     return walk_sampled_batch(vi, row_of, coins, final_coins, threshold_single, threshold_acc, None, "torch-lazy")
 
