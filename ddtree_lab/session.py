@@ -430,7 +430,7 @@ class LiveSession:
         self.num_steps += 1
         return timings
 
-    def _step_batched(self, active: list[RequestState], max_new_tokens: int) -> list[Step]:
+    def _step_batched(self, active: list[RequestState], max_new_tokens: int) -> None:
         """The sync-free step (module docstring): the same stages, one host read, at the commit."""
         clock = _Clock(self.target.device)
         prefix_list = [r.prefix_len for r in active]

@@ -47,7 +47,7 @@ from ..hostsync import to_device
 from ..sampling import SamplingParams, filtered_probs, normalize_params
 from .reference import check_coin_shapes, check_thresholds, check_verify_shapes, coin_flags, verify_input_flags
 from .rules import SGLANG_MIN_THRESHOLD_ACC
-from .types import is_lossy
+from .types import BonusDraw, Decision, is_lossy
 
 __all__ = ["BatchedVerifyOutput", "BatchedLog", "verify_batched", "raise_batched_problems", "FLAG_NAMES",
            "decisions_from_log"]
@@ -344,13 +344,11 @@ def raise_batched_problems(flags: Sequence[bool], verify_input: DDTreeVerifyInpu
 
 
 def decisions_from_log(log: BatchedLog, b: int, request: int, node_token_ids: Sequence[int], bonus_token: int,
-                       final_coin: float) -> tuple[list, object]:
+                       final_coin: float) -> "tuple[list[Decision], BonusDraw]":
     """Request ``b``'s decision log and bonus record from a :class:`BatchedLog` already on the
     host: the :class:`~ddtree_lab.verify.Decision` s and :class:`~ddtree_lab.verify.BonusDraw`
     the per-request walks log (``request`` is written into each; ``node_token_ids`` its
     tokens as a list). Reads Python values only (call it off the critical path)."""
-    from .types import BonusDraw, Decision
-
     nodes, kids, probs, masses = log.node[b].tolist(), log.children[b].tolist(), log.child_probs[b].tolist(), \
         log.masses[b].tolist()
     coins, decided, accepted, edge = log.coins[b].tolist(), log.decided[b].tolist(), log.accepted[b].tolist(), \
