@@ -22,7 +22,10 @@ sibling links (``max_children`` gathers), their running sum in float32 (``max_ch
 adds: the rule's sum is sequential, which no parallel scan reproduces bit for bit), the
 accept test over all children at once. Because each op is the reference's own op on the same
 float32 values, the result equals :func:`ddtree_lab.verify_sampled` on
-:func:`ddtree_lab.target_probs` exactly (``tests/test_verify_batched.py``).
+:func:`ddtree_lab.target_probs` exactly on the CPU (``tests/test_verify_batched.py``). On a
+GPU one op differs: the bonus draw's float64 running sum over the vocabulary is a parallel
+scan there, not the CPU's sequential one, so a final coin within float64 rounding of a
+boundary may draw the neighbouring token (not yet compared on a GPU).
 
 Cost: every depth computes one full row per request, also for requests whose walk has
 stopped (knowing which have stopped is a host read); on a CPU that is slower than the
