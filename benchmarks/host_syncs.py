@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 
 import ddtree_lab as dl
-from ddtree_lab import session as session_module
+from ddtree_lab.live import StepClock
 from ddtree_lab.hostsync import HostSyncCounter
 from ddtree_lab.models.tiny import RandomDrafter, random_target
 
@@ -30,18 +30,18 @@ BACKENDS = ("torch-batched", "torch-lazy")  # the sync-free step; the per-reques
 def count_step(session) -> tuple[dict[str, int], HostSyncCounter]:
     marks = []
     counter = HostSyncCounter()
-    real = session_module._Clock.mark
+    real = StepClock.mark
 
     def mark(self, name: str) -> None:
         marks.append((name, counter.total))
         real(self, name)
 
-    session_module._Clock.mark = mark
+    StepClock.mark = mark
     try:
         with counter:
             session.step(1000)
     finally:
-        session_module._Clock.mark = real
+        StepClock.mark = real
     out, last = {}, 0
     for name, total in marks:
         out[name], last = total - last, total

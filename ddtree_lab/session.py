@@ -22,26 +22,9 @@ One step for the batch of active requests (Ringel & Romano, arXiv 2604.12989, §
    root and the accepted nodes (``Drafter.commit``), the bonus becomes the next anchor, and
    finished requests leave the batch.
 
-The sync-free step (``verify_backend="torch-batched"``, levels ``off`` and ``light``; issue 36): the draft top-k
-by :func:`ddtree_lab.draft.draft_topk_device`, the tree on the device, the buffers compiled with
-the depth bound (:func:`ddtree_lab.compile_retrieve` ``max_depth``), the forward checked against
-the host's prefix lengths, the walk of the whole batch by
-:func:`ddtree_lab.verify.batched.verify_batched`: nothing is read back until the commit, which
-reads the step's result and every check's flag in one copy (``benchmarks/host_syncs.py``
-counts it). A flag set there puts the KV cache and the coin generators back as they were
-before the step and raises the error the host checks name. At level ``light`` the walk also
-returns its log as tensors (:class:`ddtree_lab.verify.batched.BatchedLog`); after the commit
-it is copied to the host (into pinned buffers, without waiting, on a GPU) and a writer
-thread turns it into the step's :class:`Step` s -- the decision log, the bonus record and the
-rows the walk read, equal to what the per-request walks record -- while the next step runs.
-So its records arrive one step late: :meth:`LiveSession.step` returns the *previous* step's
-:class:`Step` s (the first call returns none; the call that finds no active request returns
-the last ones), :meth:`LiveSession.generate` yields them in the same rhythm, and
-:meth:`LiveSession.trace`, :meth:`LiveSession.run` and the end of ``generate`` wait for every
-pending one. A record that fails to be written leaves its step decoded and committed, warns,
-and is listed in the run's ``metadata["missing_records"]``. Level ``full`` (every row) and
-``record_to`` (the crash-safe file, which writes each step's inputs before its verify) keep
-the per-request walks.
+The sync-free step (``verify_backend="torch-batched"``, levels ``off`` and ``light``; issue 36)
+reads the host once per step: :mod:`ddtree_lab.live` (its methods come from
+:class:`ddtree_lab.live.SyncFreeStep`).
 
 Recording levels (``record=``): ``full`` (everything a :class:`Step` holds, every node's
 target row and its top-64 raw logits), ``light`` (buffers, draft top-k, decisions and only the
@@ -52,11 +35,7 @@ top-M rows: those fields are None, see :func:`ddtree_lab.record.record_step`), `
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
-import time
-import warnings
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -69,10 +48,11 @@ from .record import TOP_M_LOGITS, record_step
 from .step import LEVELS, STAGES, DraftTopK, Run, Step
 from .build import DDTreeBuildResult, build_tree
 from .build_device import build_tree_device
-from .draft import draft_topk_device, draft_topk_from_logits
+from .draft import draft_topk_from_logits
 from .hostsync import to_device
-from .verify import VerifyOutput, draw_coins, is_lossy, make_generators, residual_draw, verify_sampled
-from .verify.batched import BatchedVerifyOutput, raise_batched_problems, verify_batched
+from .live import StepClock, StepWriter, SyncFreeStep
+from .verify import VerifyOutput, draw_coins, make_generators, residual_draw, verify_sampled
+from .verify.batched import BatchedVerifyOutput
 
 __all__ = ["LiveSession", "RequestState", "SESSION_BACKENDS"]
 
@@ -112,7 +92,7 @@ def _request_output(out: VerifyOutput, b: int) -> VerifyOutput:
 
 
 #: The verify backends a session takes: :data:`ddtree_lab.verify.BACKENDS` and ``"torch-batched"``
-#: (the sync-free step, levels ``off`` and ``light``: module docstring).
+#: (the sync-free step, levels ``off`` and ``light``: :mod:`ddtree_lab.live`).
 SESSION_BACKENDS = ("auto", "reference", "torch-lazy", "triton", "torch-batched")
 
 
@@ -132,7 +112,7 @@ def default_backend(record: str, device) -> str:
     return "torch-lazy"
 
 
-class LiveSession:
+class LiveSession(SyncFreeStep):
     """DDTree speculative decoding of a batch of prompts, live, recording each step.
 
     ``tree_build`` (attribute, default ``"auto"``): ``"device"`` builds each step's trees with
@@ -168,7 +148,7 @@ class LiveSession:
         verify_backend: ``"reference"`` (:func:`ddtree_lab.verify_sampled` on
             :func:`ddtree_lab.target_probs`), ``"torch-lazy"``, ``"triton"`` or ``"auto"``
             (:func:`ddtree_lab.verify_tree` on the raw logits), or ``"torch-batched"`` (the
-            sync-free step, module docstring: level ``off`` or ``light``, no ``record_to``,
+            sync-free step, :mod:`ddtree_lab.live`: level ``off`` or ``light``, no ``record_to``,
             planted fault or policy); default :func:`default_backend` of the level. Recorded in every :class:`Step`.
         record: ``"full"`` (default), ``"light"`` or ``"off"`` (module docstring).
         threshold_single, threshold_acc: SGLang's acceptance thresholds, passed to the
@@ -260,7 +240,7 @@ class LiveSession:
                 raise ValueError("verify_backend 'torch-batched' runs at record='off' or 'light', without "
                                  "record_to, planted faults or a policy (got "
                                  + ", ".join([f"record={record!r}"] + others) + ")")
-        self._writer = _StepWriter()
+        self._writer = StepWriter()
         if self.faults.verifier or self.faults.sampling:
             self._verify = self._verify_planted
         elif self.verify_backend == "reference":
@@ -371,8 +351,8 @@ class LiveSession:
 
         Returns:
             the step traces of the requests that took part (empty at level ``off``); with
-            ``verify_backend="torch-batched"`` at level ``light``, the previous step's (module
-            docstring).
+            ``verify_backend="torch-batched"`` at level ``light``, the previous step's
+            (:mod:`ddtree_lab.live`).
         """
         if self._batch is not None:
             self._leave_finished()
@@ -384,7 +364,7 @@ class LiveSession:
             # the previous step's records: written while this step ran (this step's come next time)
             return self._written(upto=self.num_steps - 2)
         step_no = self.num_steps
-        clock = _Clock(self.target.device)
+        clock = StepClock(self.target.device)
         anchors = torch.tensor([r.anchor for r in active], dtype=torch.int64)
         prefix = torch.tensor([r.prefix_len for r in active], dtype=torch.int64)
         context = DraftContext([r.request for r in active], anchors, prefix.clone(), [r.committed_ids for r in active])
@@ -422,156 +402,13 @@ class LiveSession:
             self.recorder.steps(traces, self.target.token_text)
         return traces
 
-    def _count(self, clock: "_Clock") -> dict[str, float]:
+    def _count(self, clock: StepClock) -> dict[str, float]:
         timings = clock.result()
         self.last_timings = timings
         for k, v in timings.items():
             self.stage_totals[k] += v
         self.num_steps += 1
         return timings
-
-    def _step_batched(self, active: list[RequestState], max_new_tokens: int) -> None:
-        """The sync-free step (module docstring): the same stages, one host read, at the commit."""
-        clock = _Clock(self.target.device)
-        prefix_list = [r.prefix_len for r in active]
-        anchors = torch.tensor([r.anchor for r in active], dtype=torch.int64)
-        prefix = torch.tensor(prefix_list, dtype=torch.int64)
-        context = DraftContext([r.request for r in active], anchors, prefix.clone(), [r.committed_ids for r in active])
-        draft_logits = self.drafter.draft_logits(context).float()
-        budgets = [self.request_budgets[r.request] for r in active]
-        k = min(max(budgets + [1]), draft_logits.shape[-1])
-        ids, lps, draft_bad = draft_topk_device(draft_logits, k)
-        if self._builds_on_host(ids) and bool(draft_bad.any()):  # the host build reads the top-k anyway
-            draft_topk_from_logits(draft_logits, k=k)  # raises, naming the request and depth
-        clock.mark("draft")
-        tree = self._build(ids, lps, anchors, budgets)
-        clock.mark("build")
-        depth = ids.shape[1]  # the trees' depth bound: the draft's L - 1 positions
-        vi = compile_retrieve(tree, prefix, max_depth=depth, validate=False)
-        clock.mark("compile")
-        fwd = self.target.tree_forward_batch(self._batch, vi, self.layer_ids, root_positions=prefix_list)
-        clock.mark("target")
-        gens = [r.generator for r in active]
-        assert all(g is not None for g in gens)  # start() gives every request its generator
-        gen_states = [g.get_state() for g in gens if g is not None]
-        coins, final = draw_coins([g for g in gens if g is not None], vi.num_rows)
-        params = [r.params for r in active]
-        out = verify_batched(vi, fwd.logits, params, coins, final, max_depth=depth, max_children=k,
-                             threshold_single=self.threshold_single, threshold_acc=self.threshold_acc, check=False,
-                             log=self.record == "light")
-        clock.mark("verify")
-        pending = self._copy_for_record(out, tree, vi, ids, lps) if self.record == "light" else None
-        clock.mark("record")
-        flags = self._commit(active, out, fwd.hidden, vi.num_rows, max_new_tokens,
-                             checks=torch.cat([draft_bad.any()[None].to(out.flags.device), out.flags]))
-        if any(flags):  # nothing was committed: put the cache and the coins back, then name the problem
-            self.target.keep_paths(self._batch, [[] for _ in active], vi.num_rows)
-            for g, state in zip(gens, gen_states):
-                if g is not None:
-                    g.set_state(state)
-            if flags[0]:
-                draft_topk_from_logits(draft_logits, k=k)  # raises, naming the request and depth
-            raise_batched_problems(flags[1:], vi, fwd.logits, params, coins, final,
-                                   self.threshold_single, self.threshold_acc)
-            raise AssertionError(f"a check flagged {flags} and its host check found nothing")  # pragma: no cover
-        clock.mark("commit")
-        timings = self._count(clock)
-        if pending is not None:
-            step_no = self.num_steps - 1
-            rows = [(r.request, r.request_id, prefix_list[b], r.params, final[b], coins[b]) for b, r in
-                    enumerate(active)]
-            self._writer.submit(step_no, lambda: self._write_light(step_no, rows, pending, timings))
-
-    def _copy_for_record(self, out: BatchedVerifyOutput, tree, vi, ids, lps) -> dict:
-        """What level ``light`` keeps, copied to the host without waiting (pinned buffers on a
-        GPU; the tensors themselves on the CPU), with the event the writer waits for."""
-        assert out.log is not None
-        parts = {f.name: getattr(out.log, f.name) for f in dataclasses.fields(out.log)}
-        parts.update({f"out_{n}": getattr(out, n) for n in ("accept_index", "accept_length", "emitted_tokens",
-                                                           "bonus_token", "support_exhausted")})
-        parts.update({f"tree_{f.name}": getattr(tree, f.name) for f in dataclasses.fields(tree)})
-        parts.update({f"vi_{f.name}": getattr(vi, f.name) for f in dataclasses.fields(vi)})
-        parts.update(draft_ids=ids, draft_lps=lps)
-        moved = False
-        for name, t in parts.items():
-            if t.device.type != "cpu":
-                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                host.copy_(t, non_blocking=True)
-                parts[name] = host
-                moved = True
-        event = None
-        if moved:  # the writer waits for this event, the step does not
-            event = torch.cuda.Event()
-            event.record()
-        parts["_event"] = event
-        return parts
-
-    def _write_light(self, step_no: int, rows: list, parts: dict, timings: dict) -> list[Step]:
-        """The level-``light`` :class:`Step` s of one sync-free step (the writer thread runs this)."""
-        from .build import DDTreeBuildResult
-        from .buffers import DDTreeVerifyInput
-        from .step import TargetRows
-        from .verify.batched import BatchedLog, decisions_from_log
-
-        if parts["_event"] is not None:
-            parts["_event"].synchronize()
-        log = BatchedLog(**{f.name: parts[f.name] for f in dataclasses.fields(BatchedLog)})
-        tree = DDTreeBuildResult(**{f.name: parts["tree_" + f.name] for f in dataclasses.fields(DDTreeBuildResult)})
-        vi = DDTreeVerifyInput(**{f.name: parts["vi_" + f.name] for f in dataclasses.fields(DDTreeVerifyInput)})
-        width = max(int(tree.depths.max()) + 1 if tree.depths.numel() else 1,
-                    int(parts["out_accept_length"].max()) + 1)  # as the per-request walks' outputs
-        tokens_all = vi.node_token_ids.tolist()
-        steps = []
-        for b, (request, request_id, prefix_len, params, final_coin, coins) in enumerate(rows):
-            final_coin = float(final_coin)
-            bonus_token = int(parts["out_bonus_token"][b])
-            decisions, bonus = decisions_from_log(log, b, 0, tokens_all[b], bonus_token, final_coin)
-            output = VerifyOutput(
-                accept_index=parts["out_accept_index"][b:b + 1, :width].clone(),
-                accept_length=parts["out_accept_length"][b:b + 1].clone(),
-                emitted_tokens=parts["out_emitted_tokens"][b:b + 1, :width].clone(),
-                bonus_token=parts["out_bonus_token"][b:b + 1].clone(),
-                support_exhausted=parts["out_support_exhausted"][b:b + 1].clone(),
-                decisions=[decisions], bonus=[bonus], backend="torch-batched",
-                thresholds=(self.threshold_single, self.threshold_acc), lossy=is_lossy(self.threshold_single,
-                                                                                        self.threshold_acc))
-            n = int(tree.num_nodes[b])
-            child = torch.full((n,), float("nan"))
-            child[0] = 0.0
-            for d, node in enumerate(log.node[b].tolist()):
-                if node < 0:
-                    break
-                kids = log.children[b, d]
-                real = (kids >= 0) & (kids < n)
-                child[kids[real]] = log.child_probs[b, d][real]
-            prefix = log.final_probs[b, : bonus_token + 1].clone() if bonus_token >= 0 else torch.zeros(0)
-            kept = TargetRows(kind="read", child_probs=child, final_row_prefix=prefix.float(),
-                              final_mass=float(bonus.residual_mass))
-            step = record_step(step=step_no, request=request, request_id=request_id, prefix_len=prefix_len,
-                               params=params, tree=tree.request(b), buffers=vi.request(b), output=output,
-                               coins=coins, final_coin=final_coin,
-                               draft=DraftTopK(parts["draft_ids"][b], parts["draft_lps"][b]), level="light",
-                               top_m=self.top_m, top_m_logits=TOP_M_LOGITS, backend="torch-batched", rows=kept)
-            step.timings = dict(timings)
-            steps.append(step)
-        return steps
-
-    def _written(self, wait: bool = False, upto: int | None = None) -> list[Step]:
-        """The steps the writer has finished (all pending ones with ``wait``, those of steps
-        ``<= upto`` with ``upto``), added to :attr:`steps`; a step whose records could not be
-        written is added to :attr:`missing_records` with a warning."""
-        done, failed = self._writer.collect(wait=wait, upto=upto)
-        self.steps.extend(done)
-        for step, why in failed:
-            self.missing_records.append({"step": step, "error": why})
-            warnings.warn(f"LiveSession: the records of step {step} could not be written ({why}); the step was "
-                          "decoded and committed; the run's metadata lists it under 'missing_records'",
-                          RuntimeWarning, stacklevel=3)
-        return done
-
-    # -- the build and verify stages (one of each is chosen in __init__) ----------------------
-
-    tree_build: str = "auto"
 
     def _builds_on_host(self, ids) -> bool:
         if self.tree_build not in ("auto", "device", "host"):
@@ -755,124 +592,3 @@ class LiveSession:
         except ImportError:  # pragma: no cover - models extra missing
             pass
         return Run(metadata=meta, steps=list(self.steps), token_texts=texts)
-
-
-def _finish_writers() -> None:
-    """At interpreter exit: let every writer thread finish its jobs (a thread killed inside a
-    torch call aborts the process)."""
-    for writer in list(_WRITERS):
-        writer._jobs.join()
-        thread = writer._thread
-        if thread is not None:
-            thread.join(timeout=5.0)
-
-
-_WRITERS: "weakref.WeakSet[_StepWriter]" = weakref.WeakSet()
-atexit.register(_finish_writers)
-
-
-class _StepWriter:
-    """Runs record jobs (each returns one step's :class:`Step` s) in submission order in a
-    background thread, off the live step's critical path. The thread starts with the first job
-    and ends when idle. Jobs are independent: one that raises leaves its step's records missing
-    (:meth:`collect` hands back ``(step, error)`` for it) and the next jobs run."""
-
-    def __init__(self):
-        import queue
-        import threading
-
-        _WRITERS.add(self)
-        self._jobs: "queue.Queue" = queue.Queue()
-        self._lock = threading.Lock()
-        self._done: list[Step] = []
-        self._failed: list[tuple[int, str]] = []
-        self._finished: dict[int, threading.Event] = {}
-        self._thread: "threading.Thread | None" = None
-
-    def submit(self, step: int, job: Callable[[], list[Step]]) -> None:
-        import threading
-
-        done = threading.Event()
-        with self._lock:
-            self._finished[step] = done
-        self._jobs.put((step, job, done))
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="ddtree-lab-step-writer", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        import queue
-
-        while True:
-            try:
-                step, job, done = self._jobs.get(timeout=0.5)
-            except queue.Empty:
-                with self._lock:
-                    if self._jobs.empty():
-                        self._thread = None
-                        return
-                continue
-            try:
-                steps = job()
-                with self._lock:
-                    self._done.extend(steps)
-            except Exception as exc:  # the step's records are missing; the session says so
-                with self._lock:
-                    self._failed.append((step, f"{type(exc).__name__}: {exc}"))
-            finally:
-                done.set()
-                self._jobs.task_done()
-
-    def collect(self, wait: bool = False, upto: int | None = None) -> tuple[list[Step], list[tuple[int, str]]]:
-        """``(steps, failures)`` finished so far: with ``wait`` after every submitted job, with
-        ``upto`` after the jobs of steps ``<= upto``."""
-        if wait:
-            self._jobs.join()
-        elif upto is not None:
-            with self._lock:
-                events = [e for k, e in self._finished.items() if k <= upto]
-            for e in events:
-                e.wait()
-        with self._lock:
-            if upto is None:
-                done, self._done = self._done, []
-                failed, self._failed = self._failed, []
-            else:  # exactly the steps <= upto, whatever else has finished meanwhile
-                done, self._done = [x for x in self._done if x.step <= upto], [x for x in self._done if x.step > upto]
-                failed = [x for x in self._failed if x[0] <= upto]
-                self._failed = [x for x in self._failed if x[0] > upto]
-            self._finished = {k: e for k, e in self._finished.items() if not e.is_set()}
-        return done, failed
-
-
-class _Clock:
-    """Stage timings in seconds under the names of :data:`STAGES`.
-
-    On the host: ``time.perf_counter`` at each mark. On CUDA: a CUDA event at each mark (no
-    host synchronisation); :meth:`result` reads them after the step's commit, which has
-    already read the verify output back (host-side stages show as the time between their
-    events); reading them waits for the last event.
-    """
-
-    def __init__(self, device):
-        self.cuda = torch.device(device).type == "cuda"
-        self.marks: list[tuple[str, Any]] = [("", self._now())]  # perf_counter floats or CUDA events
-
-    def _now(self):
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
-    def mark(self, name: str) -> None:
-        self.marks.append((name, self._now()))
-
-    def result(self) -> dict[str, float]:
-        out: dict[str, float] = dict.fromkeys(STAGES, 0.0)
-        if self.cuda:
-            self.marks[-1][1].synchronize()
-        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
-            out[name] = a.elapsed_time(b) / 1e3 if self.cuda else b - a
-        return out

@@ -68,20 +68,20 @@ PROMPTS = ["Explain why the sky is blue.", "Write a poem about the sea.", "Why d
 
 def _stage_counts(monkeypatch, session) -> dict[str, int]:
     """Host syncs of one ``session.step`` per stage, read at the session's stage marks."""
-    from ddtree_lab import session as session_module
+    from ddtree_lab.live import StepClock
 
     marks = []
     counter = HostSyncCounter()
-    real_mark = session_module._Clock.mark
+    real_mark = StepClock.mark
 
     def mark(clock, name):
         marks.append((name, counter.total))
         real_mark(clock, name)
 
-    monkeypatch.setattr(session_module._Clock, "mark", mark)
+    monkeypatch.setattr(StepClock, "mark", mark)
     with counter:
         session.step(1000)
-    monkeypatch.setattr(session_module._Clock, "mark", real_mark)
+    monkeypatch.setattr(StepClock, "mark", real_mark)
     out, last = {}, 0
     for name, total in marks:
         out[name], last = total - last, total
