@@ -343,16 +343,21 @@ class LiveSession(SyncFreeStep):
     def step(self, max_new_tokens: int) -> list[Step]:
         """One DDTree step for every unfinished request, one batched target forward.
 
-        The tree is built on the device (no host read); the step's result (accepted paths,
-        emitted and bonus tokens) comes back in one copy for the commit. Host reads that remain
-        (counted per stage by ``benchmarks/host_syncs.py``): the draft top-k's candidate
-        extraction, the buffers' checks, and the verify backends' per-request walks. Stage
-        timings use CUDA events (no extra waits).
+        Args:
+            max_new_tokens: the cap on each request's generated tokens (its first token, made
+                by the prefill, included): a request that reaches it finishes with ``"length"``.
+
+        Host reads (``benchmarks/host_syncs.py``): the per-request walks (every backend but
+        ``"torch-batched"``) read tens per request (draft top-k, buffer checks, walks) and the
+        result once; ``"torch-batched"`` reads once, at the commit (:mod:`ddtree_lab.live`).
+        The tree is built on the host on a CPU, on the device on an accelerator (:attr:`tree_build`).
 
         Returns:
-            the step traces of the requests that took part (empty at level ``off``); with
-            ``verify_backend="torch-batched"`` at level ``light``, the previous step's
-            (:mod:`ddtree_lab.live`).
+            the :class:`Step` s of the requests that took part (empty at level ``off``). With
+            ``verify_backend="torch-batched"`` at level ``light`` the records are written one
+            step behind: this returns the *previous* step's (none on the first call), and the
+            call that finds no active request returns the last ones; so loop on the requests'
+            ``finish_reason`` (or use :meth:`generate` / :meth:`run`), not on a non-empty return.
         """
         if self._batch is not None:
             self._leave_finished()
